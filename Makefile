@@ -1,0 +1,40 @@
+# Two entry points a newcomer needs: `make bench` (the default handoff benchmark on
+# two local MPI ranks) and `make test` (the test suite). Both create and reuse ./.venv.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.kvbench-installed
+# CPU torch from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+NP     ?= 2
+SIZES  ?= 300,2000,8192
+ARGS   ?=
+
+# Open MPI refuses to run as root unless told it is fine (containers, CI).
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: bench test lint venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,mpi,nixl,plot]"
+	touch $(STAMP)
+
+bench: $(STAMP)
+	mpirun -n $(NP) $(PY) -m kvbench.p2p --sizes $(SIZES) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check kvbench tests benchmarks
+	$(PY) -m pytest -q -ra
+
+lint: $(STAMP)
+	$(PY) -m ruff check kvbench tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,552 @@
+"""KV-cache geometry and the transfer model (the tutorial's artifact).
+
+Everything downstream sizes its tensors and its floors from here:
+
+    KV_bytes           = 2 x layers x kv_heads x head_dim x bytes_per_element x tokens   (MHA/GQA)
+                       = layers x (kv_lora_rank + qk_rope_head_dim) x bytes x tokens     (MLA)
+    bandwidth_floor_ms = KV_bytes / (GB/s x 1e9) x 1000
+    handoff_floor_ms   = setup_ms + bandwidth_floor_ms
+
+Run `python -m kvbench.model --help`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from kvbench.cli import (
+    ArgumentParser,
+    UsageError,
+    non_negative_float,
+    parse_positive_floats,
+    parse_positive_ints,
+    run_main,
+)
+from kvbench.units import GiB, MiB, transfer_ms
+
+# ---------------------------------------------------------------------------
+# dtypes
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    bytes: int
+    torch_name: str
+    quantized: bool = False  # FP8/INT8 need scales to be usable
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("bf16", 2, "bfloat16"),
+        DType("fp16", 2, "float16"),
+        DType("fp32", 4, "float32"),
+        DType("fp8_e4m3", 1, "float8_e4m3fn", quantized=True),
+        DType("fp8_e5m2", 1, "float8_e5m2", quantized=True),
+        DType("int8", 1, "int8", quantized=True),
+    )
+}
+
+SCALE_MODES = ("none", "per-tensor", "per-layer-per-head", "per-token-per-head")
+SCALE_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def get_dtype(name: str) -> DType:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UsageError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
+
+
+# ---------------------------------------------------------------------------
+# model geometry
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The parts of a model that decide its KV-cache size (and, roughly, its prefill work)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    attention: str = "gqa"  # "mha", "gqa" or "mla"
+    kv_lora_rank: int = 0  # MLA only: compressed latent width
+    qk_rope_head_dim: int = 0  # MLA only: decoupled RoPE key width
+    sliding_window: int | None = None  # tokens kept by sliding-window layers
+    sliding_layers: int = 0  # how many of `layers` use the window
+    num_attention_heads: int = 0
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    source: str = "preset"
+
+    def __post_init__(self):
+        if self.layers <= 0:
+            raise UsageError(f"model {self.name}: layers must be positive")
+        if self.attention == "mla":
+            if self.kv_lora_rank + self.qk_rope_head_dim <= 0:
+                raise UsageError(f"model {self.name}: MLA needs kv_lora_rank + qk_rope_head_dim > 0")
+        elif self.kv_heads <= 0 or self.head_dim <= 0:
+            raise UsageError(f"model {self.name}: kv_heads and head_dim must be positive")
+        if not 0 <= self.sliding_layers <= self.layers:
+            raise UsageError(f"model {self.name}: sliding_layers must be within 0..layers")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
+
+    @property
+    def elements_per_token_layer(self) -> int:
+        """KV elements one token adds to one layer (K and V together; MLA has one latent)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    def bytes_per_token_layer(self, dtype: DType) -> int:
+        return self.elements_per_token_layer * dtype.bytes
+
+    def bytes_per_token(self, dtype: DType) -> int:
+        """Bytes per token over all layers, ignoring any sliding-window cap."""
+        return self.layers * self.bytes_per_token_layer(dtype)
+
+    def tokens_held(self, tokens: int) -> tuple[int, int]:
+        """(tokens kept by full layers, tokens kept by sliding-window layers)."""
+        if self.sliding_window and self.sliding_layers:
+            return tokens, min(tokens, self.sliding_window)
+        return tokens, tokens
+
+    def kv_elements(self, tokens: int) -> int:
+        full_tok, win_tok = self.tokens_held(tokens)
+        full_layers = self.layers - self.sliding_layers
+        per = self.elements_per_token_layer
+        return per * (full_layers * full_tok + self.sliding_layers * win_tok)
+
+    def kv_bytes(self, tokens: int, dtype: DType) -> int:
+        return self.kv_elements(tokens) * dtype.bytes
+
+    def geometry(self) -> dict:
+        return asdict(self)
+
+
+# Checked against each model's public config.json (Hugging Face hub, model card revision
+# current in 2026): num_hidden_layers, num_key_value_heads, head_dim / hidden_size, MLA fields.
+PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        # The tutorial's hypothetical 70B-class GQA model: 327,680 bytes/token in BF16.
+        ModelSpec("seed-70b-gqa", 80, 8, 128, "gqa", num_attention_heads=64, hidden_size=8192,
+                  intermediate_size=28672),
+        ModelSpec("llama-3.1-8b", 32, 8, 128, "gqa", num_attention_heads=32, hidden_size=4096,
+                  intermediate_size=14336),
+        ModelSpec("llama-3.1-70b", 80, 8, 128, "gqa", num_attention_heads=64, hidden_size=8192,
+                  intermediate_size=28672),
+        # Qwen2.5-72B ships sliding_window fields but use_sliding_window=false: all layers full.
+        ModelSpec("qwen2.5-72b", 80, 8, 128, "gqa", num_attention_heads=64, hidden_size=8192,
+                  intermediate_size=29568),
+        # OPT-66B: full multi-head attention, 72 heads x 128 = hidden 9216.
+        ModelSpec("opt-66b", 64, 72, 128, "mha", num_attention_heads=72, hidden_size=9216,
+                  intermediate_size=36864),
+        # DeepSeek-V3: MLA caches one 512-wide latent plus a 64-wide RoPE key per token/layer.
+        ModelSpec("deepseek-v3", 61, 1, 576, "mla", kv_lora_rank=512, qk_rope_head_dim=64,
+                  num_attention_heads=128, hidden_size=7168, intermediate_size=18432),
+        # Mistral-7B-v0.1: every layer uses a 4096-token sliding window.
+        ModelSpec("mistral-7b-v0.1", 32, 8, 128, "gqa", sliding_window=4096, sliding_layers=32,
+                  num_attention_heads=32, hidden_size=4096, intermediate_size=14336),
+    )
+}
+DEFAULT_MODEL = "seed-70b-gqa"
+
+
+def _get_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise UsageError(f"{path}: missing {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """Read a local Hugging Face config.json into a ModelSpec (no network access)."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"model config not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read model config {p}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{p}: expected a JSON object")
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}  # multimodal configs nest the language model
+    layers = _get_int(cfg, "num_hidden_layers", str(p))
+    heads = _get_int(cfg, "num_attention_heads", str(p))
+    kv_heads = _get_int(cfg, "num_key_value_heads", str(p), default=heads)
+    hidden = cfg.get("hidden_size") or 0
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        if not hidden or hidden % heads:
+            raise UsageError(f"{p}: no head_dim and hidden_size not divisible by num_attention_heads")
+        head_dim = hidden // heads
+    head_dim = _get_int({"head_dim": head_dim}, "head_dim", str(p))
+    name = cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or p.stem
+    common = dict(num_attention_heads=heads, hidden_size=int(hidden),
+                  intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 0),
+                  source=str(p))
+    if cfg.get("kv_lora_rank"):
+        return ModelSpec(str(name), layers, 1, 0, "mla",
+                         kv_lora_rank=_get_int(cfg, "kv_lora_rank", str(p)),
+                         qk_rope_head_dim=_get_int(cfg, "qk_rope_head_dim", str(p)), **common)
+    window, sliding = _sliding_window(cfg, layers)
+    kind = "mha" if kv_heads == heads else "gqa"
+    return ModelSpec(str(name), layers, kv_heads, head_dim, kind, sliding_window=window,
+                     sliding_layers=sliding, **common)
+
+
+def _sliding_window(cfg: dict, layers: int) -> tuple[int | None, int]:
+    """How many layers keep only a window, from the several ways configs say it."""
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return None, 0
+    if isinstance(cfg.get("layer_types"), list):  # newer configs: one entry per layer
+        return int(window), sum(1 for t in cfg["layer_types"] if "sliding" in str(t))
+    if cfg.get("max_window_layers") is not None and "use_sliding_window" in cfg:
+        return int(window), max(0, layers - int(cfg["max_window_layers"]))  # Qwen2 style
+    pattern = cfg.get("sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 0:  # Gemma style: every Nth layer is global
+        return int(window), layers - layers // pattern
+    return int(window), layers
+
+
+def resolve_model(name: str | None = None, config: str | None = None) -> ModelSpec:
+    if config:
+        return load_hf_config(config)
+    name = name or DEFAULT_MODEL
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UsageError(f"unknown model {name!r}; presets: {', '.join(PRESETS)} "
+                         "(or --model-config PATH to a config.json)") from None
+
+
+# ---------------------------------------------------------------------------
+# sizing: scales, alignment, tensor parallelism
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """Exact bytes for one prompt, with every overhead spelled out."""
+
+    model: ModelSpec
+    dtype: DType
+    tokens: int
+    scale_mode: str = "none"
+    scale_dtype: str = "fp32"
+    block_size: int | None = None  # align tokens up to whole paged blocks
+    tp: int = 1
+
+    def __post_init__(self):
+        if self.scale_mode not in SCALE_MODES:
+            raise UsageError(f"unknown scale mode {self.scale_mode!r}; choose from {', '.join(SCALE_MODES)}")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise UsageError(f"unknown scale dtype {self.scale_dtype!r}; choose from {', '.join(SCALE_DTYPES)}")
+        if self.scale_mode != "none" and not self.dtype.quantized:
+            raise UsageError(f"scales apply to fp8/int8 KV, not {self.dtype.name}")
+        if self.tokens <= 0:
+            raise UsageError("prompt tokens must be positive")
+        if self.tp <= 0:
+            raise UsageError("tensor-parallel size must be positive")
+
+    @property
+    def stored_tokens(self) -> int:
+        """Tokens actually allocated: rounded up to whole blocks when paged."""
+        if self.block_size:
+            return math.ceil(self.tokens / self.block_size) * self.block_size
+        return self.tokens
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.model.kv_bytes(self.stored_tokens, self.dtype)
+
+    @property
+    def scale_bytes(self) -> int:
+        m, sb = self.model, SCALE_DTYPES[self.scale_dtype]
+        tensors = m.layers if m.is_mla else 2 * m.layers  # one K and one V per layer (MLA: one)
+        heads = 1 if m.is_mla else m.kv_heads
+        if self.scale_mode == "per-tensor":
+            return tensors * sb
+        if self.scale_mode == "per-layer-per-head":
+            return tensors * heads * sb
+        if self.scale_mode == "per-token-per-head":
+            full_tok, win_tok = m.tokens_held(self.stored_tokens)
+            per_layer_tokens = (m.layers - m.sliding_layers) * full_tok + m.sliding_layers * win_tok
+            return (1 if m.is_mla else 2) * heads * per_layer_tokens * sb
+        return 0
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.payload_bytes + self.scale_bytes
+
+    @property
+    def bytes_per_layer(self) -> int:
+        full_tok, _ = self.model.tokens_held(self.stored_tokens)
+        return self.model.bytes_per_token_layer(self.dtype) * full_tok
+
+    @property
+    def bytes_per_block(self) -> int | None:
+        if not self.block_size:
+            return None
+        return self.model.bytes_per_token_layer(self.dtype) * self.block_size
+
+    def tp_shard(self) -> dict:
+        """What each tensor-parallel rank holds; heads are replicated when kv_heads < TP."""
+        m = self.model
+        if m.is_mla:
+            return {"tp": self.tp, "heads_per_rank": None, "replicated": self.tp > 1,
+                    "note": "MLA latent is not split by heads: every TP rank holds all of it",
+                    "bytes_per_rank": self.kv_bytes}
+        if self.tp <= m.kv_heads:
+            if m.kv_heads % self.tp:
+                raise UsageError(f"TP {self.tp} does not divide kv_heads {m.kv_heads}")
+            heads, replicated, note = m.kv_heads // self.tp, False, ""
+        else:
+            if self.tp % m.kv_heads:
+                raise UsageError(f"TP {self.tp} is not a multiple of kv_heads {m.kv_heads}")
+            heads, replicated = 1, True
+            note = f"kv_heads {m.kv_heads} < TP {self.tp}: each head replicated on {self.tp // m.kv_heads} ranks"
+        return {"tp": self.tp, "heads_per_rank": heads, "replicated": replicated, "note": note,
+                "bytes_per_rank": self.kv_bytes * heads // m.kv_heads}
+
+    def summary(self) -> dict:
+        out = {
+            "bytes_per_token": self.model.bytes_per_token(self.dtype),
+            "bytes_per_layer": self.bytes_per_layer,
+            "bytes_per_block": self.bytes_per_block,
+            "stored_tokens": self.stored_tokens,
+            "payload_bytes": self.payload_bytes,
+            "scale_bytes": self.scale_bytes,
+        }
+        if self.tp > 1:
+            out["tp_shard"] = self.tp_shard()
+        return out
+
+
+# ---------------------------------------------------------------------------
+# the transfer model
+
+
+@dataclass
+class LinkFloor:
+    effective_bandwidth_gb_s: float
+    bandwidth_floor_ms: float
+    handoff_floor_ms: float
+    within_budget: bool
+
+
+def handoff_floor(kv_bytes: int, gb_s: float, setup_ms: float) -> tuple[float, float]:
+    """(bandwidth_floor_ms, handoff_floor_ms). gb_s must be a sustained rate without setup."""
+    bw = transfer_ms(kv_bytes, gb_s)
+    return bw, setup_ms + bw
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+@dataclass
+class TransferModelArgs:
+    model: ModelSpec
+    dtype: DType
+    tokens: int
+    links_gbps: list[float] = field(default_factory=lambda: [100.0, 25.0, 10.0])
+    setup_ms: float = 1.0
+    budget_ms: float = 20.0
+    short_prompt_tokens: int = 300
+    scale_mode: str = "none"
+    scale_dtype: str = "fp32"
+    block_size: int | None = None
+    tp: int = 1
+
+
+def _budget_key(budget_ms: float) -> str:
+    b = int(budget_ms) if float(budget_ms).is_integer() else str(budget_ms).replace(".", "p")
+    return f"floor_within_{b}ms_budget"
+
+
+def transfer_model(a: TransferModelArgs) -> dict:
+    """The tutorial's artifact for one prompt length, with the assumptions stated."""
+    sizing = KVSizing(a.model, a.dtype, a.tokens, a.scale_mode, a.scale_dtype, a.block_size, a.tp)
+    kv = sizing.kv_bytes
+    key = _budget_key(a.budget_ms)
+    links = []
+    for gbs in a.links_gbps:
+        bw, total = handoff_floor(kv, gbs, a.setup_ms)
+        links.append({
+            "effective_bandwidth_gb_s": gbs,
+            "bandwidth_floor_ms": _r(bw),
+            "setup_ms": a.setup_ms,
+            "handoff_floor_ms": _r(total),
+            key: total <= a.budget_ms,
+            "within_budget": total <= a.budget_ms,
+        })
+    slow = min(a.links_gbps)
+    short = replace(sizing, tokens=a.short_prompt_tokens)
+    _, short_total = handoff_floor(short.kv_bytes, slow, a.setup_ms)
+    out = {
+        "scope": ("lower bound on one prefill->decode KV handoff: setup plus bytes at a "
+                  "sustained effective rate; excludes queueing, contention, serialization "
+                  "and retries"),
+        "model": a.model.name,
+        "geometry": {k: v for k, v in a.model.geometry().items() if v not in (None, 0, "")},
+        "dtype": a.dtype.name,
+        "bytes_per_token": a.model.bytes_per_token(a.dtype),
+        "prompt_tokens": a.tokens,
+        "kv_bytes": kv,
+        "kv_mib": _r(kv / MiB),
+        "kv_gib": _r(kv / GiB),
+        "setup_ms": a.setup_ms,
+        "budget_ms": a.budget_ms,
+        "links": links,
+        "broken_short_prompt_case": {
+            "prompt_tokens": a.short_prompt_tokens,
+            "kv_bytes": short.kv_bytes,
+            "effective_bandwidth_gb_s": slow,
+            "handoff_floor_ms": _r(short_total),
+        },
+        "sizing": sizing.summary(),
+        "assumptions": [
+            "effective_bandwidth_gb_s is a sustained payload rate (decimal GB/s) that excludes setup",
+            "a rate measured end to end already contains setup: do not add setup_ms to it again",
+            "a link's peak spec is not an effective rate; measure it (python -m kvbench.p2p, then fit)",
+        ],
+    }
+    if a.model.sliding_layers:
+        out["assumptions"].append(
+            f"{a.model.sliding_layers} of {a.model.layers} layers keep only a "
+            f"{a.model.sliding_window}-token sliding window")
+    if a.dtype.quantized:
+        bf16 = KVSizing(a.model, DTYPES["bf16"], a.tokens, block_size=a.block_size).kv_bytes
+        out["quantized_kv"] = {
+            "payload_vs_bf16": _r(sizing.payload_bytes / bf16),
+            "scale_mode": a.scale_mode,
+            "scale_dtype": a.scale_dtype if a.scale_mode != "none" else None,
+            "scale_bytes_added": sizing.scale_bytes,
+            "a_real_fp8_kv_needs": [
+                "scales that travel with the KV (per tensor, per layer and head, or per token and head)",
+                "block-aligned allocation so scales and pages line up (see --block-size)",
+                "an accuracy check against the BF16 baseline on your own prompts before adopting it",
+            ],
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------
+# CLI
+
+_EPILOG = """\
+examples:
+  python -m kvbench.model                          # the tutorial's fixed example, as JSON
+  python -m kvbench.model --prompt-tokens 300,2000,8192 --format table
+  python -m kvbench.model --model llama-3.1-8b --dtype fp8_e4m3 --scale-mode per-token-per-head
+  python -m kvbench.model --model-config ./config.json --tp 4
+"""
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="kvbench model",
+        description="KV-cache size of a model and the handoff floor it implies on given links:\n"
+                    "handoff_floor_ms = setup_ms + KV_bytes / (GB/s x 1e9) x 1000.",
+        epilog=_EPILOG,
+    )
+    p.add_argument("--model", default=None, help=f"preset name (default {DEFAULT_MODEL}); "
+                   f"one of {', '.join(PRESETS)}")
+    p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
+    p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
+    p.add_argument("--prompt-tokens", default=None, metavar="N[,N...]",
+                   help="prompt length(s) in tokens (default 2000; a list prints one object each)")
+    p.add_argument("--links-gbps", default="100,25,10", metavar="R[,R...]",
+                   help="sustained effective link rates in decimal GB/s (default 100,25,10)")
+    p.add_argument("--setup-ms", default="1.0", help="per-handoff setup cost in ms (default 1.0)")
+    p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
+    p.add_argument("--short-prompt-tokens", type=int, default=300,
+                   help="prompt length of the short-prompt case (default 300), at the slowest link")
+    p.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
+                   help="FP8/INT8 scale overhead (default none)")
+    p.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
+    p.add_argument("--block-size", type=int, default=None,
+                   help="paged block size in tokens: allocation is rounded up to whole blocks")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: report bytes per rank")
+    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
+    return p
+
+
+def format_table(results: list[dict]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"{r['model']} {r['dtype']}: {r['prompt_tokens']} tokens x "
+                     f"{r['bytes_per_token']:,} B/token = {r['kv_bytes']:,} B "
+                     f"({r['kv_mib']:.1f} MiB), setup {r['setup_ms']} ms, budget {r['budget_ms']} ms")
+        lines.append(f"  {'link GB/s':>10} {'bw floor ms':>12} {'setup ms':>9} "
+                     f"{'handoff ms':>11}  within budget")
+        for link in r["links"]:
+            lines.append(f"  {link['effective_bandwidth_gb_s']:>10g} {link['bandwidth_floor_ms']:>12.4f} "
+                         f"{link['setup_ms']:>9g} {link['handoff_floor_ms']:>11.4f}  "
+                         f"{'yes' if link['within_budget'] else 'no'}")
+        s = r["broken_short_prompt_case"]
+        lines.append(f"  short prompt: {s['prompt_tokens']} tokens at {s['effective_bandwidth_gb_s']:g} GB/s"
+                     f" -> {s['handoff_floor_ms']:.4f} ms")
+        if "quantized_kv" in r:
+            q = r["quantized_kv"]
+            lines.append(f"  quantized KV: {q['payload_vs_bf16']:.2f}x the BF16 payload, "
+                         f"+{q['scale_bytes_added']:,} B of scales ({q['scale_mode']})")
+        shard = r["sizing"].get("tp_shard")
+        if shard:
+            lines.append(f"  TP {shard['tp']}: {shard['bytes_per_rank']:,} B per rank"
+                         + (f" ({shard['note']})" if shard["note"] else ""))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    model = resolve_model(args.model, args.model_config)
+    dtype = get_dtype(args.dtype)
+    tokens = parse_positive_ints(args.prompt_tokens, "--prompt-tokens") if args.prompt_tokens else [2000]
+    links = parse_positive_floats(args.links_gbps, "--links-gbps")
+    setup = non_negative_float(args.setup_ms, "--setup-ms")
+    budget = parse_positive_floats(args.budget_ms, "--budget-ms")[0]
+    if args.short_prompt_tokens <= 0:
+        raise UsageError("--short-prompt-tokens must be positive")
+    if args.block_size is not None and args.block_size <= 0:
+        raise UsageError("--block-size must be positive")
+    results = [
+        transfer_model(TransferModelArgs(model, dtype, t, links, setup, budget,
+                                         args.short_prompt_tokens, args.scale_mode,
+                                         args.scale_dtype, args.block_size, args.tp))
+        for t in tokens
+    ]
+    payload = results[0] if args.prompt_tokens is None else results
+    text = json.dumps(payload, indent=2)
+    if args.out:
+        from kvbench.results import write_new_file
+
+        write_new_file(Path(args.out), text + "\n")
+    print(format_table(results) if args.format == "table" else text)
+    return 0
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    return run_main("kvbench model", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,43 @@
+"""Units in one place, so no module invents its own.
+
+Bytes are exact integers; GB and GB/s are decimal (1e9); MiB and GiB are binary.
+"""
+
+from __future__ import annotations
+
+import re
+
+GB = 1_000_000_000
+MiB = 1 << 20
+GiB = 1 << 30
+
+_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """Parse '4K', '1M', '64MiB', '1G' (binary suffixes, nccl-tests style) into bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a byte size: {text!r} (use e.g. 4K, 1M, 64M, 1G)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def fmt_bytes(n: int) -> str:
+    """Human form with a binary unit: 655360000 -> '625.0 MiB'."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def gb_per_s(nbytes: int, ms: float) -> float:
+    """Decimal GB/s for nbytes moved in ms milliseconds."""
+    if ms <= 0:
+        return float("inf")
+    return nbytes / GB / (ms / 1000.0)
+
+
+def transfer_ms(nbytes: int, gb_s: float) -> float:
+    """Milliseconds to move nbytes at a sustained gb_s (decimal GB/s), no setup."""
+    return nbytes / (gb_s * GB) * 1000.0
