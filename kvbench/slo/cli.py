@@ -1,0 +1,282 @@
+"""`kvbench slo` / `python -m kvbench.slo`: validate a plan, convert vLLM results, analyze records."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from kvbench.cli import ArgumentParser, UsageError, parse_positive_floats, run_main
+from kvbench.results import write_new_file
+from kvbench.slo import synth
+from kvbench.slo.gates import (
+    DEFAULT_SEND_LAG_P99_MAX_MS,
+    DENOMINATORS,
+    NUMERATORS,
+    Criteria,
+    analyze,
+)
+from kvbench.slo.plan import Plan, load_plan
+from kvbench.slo.records import dumps_jsonl, load_records, record_to_json
+from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
+from kvbench.slo.vllm import convert_vllm
+
+SCHEMA_REPORT = "kvbench.slo.report/1"
+
+_EPILOG = """\
+examples:
+  kvbench slo validate-plan examples/pd-benchmark-plan.yaml
+  kvbench slo convert-vllm vllm-agg-4qps.json --deployment aggregated --out agg-4.jsonl
+  kvbench slo analyze agg-*.jsonl disagg-*.jsonl --plan examples/pd-benchmark-plan.yaml --plot sweep.png
+  kvbench slo synth cohort --out cohort.jsonl
+  kvbench slo analyze cohort.jsonl --ttft-max-ms 2000 --tpot-max-ms 50 \\
+      --denominator all_offered_after_warmup --attainment-min 0.95
+
+Record format, every output field and the vLLM/AIPerf name mapping: docs/slo.md
+"""
+
+# analyze flags that a plan also declares: giving both is ambiguous, so it is refused
+_PLAN_FLAGS = ("ttft_max_ms", "tpot_max_ms", "max_itl_ms", "deadline_s", "min_tokens_for_tpot",
+               "numerator", "denominator", "attainment_min", "error_rate_max", "warmup_requests",
+               "duration_s", "no_queue_check")
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"expected a fraction in 0..1, got {text!r}") from None
+    if not 0 <= v <= 1:
+        raise UsageError(f"expected a fraction in 0..1 (0.95 means 95%), got {text}")
+    return v
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="kvbench slo",
+                       description="Serving SLO analysis for an equal-budget comparison of aggregated "
+                                   "and disaggregated deployments:\nTTFT/TPOT/ITL percentiles, joint "
+                                   "attainment, error rate, queue stability, SLO-compliant capacity.",
+                       epilog=_EPILOG)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+
+    a = sub.add_parser("analyze", help="analyze per-request records (JSONL)", prog="kvbench slo analyze",
+                       description="Per deployment and offered rate: latency percentiles, attainment of "
+                                   "successful and of all offered requests, gates; then capacity and verdict.")
+    a.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
+    a.add_argument("--plan", metavar="PLAN.yaml", help="take limits, gates, warm-up and window from a plan")
+    a.add_argument("--ttft-max-ms", type=float, help="per-request TTFT limit in ms")
+    a.add_argument("--tpot-max-ms", type=float, help="per-request TPOT limit in ms")
+    a.add_argument("--max-itl-ms", type=float, help="per-request limit on the largest chunk gap in ms")
+    a.add_argument("--deadline-s", type=float, help="per-request end-to-end deadline in seconds")
+    a.add_argument("--min-tokens-for-tpot", type=int, help="TPOT applies from this many output tokens (default 2)")
+    a.add_argument("--numerator", choices=list(NUMERATORS), help="default requests_meeting_all_limits")
+    a.add_argument("--denominator", choices=list(DENOMINATORS),
+                   help="which attainment the gate uses (both are always reported); required without --plan")
+    a.add_argument("--attainment-min", type=_fraction, help="gate: minimum attainment, fraction (0.95 = 95%%)")
+    a.add_argument("--error-rate-max", type=_fraction, help="gate: maximum error rate, fraction")
+    a.add_argument("--warmup-requests", type=int, help="requests excluded at the start of each run (default 0)")
+    a.add_argument("--duration-s", type=float, help="declared measurement window in seconds "
+                   "(default: first measured send to last finish)")
+    a.add_argument("--no-queue-check", action="store_true", help="do not gate on queue stability")
+    a.add_argument("--send-lag-max-ms", type=float, default=DEFAULT_SEND_LAG_P99_MAX_MS,
+                   help=f"gate: P99 client send lag in ms (default {DEFAULT_SEND_LAG_P99_MAX_MS:g})")
+    a.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    a.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (never overwrites)")
+    a.add_argument("--plot", metavar="FILE", help="plot attainment and latency percentiles against "
+                   "offered rate (.png/.svg/.pdf; needs kvbench[plot])")
+
+    v = sub.add_parser("validate-plan", help="check an equal-budget benchmark plan (YAML)",
+                       prog="kvbench slo validate-plan")
+    v.add_argument("plan", metavar="PLAN.yaml")
+
+    c = sub.add_parser("convert-vllm", help="convert vllm bench serve --save-result --save-detailed JSON",
+                       prog="kvbench slo convert-vllm")
+    c.add_argument("result", metavar="RESULT.json")
+    c.add_argument("--deployment", required=True, help="deployment name for every record")
+    c.add_argument("--offered-rate", type=float, help="offered rate in requests/s (default: the file's request_rate)")
+    c.add_argument("--index", type=int, help="which result of an --append-result file")
+    c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
+
+    s = sub.add_parser("synth", help="write synthetic records with known answers (no GPU needed)",
+                       prog="kvbench slo synth")
+    s.add_argument("kind", choices=("cohort", "sweep"),
+                   help="cohort: the tutorial's 100 requests; sweep: two toy deployments over rates")
+    s.add_argument("--out", required=True, metavar="FILE.jsonl")
+    s.add_argument("--plan", metavar="PLAN.yaml", help="sweep: take rates, duration and warm-up from a plan")
+    s.add_argument("--rates", default="1,2,3,4,5,6,7,8", help="sweep: offered rates in requests/s")
+    s.add_argument("--duration-s", type=float, default=120.0, help="sweep: seconds of traffic per rate")
+    s.add_argument("--warmup-requests", type=int, default=20)
+    s.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _criteria_from_flags(args) -> Criteria:
+    if args.denominator is None:
+        raise UsageError("declare the attainment denominator: --denominator "
+                         f"{'|'.join(DENOMINATORS)} (or give --plan)")
+    if args.attainment_min is None:
+        raise UsageError("declare the attainment gate: --attainment-min FRACTION (or give --plan)")
+    for name in ("ttft_max_ms", "tpot_max_ms", "max_itl_ms", "deadline_s", "duration_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    return Criteria(
+        denominator=args.denominator, slo_attainment_min=args.attainment_min,
+        numerator=args.numerator or "requests_meeting_all_limits",
+        ttft_max_ms=args.ttft_max_ms, tpot_max_ms=args.tpot_max_ms,
+        max_itl_per_request_ms=args.max_itl_ms,
+        request_deadline_ms=None if args.deadline_s is None else args.deadline_s * 1000.0,
+        output_tokens_minimum_for_tpot=2 if args.min_tokens_for_tpot is None else args.min_tokens_for_tpot,
+        error_rate_max=args.error_rate_max, require_no_sustained_queue_growth=not args.no_queue_check,
+        warmup_requests=args.warmup_requests or 0, duration_s=args.duration_s,
+        send_lag_p99_max_ms=args.send_lag_max_ms)
+
+
+def _check_against_plan(records, plan: Plan) -> list[dict]:
+    """Records must name the plan's deployments and rates; returns the plan's untested cells."""
+    tested = set()
+    for r in records:
+        if r.deployment not in plan.deployments:
+            raise UsageError(f"{r.where}: deployment {r.deployment!r} is not in the plan "
+                             f"({', '.join(plan.deployments)})")
+        match = [x for x in plan.offered_rates_rps if abs(x - r.offered_rate_rps) <= 1e-9 * max(1.0, x)]
+        if not match:
+            raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
+                             f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")
+        tested.add((r.deployment, match[0]))
+    return [{"deployment": d, "offered_rate_rps": x} for d in plan.deployments
+            for x in plan.offered_rates_rps if (d, x) not in tested]
+
+
+def _write_new_bytes(path: Path, data: bytes) -> Path:
+    """Binary twin of kvbench.results.write_new_file: atomic, never replaces a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise UsageError(f"refusing to overwrite existing file {path}") from None
+    finally:
+        os.unlink(tmp)
+    return path
+
+
+def cmd_analyze(args, argv) -> int:
+    if args.plan:
+        given = [f"--{n.replace('_', '-')}" for n in _PLAN_FLAGS if getattr(args, n) not in (None, False)]
+        if given:
+            raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
+                             "warm-up and window")
+        plan = load_plan(args.plan)
+        criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
+    else:
+        plan, criteria = None, _criteria_from_flags(args)
+    for target in (args.out, args.plot):  # refuse before the work, not after it
+        if target and Path(target).exists():
+            raise UsageError(f"refusing to overwrite existing file {target}")
+    fmt = plot_format(Path(args.plot)) if args.plot else None
+    records = load_records(args.records)
+    untested = _check_against_plan(records, plan) if plan else []
+    budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
+              else "equal budget not checked (no --plan)")
+    report = {"schema": SCHEMA_REPORT, "command": ["kvbench", "slo", *argv],
+              "inputs": {"records": list(args.records), "plan": args.plan},
+              "criteria": asdict(criteria),
+              "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
+                               if plan else None),
+              "untested": untested,
+              **analyze(records, criteria, budget)}
+    text = json.dumps(report, indent=2, allow_nan=False)
+    if args.plot:
+        data = render_plot(report, fmt)  # fails cleanly without matplotlib, before anything is written
+    if args.out:
+        write_new_file(Path(args.out), text + "\n")
+    if args.plot:
+        _write_new_bytes(Path(args.plot), data)
+    if args.format == "json":
+        print(text)
+    elif args.format == "markdown":
+        print(format_markdown(report))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    plan = load_plan(args.plan)
+    print(f"{args.plan}: valid plan; {plan.summary()}")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    if not args.deployment.strip():
+        raise UsageError("--deployment must not be empty")
+    if args.offered_rate is not None and not args.offered_rate > 0:
+        raise UsageError(f"--offered-rate must be positive, got {args.offered_rate:g}")
+    if args.out and Path(args.out).exists():
+        raise UsageError(f"refusing to overwrite existing file {args.out}")
+    rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
+    text = dumps_jsonl(rows)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if args.out:
+        write_new_file(Path(args.out), text)
+        print(f"{args.out}: {len(rows)} records ({summary}) for {args.deployment} at "
+              f"{rows[0]['offered_rate_rps']:g} rps")
+    else:
+        sys.stdout.write(text)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_synth(args) -> int:
+    if Path(args.out).exists():
+        raise UsageError(f"refusing to overwrite existing file {args.out}")
+    if args.kind == "cohort":
+        records = synth.cohort()
+    else:
+        if args.plan:
+            plan = load_plan(args.plan)
+            rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
+                                       plan.criteria.warmup_requests)
+        else:
+            rates, duration, warmup = (parse_positive_floats(args.rates, "--rates"), args.duration_s,
+                                       args.warmup_requests)
+        if not duration > 0 or warmup < 0:
+            raise UsageError("--duration-s must be positive and --warmup-requests not negative")
+        records = synth.sweep(rates, duration, warmup, args.seed)
+    write_new_file(Path(args.out), dumps_jsonl(record_to_json(r, {"synthetic": True}) for r in records))
+    print(f"{args.out}: {len(records)} synthetic records ({args.kind})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "analyze":
+        return cmd_analyze(args, argv)
+    if args.command == "validate-plan":
+        return cmd_validate(args)
+    if args.command == "convert-vllm":
+        return cmd_convert(args)
+    return cmd_synth(args)
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    return run_main("kvbench slo", main, argv)
