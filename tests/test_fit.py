@@ -1,0 +1,308 @@
+"""kvbench fit, through the CLI a user runs, on p2p record files written in tmp_path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+GB = 1e9
+
+
+def p2p_record(nbytes: int, samples, **overrides) -> dict:
+    """A kvbench.p2p/1 record with exactly the fields the p2p benchmark writes."""
+    s = np.asarray(samples, dtype=float)
+    p50 = float(np.percentile(s, 50)) if len(s) else None
+    rec = {
+        "schema": "kvbench.p2p/1",
+        "transport": "gloo",
+        "pattern": "sequential",
+        "granularity": "whole",
+        "layout": "raw",
+        "dtype": None,
+        "device": "cpu",
+        "model": None,
+        "prompt_tokens": None,
+        "bytes": int(nbytes),
+        "world_size": 2,
+        "hosts": ["node-a", "node-a"],
+        "iters": len(s),
+        "samples_ms": [float(v) for v in s],
+        "p50_ms": p50,
+        "p95_ms": float(np.percentile(s, 95)) if len(s) else None,
+        "p99_ms": float(np.percentile(s, 99)) if len(s) else None,
+        "mean_ms": float(s.mean()) if len(s) else None,
+        "min_ms": float(s.min()) if len(s) else None,
+        "max_ms": float(s.max()) if len(s) else None,
+        "gbps": nbytes / GB / (p50 / 1000) if p50 else None,
+        "cold_ms": 25.0,
+        "wrong": 0,
+        "argv": ["python", "-m", "kvbench.p2p", "--bytes", "..."],
+        "env": {"torch": "2.13.0"},
+        "timestamp": "2026-01-01T00:00:00Z",
+    }
+    rec.update(overrides)
+    return rec
+
+
+def synthetic(sizes, setup_ms, gb_s, *, n=40, noise=0.03, outliers=0.06, seed=0,
+              time_fn=None, **overrides) -> list[dict]:
+    """Samples drawn from setup + bytes/rate with multiplicative noise and slow outliers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for b in sizes:
+        t = time_fn(b) if time_fn else setup_ms + b / (gb_s * GB) * 1000
+        s = t * (1 + noise * rng.standard_normal(n))
+        k = rng.random(n) < outliers
+        s[k] *= rng.uniform(2.0, 6.0, k.sum())  # stalls: always slower, often much slower
+        out.append(p2p_record(b, s, **overrides))
+    return out
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def fit(tmp_path: Path, records, *args: str, name="run.jsonl", boot=300) -> tuple[dict, str]:
+    src = write_jsonl(tmp_path / name, records)
+    out = tmp_path / (name + ".fit.json")
+    res = run_cli("kvbench.fit", str(src), "--out", str(out), "--bootstrap", str(boot), *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text()), res.stdout
+
+
+SIZES = [1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_recovers_known_setup_and_rate_within_intervals(tmp_path, seed):
+    setup, rate = 0.8, 2.5
+    doc, _ = fit(tmp_path, synthetic(SIZES, setup, rate, seed=seed), boot=1000)
+    assert doc["schema"] == "kvbench.fit/1"
+    (g,) = doc["groups"]
+    lo, hi = g["setup_ms_ci95"]
+    assert lo <= setup <= hi, g
+    lo, hi = g["effective_gb_s_ci95"]
+    assert lo <= rate <= hi, g
+    assert g["setup_ms"] == pytest.approx(setup, rel=0.03)
+    assert g["effective_gb_s"] == pytest.approx(rate, rel=0.02)
+    assert g["n_samples"] == 5 * 40 and g["n_sizes"] == 5
+    assert g["bytes_min"] == SIZES[0] and g["bytes_max"] == SIZES[-1]
+    assert g["n_outliers"] > 0
+    assert g["r2_inliers"] > 0.99
+    assert [w["code"] for w in g["warnings"]] == []
+
+
+def test_outliers_do_not_drag_the_fit(tmp_path):
+    # Heavy stalls on the largest size: least squares on the samples is pulled far off,
+    # the robust fit is not.
+    recs = synthetic(SIZES, 0.5, 4.0, seed=7, outliers=0.0)
+    big = recs[-1]["samples_ms"]
+    for i in range(0, 40, 6):
+        big[i] *= 8
+    doc, _ = fit(tmp_path, recs)
+    (g,) = doc["groups"]
+    x = np.concatenate([[r["bytes"]] * len(r["samples_ms"]) for r in recs]) / GB
+    y = np.concatenate([r["samples_ms"] for r in recs])
+    ols_rate = 1000 / np.polyfit(x, y, 1)[0]
+    assert abs(ols_rate / 4.0 - 1) > 0.3  # least squares is dragged
+    assert g["effective_gb_s"] == pytest.approx(4.0, rel=0.02)
+    assert g["setup_ms"] == pytest.approx(0.5, rel=0.05)
+    assert g["n_outliers"] == 7
+
+
+def test_sizes_table_and_stdout_table(tmp_path):
+    recs = synthetic(SIZES[:3], 0.3, 1.0, seed=4)
+    doc, stdout = fit(tmp_path, recs)
+    (g,) = doc["groups"]
+    for row, rec in zip(g["sizes"], recs, strict=True):
+        assert row["bytes"] == rec["bytes"]
+        assert row["n"] == len(rec["samples_ms"])
+        assert row["p50_ms"] == pytest.approx(np.percentile(rec["samples_ms"], 50), rel=1e-5)
+        assert row["p99_ms"] == pytest.approx(np.percentile(rec["samples_ms"], 99), rel=1e-5)
+        assert row["fitted_ms"] == pytest.approx(g["setup_ms"] + row["bytes"] / (
+            g["effective_gb_s"] * GB) * 1000, rel=1e-4)
+        assert row["residual_ms"] == pytest.approx(row["p50_ms"] - row["fitted_ms"], abs=1e-5)
+    assert g["sources"] == [str(tmp_path / "run.jsonl")]
+    assert doc["inputs"] == [str(tmp_path / "run.jsonl")]
+    assert "effective GB/s" in stdout and f"{g['effective_gb_s']:.5g}" in stdout
+    assert "transport=gloo" in stdout and "1,048,576" in stdout
+    assert "wrote " in stdout
+
+
+def test_groups_split_by_method_and_optional_keys(tmp_path):
+    recs = (synthetic(SIZES[:3], 0.2, 3.0, seed=1)
+            + synthetic(SIZES[:3], 0.05, 9.0, seed=2, transport="mpi")
+            + synthetic(SIZES[:3], 0.2, 1.5, seed=3, transport="nixl", nixl_op="READ", tp=2)
+            + synthetic(SIZES[:3], 0.2, 3.0, seed=4, hosts=["a", "b"]))
+    doc, stdout = fit(tmp_path, recs)
+    groups = {(g["group"]["transport"], tuple(g["group"]["hosts"])): g for g in doc["groups"]}
+    assert len(groups) == 4
+    assert groups[("nixl", ("node-a", "node-a"))]["group"]["nixl_op"] == "READ"
+    assert groups[("nixl", ("node-a", "node-a"))]["group"]["tp"] == 2
+    assert groups[("mpi", ("node-a", "node-a"))]["group"]["tp"] is None
+    assert groups[("mpi", ("node-a", "node-a"))]["effective_gb_s"] == pytest.approx(9.0, rel=0.03)
+    assert groups[("gloo", ("a", "b"))]["effective_gb_s"] == pytest.approx(3.0, rel=0.03)
+    assert stdout.count("effective GB/s") == 4
+    # --where keeps only one group
+    res = run_cli("kvbench.fit", str(tmp_path / "run.jsonl"), "--where", "transport=mpi",
+                  "--out", str(tmp_path / "mpi.json"))
+    assert res.returncode == 0, res.stderr
+    only = json.loads((tmp_path / "mpi.json").read_text())["groups"]
+    assert [g["group"]["transport"] for g in only] == ["mpi"]
+
+
+def test_fewer_than_two_sizes_is_warned_not_fitted(tmp_path):
+    doc, stdout = fit(tmp_path, synthetic([1 << 20], 0.2, 3.0))
+    (g,) = doc["groups"]
+    assert g["n_sizes"] == 1
+    assert g["setup_ms"] is None and g["effective_gb_s"] is None
+    assert [w["code"] for w in g["warnings"]] == ["fewer_than_two_sizes"]
+    assert "fewer_than_two_sizes" in stdout
+    assert g["sizes"][0]["end_to_end_gb_s"] > 0  # the end-to-end number is still there
+
+
+def test_negative_intercept_is_warned(tmp_path):
+    # A token bucket lets the first bytes through free: time = bytes/rate - burst/rate.
+    doc, _ = fit(tmp_path, synthetic(SIZES[1:], -0.3, 2.0, seed=5, noise=0.01))
+    (g,) = doc["groups"]
+    assert g["setup_ms"] < 0
+    assert "negative_intercept" in [w["code"] for w in g["warnings"]]
+
+
+def test_intercept_indistinguishable_from_zero_is_warned(tmp_path):
+    # Large payloads only: a 0.2 ms setup is lost in the noise of 8..33 ms transfers.
+    doc, _ = fit(tmp_path, synthetic([1 << 24, 1 << 25, 1 << 26], 0.2, 2.0, seed=9, noise=0.05),
+                 boot=1000)
+    (g,) = doc["groups"]
+    lo, hi = g["setup_ms_ci95"]
+    assert g["setup_ms"] > 0 and lo <= 0 <= hi
+    assert "intercept_not_distinguishable_from_zero" in [w["code"] for w in g["warnings"]]
+
+
+def test_two_regimes_are_found_with_both_fits_and_break(tmp_path):
+    # Eager small messages: 0.02 ms + bytes at 1 GB/s; large: 0.5 ms + bytes at 5 GB/s.
+    sizes = [1 << k for k in range(12, 27, 2)]
+
+    def t(b):
+        return 0.02 + b / 1e9 * 1e3 if b < 600_000 else 0.5 + b / 5e9 * 1e3
+
+    doc, stdout = fit(tmp_path, synthetic(sizes, 0, 0, seed=8, time_fn=t, n=30), boot=1000)
+    (g,) = doc["groups"]
+    tr = g["two_regimes"]
+    assert tr is not None, g["warnings"]
+    assert "two_regimes" in [w["code"] for w in g["warnings"]]
+    assert tr["break_between_bytes"] == [1 << 18, 1 << 20]
+    assert (1 << 18) <= tr["break_bytes"] <= (1 << 20)
+    assert tr["small"]["effective_gb_s"] == pytest.approx(1.0, rel=0.05)
+    assert tr["large"]["effective_gb_s"] == pytest.approx(5.0, rel=0.03)
+    assert tr["large"]["setup_ms"] == pytest.approx(0.5, rel=0.1)
+    lo, hi = tr["large"]["effective_gb_s_ci95"]
+    assert lo <= 5.0 <= hi
+    assert "small regime" in stdout and "large regime" in stdout
+
+
+def test_no_two_regimes_on_one_line(tmp_path):
+    sizes = [1 << k for k in range(12, 27, 2)]
+    doc, _ = fit(tmp_path, synthetic(sizes, 0.3, 5.0, seed=9))
+    assert doc["groups"][0]["two_regimes"] is None
+
+
+def test_rate_above_declared_line_rate_is_a_bug(tmp_path):
+    recs = synthetic(SIZES, 0.2, 20.0, seed=10)
+    doc, stdout = fit(tmp_path, recs, "--line-rate-gbps", "12.5")
+    (g,) = doc["groups"]
+    assert doc["line_rate_gb_s"] == 12.5
+    assert "rate_above_line_rate" in [w["code"] for w in g["warnings"]]
+    assert "measurement bug" in stdout
+    doc, _ = fit(tmp_path, recs, "--line-rate-gbps", "25", name="again.jsonl")
+    assert "rate_above_line_rate" not in [w["code"] for w in doc["groups"][0]["warnings"]]
+
+
+def test_records_with_wrong_bytes_are_excluded(tmp_path):
+    recs = synthetic(SIZES[:3], 0.2, 3.0, seed=11)
+    bad = p2p_record(1 << 26, [0.001] * 10, wrong=17)  # would wreck the fit if used
+    doc, _ = fit(tmp_path, recs + [bad])
+    (g,) = doc["groups"]
+    assert g["n_sizes"] == 3 and g["n_records"] == 4
+    assert "excluded_wrong" in [w["code"] for w in g["warnings"]]
+    assert g["effective_gb_s"] == pytest.approx(3.0, rel=0.03)
+
+
+def test_default_output_beside_input_never_overwrites(tmp_path):
+    src = write_jsonl(tmp_path / "kvbench-p2p-20260101T000000Z.jsonl",
+                      synthetic(SIZES[:3], 0.2, 3.0, n=10))
+    first = run_cli("kvbench.fit", str(src), "--bootstrap", "100")
+    second = run_cli("kvbench.fit", str(src), "--bootstrap", "100")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    a = tmp_path / "kvbench-p2p-20260101T000000Z.fit.json"
+    b = tmp_path / "kvbench-p2p-20260101T000000Z.fit-1.json"
+    assert a.exists() and b.exists()
+    assert json.loads(a.read_text())["groups"] == json.loads(b.read_text())["groups"]
+    again = run_cli("kvbench.fit", str(src), "--out", str(a))
+    assert again.returncode == 2 and "refusing to overwrite" in again.stderr
+
+
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    src = write_jsonl(tmp_path / "r.jsonl", synthetic(SIZES, 0.4, 2.0, seed=12, n=15))
+    png = tmp_path / "r.png"
+    res = run_cli("kvbench.fit", str(src), "--plot", str(png), "--bootstrap", "200")
+    assert res.returncode == 0, res.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    res = run_cli("kvbench.fit", str(src), "--plot", str(png))
+    assert res.returncode == 2 and "refusing to overwrite" in res.stderr
+
+
+def _bad(tmp_path, *args):
+    res = run_cli("kvbench.fit", *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvbench fit: error:"), res.stderr
+    assert "Traceback" not in res.stderr
+    assert not list(tmp_path.glob("*.fit*.json"))
+    return lines[0]
+
+
+def test_bad_input_missing_file(tmp_path):
+    assert "no such file" in _bad(tmp_path, str(tmp_path / "nope.jsonl"))
+
+
+def test_bad_input_unreadable_file(tmp_path):
+    p = tmp_path / "binary.jsonl"
+    p.write_bytes(b"\xff\xfe\x00garbage")
+    assert "cannot read" in _bad(tmp_path, str(p))
+    assert "directory" in _bad(tmp_path, str(tmp_path))
+
+
+def test_bad_input_unknown_schema(tmp_path):
+    rec = p2p_record(1 << 20, [1.0, 1.1], schema="kvbench.p2p/9")
+    p = write_jsonl(tmp_path / "future.jsonl", [rec])
+    assert "unknown schema 'kvbench.p2p/9'" in _bad(tmp_path, str(p))
+
+
+def test_bad_input_empty_file_and_empty_group(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert "no records" in _bad(tmp_path, str(empty))
+    allwrong = write_jsonl(tmp_path / "wrong.jsonl",
+                           [p2p_record(1 << 20, [1.0, 1.1], wrong=3),
+                            p2p_record(1 << 22, [], wrong=0)])
+    msg = _bad(tmp_path, str(allwrong))
+    assert "is empty" in msg and "1 with wrong received elements" in msg and "1 without samples" in msg
+
+
+def test_bad_input_malformed_samples_and_where(tmp_path):
+    p = write_jsonl(tmp_path / "neg.jsonl", [p2p_record(1 << 20, [1.0, -2.0])])
+    assert "samples_ms" in _bad(tmp_path, str(p))
+    ok = write_jsonl(tmp_path / "ok.jsonl", synthetic(SIZES[:2], 0.1, 1.0, n=5))
+    assert "no group matches --where transport=nccl" in _bad(tmp_path, str(ok), "--where",
+                                                             "transport=nccl")
+    assert "unknown key 'colour'" in _bad(tmp_path, str(ok), "--where", "colour=red")
+    assert "--line-rate-gbps" in _bad(tmp_path, str(ok), "--line-rate-gbps", "fast")
