@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -49,9 +50,9 @@ def _fraction(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise UsageError(f"expected a fraction in 0..1, got {text!r}") from None
+        v = float("nan")
     if not 0 <= v <= 1:
-        raise UsageError(f"expected a fraction in 0..1 (0.95 means 95%), got {text}")
+        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}")
     return v
 
 

@@ -161,7 +161,7 @@ def _keeping_up(measured: Sequence[RequestMetrics]) -> dict:
     latency, one slow straggler moves it by one request, and a growing backlog reads < 1.
     """
     sends = sorted(m.record.actual_send_ms for m in measured)
-    if len(sends) < 2 or sends[-1] <= sends[0]:
+    if len(sends) < MIN_REQUESTS_FOR_TREND or sends[-1] <= sends[0]:
         return {"offered_actual_rps": None, "achieved_rps": None, "achieved_over_offered": None,
                 "latency_shift_ms": None}
     span_s = (sends[-1] - sends[0]) / 1000.0
@@ -198,16 +198,19 @@ def _queue(group: Sequence[RequestRecord], measured: Sequence[RequestMetrics],
     else:
         out["reasons"].append(f"too few requests after warm-up ({n}) to judge a trend")
     ratio = out["achieved_over_offered"]
-    if ratio is None or ratio < ACHIEVED_MIN_FRACTION:
-        got = ("too few requests to measure" if ratio is None else
-               f"{out['achieved_rps']:.3f} rps = {ratio:.3f} x the {out['offered_actual_rps']:.3f} rps sent")
-        out["reasons"].append(f"achieved {got} (< {ACHIEVED_MIN_FRACTION})")
-    out["growing"] = bool(out["reasons"])
+    if ratio is None and n >= MIN_REQUESTS_FOR_TREND:
+        out["reasons"].append("all sends at one instant: no achieved rate to measure")
+    elif ratio is not None and ratio < ACHIEVED_MIN_FRACTION:
+        out["reasons"].append(f"achieved {out['achieved_rps']:.3f} rps = {ratio:.3f} x the "
+                              f"{out['offered_actual_rps']:.3f} rps sent (< {ACHIEVED_MIN_FRACTION})")
+    judged = n >= MIN_REQUESTS_FOR_TREND and ratio is not None
+    growing = any("rose" in r or "achieved" in r for r in out["reasons"])
+    out["growing"] = True if growing else (False if judged else None)
     if not c.require_no_sustained_queue_growth:
-        gate = Gate("queue_stability", None, out["achieved_over_offered"], ACHIEVED_MIN_FRACTION,
+        gate = Gate("queue_stability", None, ratio, ACHIEVED_MIN_FRACTION,
                     "not required by the declared acceptance")
-    else:
-        gate = Gate("queue_stability", not out["growing"], out["achieved_over_offered"],
+    else:  # fail closed: stability that cannot be shown is not claimed
+        gate = Gate("queue_stability", out["growing"] is False, ratio,
                     ACHIEVED_MIN_FRACTION, "; ".join(out["reasons"]) or "stable")
     return out, gate
 
@@ -395,7 +398,7 @@ def verdict(caps: Sequence[Capacity], budget_note: str) -> dict:
     open_ended = [c.deployment for c in caps if c.status == "not_reached"]
     if open_ended:
         return {"winner": None, "text": (f"inconclusive: {', '.join(open_ended)} passed every tested "
-                                        "rate; extend the sweep to higher rates")}
+                                        f"rate ({budget_note}); extend the sweep to higher rates")}
     text = (f"tie at the tested rates: {', '.join(f'{c.deployment} {proven(c):g} rps' for c in ranked)}, "
             f"{budget_note}")
     if pd:
