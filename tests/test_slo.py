@@ -90,7 +90,7 @@ def test_tutorial_cohort_numbers_and_fail_against_95_of_all(tmp_path):
     (g,) = out["groups"]
     c, a = g["counts"], g["attainment"]
     assert (c["offered_after_warmup"], c["ok"], c["error"], c["meeting_limits"]) == (100, 95, 5, 90)
-    assert c["missing_limit"] == {"ttft": 3, "tpot": 2}
+    assert c["missed_limit"] == {"ttft": 3, "tpot": 2}
     assert g["error_rate_pct"] == 5.0
     assert round(a["of_successful_pct"], 1) == 94.7
     assert a["of_all_offered_pct"] == 90.0
@@ -177,12 +177,12 @@ def test_each_declared_limit_counts_separately(tmp_path, capsys):
     limits = ("--ttft-max-ms", "800", "--tpot-max-ms", "40", "--max-itl-ms", "250", "--deadline-s", "1.8",
               "--min-tokens-for-tpot", "4", "--denominator", "successful", "--attainment-min", "0.5")
     (g,) = slo_json_in(capsys, f, *limits)["groups"]
-    assert g["counts"]["missing_limit"] == {"ttft": 1, "tpot": 1, "max_itl": 1, "deadline": 1}
+    assert g["counts"]["missed_limit"] == {"ttft": 1, "tpot": 1, "max_itl": 1, "deadline": 1}
     assert g["counts"]["tpot_not_applicable"] == 1
     assert g["counts"]["meeting_limits"] == 8
     # the TTFT-and-TPOT numerator ignores the max-ITL and deadline limits
     (g2,) = slo_json_in(capsys, f, *limits, "--numerator", "requests_meeting_ttft_and_tpot")["groups"]
-    assert g2["counts"]["meeting_limits"] == 10 and g2["counts"]["missing_limit"] == {"ttft": 1, "tpot": 1}
+    assert g2["counts"]["meeting_limits"] == 10 and g2["counts"]["missed_limit"] == {"ttft": 1, "tpot": 1}
 
 
 def test_every_record_is_counted_somewhere(tmp_path, capsys):

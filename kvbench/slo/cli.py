@@ -181,6 +181,8 @@ def cmd_analyze(args, argv) -> int:
         criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
     else:
         plan, criteria = None, _criteria_from_flags(args)
+    if not args.send_lag_max_ms > 0:
+        raise UsageError(f"--send-lag-max-ms must be positive, got {args.send_lag_max_ms:g}")
     for target in (args.out, args.plot):  # refuse before the work, not after it
         if target and Path(target).exists():
             raise UsageError(f"refusing to overwrite existing file {target}")

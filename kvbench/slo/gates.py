@@ -265,7 +265,7 @@ def analyze_group(group: Sequence[RequestRecord], c: Criteria) -> GroupReport:
     counts = {"records": len(group), "warmup_excluded": len(warm), "offered_after_warmup": n,
               **{s: status.get(s, 0) for s in STATUSES},
               "meeting_limits": n_good,
-              "missing_limit": {k: limit_counts.get(k, 0) for k in c.limits()},
+              "missed_limit": {k: limit_counts.get(k, 0) for k in c.limits()},
               "tpot_not_applicable": sum(1 for m in ok if m.record.output_tokens < c.output_tokens_minimum_for_tpot)}
     tpot_samples = [m.tpot_ms for m in ok
                     if m.tpot_ms is not None and m.record.output_tokens >= c.output_tokens_minimum_for_tpot]

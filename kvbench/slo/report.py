@@ -53,7 +53,7 @@ def format_table(r: dict) -> str:
         lag = cl["send_lag_ms"]
         lag_s = (f"send lag p50/p99/max {_f(lag['p50_ms'], '.2f')}/{_f(lag['p99_ms'], '.2f')}/"
                  f"{_f(lag['max_ms'], '.2f')} ms" if lag else "send lag not known (no scheduled times)")
-        missing = ", ".join(f"{k} {v}" for k, v in c["missing_limit"].items())
+        missed = ", ".join(f"{k} {v}" for k, v in c["missed_limit"].items())
         lines += [
             f"{g['deployment']} @ {g['offered_rate_rps']:g} rps: {verdict}",
             f"  requests     {c['records']} records: {c['warmup_excluded']} warm-up excluded, "
@@ -70,10 +70,10 @@ def format_table(r: dict) -> str:
             f"  max ITL ms   {_pcts(lat['max_itl_per_request'])}  (per request)",
             f"  attainment   {a['numerator_count']} meet limits: {_f(a['of_successful_pct'])}% of "
             f"{a['successful_count']} successful, {_f(a['of_all_offered_pct'])}% of "
-            f"{a['offered_after_warmup_count']} offered (missing: {missing or 'none'})",
+            f"{a['offered_after_warmup_count']} offered (missed: {missed or 'none'})",
             f"  error rate   {_f(g['error_rate_pct'])}%",
             f"  queue        achieved {_f(q['achieved_rps'], '.3f')} rps = {_f(q['achieved_over_offered'], '.3f')} "
-            f"x offered; TTFT median first/last third {_f(q['ttft_median_first_third_ms'])}/"
+            f"x the {_f(q['offered_actual_rps'], '.3f')} rps sent; TTFT median first/last third {_f(q['ttft_median_first_third_ms'])}/"
             f"{_f(q['ttft_median_last_third_ms'])} ms; in flight {_f(q['in_flight_mean_first_third'])}/"
             f"{_f(q['in_flight_mean_last_third'])} -> {'GROWING' if q['growing'] else 'stable'}",
         ]
