@@ -299,7 +299,7 @@ def test_capacity_and_verdict_from_a_sweep_with_a_known_answer(tmp_path):
 def test_capacity_does_not_trust_a_pass_above_a_failure(tmp_path, capsys):
     rows = []
     for rate in (1.0, 2.0, 3.0):
-        rows += [req(i, dep="edge", rate=rate, ttft=5000.0 if rate == 2 else 300.0) for i in range(12)]
+        rows += [req(i, dep="edge", rate=rate, ttft=5000.0 if rate == 2 else 300.0) for i in range(24)]
     f = write_jsonl(tmp_path / "nm.jsonl", rows)
     (cap,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "all_offered_after_warmup",
                       "--attainment-min", "0.9")["capacity"]
@@ -310,12 +310,12 @@ def test_capacity_does_not_trust_a_pass_above_a_failure(tmp_path, capsys):
 
 def test_tie_and_open_ended_sweeps_give_no_winner(tmp_path, capsys):
     rows = [req(i, dep=d, rate=r) for d in ("aggregated", "disaggregated") for r in (1.0, 2.0)
-            for i in range(12)]
+            for i in range(24)]
     f = write_jsonl(tmp_path / "open.jsonl", rows)
     v = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
     assert v["winner"] is None and v["text"].startswith("inconclusive")
     rows = [req(i, dep=d, rate=r, ttft=5000.0 if r == 2 else 300.0)
-            for d in ("aggregated", "disaggregated") for r in (1.0, 2.0) for i in range(12)]
+            for d in ("aggregated", "disaggregated") for r in (1.0, 2.0) for i in range(24)]
     f = write_jsonl(tmp_path / "tie.jsonl", rows)
     v = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
     assert v["winner"] is None and v["text"].startswith("tie") and "keep the simpler aggregated" in v["text"]
@@ -475,3 +475,12 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip() == "kvbench slo: error: --plot needs matplotlib: pip install kvbench[plot]"
     assert not png.exists()
+
+
+def test_too_few_requests_cannot_show_a_stable_queue(tmp_path, capsys):
+    f = write_jsonl(tmp_path / "few.jsonl", [req(i) for i in range(5)])
+    (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["groups"]
+    gate = next(x for x in g["gates"] if x["name"] == "queue_stability")
+    assert g["queue"]["growing"] is None and g["queue"]["achieved_over_offered"] is None
+    assert gate["passed"] is False and gate["detail"] == "too few requests after warm-up (5) to judge a trend"
+    assert g["failed_gates"] == ["queue_stability"]

@@ -33,7 +33,7 @@ ACHIEVED_MIN_FRACTION = 0.95  # achieved_rps >= 0.95 x offered_rps
 TREND_RATIO_MAX = 1.5  # last-third / first-third above this is an upward trend ...
 TREND_MIN_TTFT_MS = 20.0  # ... when TTFT also grew by more than this (noise floor)
 TREND_MIN_IN_FLIGHT = 1.0  # ... or in-flight grew by more than one request
-MIN_REQUESTS_FOR_TREND = 6
+MIN_REQUESTS_FOR_TREND = 20  # below this one straggler moves the achieved ratio past 5%
 DEFAULT_SEND_LAG_P99_MAX_MS = 100.0
 
 
