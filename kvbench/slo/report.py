@@ -16,6 +16,9 @@ def _pcts(s: dict) -> str:
     return f"p50 {_f(s['p50_ms'])}  p95 {_f(s['p95_ms'])}  p99 {_f(s['p99_ms'])}  max {_f(s['max_ms'])}"
 
 
+_QUEUE_WORD = {True: "growing", False: "stable", None: "not judged"}
+
+
 def _gate_word(passed) -> str:
     return {True: "pass", False: "FAIL", None: "n/a"}[passed]
 
@@ -75,7 +78,7 @@ def format_table(r: dict) -> str:
             f"  queue        achieved {_f(q['achieved_rps'], '.3f')} rps = {_f(q['achieved_over_offered'], '.3f')} "
             f"x the {_f(q['offered_actual_rps'], '.3f')} rps sent; TTFT median first/last third {_f(q['ttft_median_first_third_ms'])}/"
             f"{_f(q['ttft_median_last_third_ms'])} ms; in flight {_f(q['in_flight_mean_first_third'])}/"
-            f"{_f(q['in_flight_mean_last_third'])} -> {'GROWING' if q['growing'] else 'stable'}",
+            f"{_f(q['in_flight_mean_last_third'])} -> {_QUEUE_WORD[q['growing']]}",
         ]
         for gate in g["gates"]:
             lines.append(f"  gate {gate['name']:<16} {_gate_word(gate['passed']):<4}  {gate['detail']}")
@@ -104,7 +107,7 @@ def format_markdown(r: dict) -> str:
             f"{_f(lat['max_itl_per_request']['p99_ms'])} | {_f(a['of_successful_pct'])} | "
             f"{_f(a['of_all_offered_pct'])} | {_f(g['error_rate_pct'])} | "
             f"{_f(g['throughput']['goodput_rps'], '.3f')} | "
-            f"{'growing' if g['queue']['growing'] else 'stable'} | {result} |")
+            f"{_QUEUE_WORD[g['queue']['growing']]} | {result} |")
     lines += ["", "| deployment | SLO-compliant capacity rps | first failing rps | failed gates |",
               "|---|---|---|---|"]
     for cap in r["capacity"]:
