@@ -326,7 +326,7 @@ class GroupFit:
 def _two_regimes(s: Samples, one: LineResult, n_boot: int, seed: int):
     """Segmented fit: one line below a break size, another above it, when that is warranted."""
     k = len(s.sizes)
-    if k < 4:
+    if k < 5:  # two lines through 2 + 2 sizes fit any four medians exactly: no evidence
         return None
     med = np.array([np.median(s.ms[sl]) for sl in s.slices])
     scale = s.size_scale()
