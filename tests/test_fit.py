@@ -306,3 +306,17 @@ def test_bad_input_malformed_samples_and_where(tmp_path):
                                                              "transport=nccl")
     assert "unknown key 'colour'" in _bad(tmp_path, str(ok), "--where", "colour=red")
     assert "--line-rate-gbps" in _bad(tmp_path, str(ok), "--line-rate-gbps", "fast")
+
+
+def test_four_bent_sizes_are_a_poor_fit_not_two_regimes(tmp_path):
+    # Two lines through 2 + 2 medians always fit: four sizes cannot show two regimes,
+    # but the misfit of one line must still be reported.
+    def t(b):
+        return 0.02 + b / 1e9 * 1e3 if b < 600_000 else 0.5 + b / 5e9 * 1e3
+
+    doc, stdout = fit(tmp_path, synthetic([1 << 14, 1 << 18, 1 << 22, 1 << 24], 0, 0, seed=13,
+                                          time_fn=t, n=30))
+    (g,) = doc["groups"]
+    assert g["two_regimes"] is None
+    assert "poor_fit" in [w["code"] for w in g["warnings"]]
+    assert max(abs(row["residual_rel"]) for row in g["sizes"]) > 0.10
