@@ -1,0 +1,397 @@
+"""The point-to-point KV handoff benchmark. Run it under MPI:
+
+    mpirun -n 2 python -m kvbench.p2p --sizes 300,2000,8192
+
+Rank 0 plays the prefill worker, rank 1 the decode worker (patterns with more ranks say
+how they split them). For each size it allocates a real KV cache, hands it over again and
+again, checks every element once, and reports p50/p95/p99 handoff times and GB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench import patterns, transports
+from kvbench.cli import EXIT_USAGE, ArgumentParser, UsageError, parse_positive_ints
+from kvbench.harness import LoopResult, LoopSettings, Progress, notice_latency_ms
+from kvbench.model import PRESETS, get_dtype, resolve_model
+from kvbench.patterns.base import PatternContext, Point
+from kvbench.results import SCHEMA_P2P, environment, write_records
+from kvbench.transports.base import TransportContext, TransportError
+from kvbench.units import GB, MiB, gb_per_s, parse_bytes
+
+PROG = "kvbench p2p"
+P2P_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8")
+
+_EPILOG = """\
+how it times:
+  The receiver pre-posts every receive; both ranks meet at a barrier; the sender takes t0,
+  (packs and) posts every send; the receiver waits for every byte (on GPU: synchronises its
+  stream), unpacks into its own cache, and sends a 1-byte completion notice; the sender
+  takes t1 when the notice arrives. Samples are t1 - t0 on the sender's clock. The notice's
+  one-way latency is measured separately and recorded as notice_ms. The first handoff of
+  each point is reported as cold_ms (lazy connection set-up, registration) and kept out of
+  the samples; --warmup more handoffs follow, then the timed ones. After timing, the
+  receiver wipes its copy, one more handoff runs, and every element is checked.
+
+examples:
+  mpirun -n 2 python -m kvbench.p2p                               # 300,2000,8192 tokens
+  mpirun -n 2 python -m kvbench.p2p --transport gloo --granularity layer
+  mpirun -n 2 python -m kvbench.p2p --layout paged --block-size 16 --granularity block --sizes 512
+  mpirun -n 2 python -m kvbench.p2p --bytes 4K,1M,64M             # raw link sweep
+  mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
+"""
+
+
+def build_parser(rank: int = 0) -> ArgumentParser:
+    class _Parser(ArgumentParser):
+        def error(self, message):  # only rank 0 speaks; every rank exits the same way
+            if rank == 0:
+                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
+
+        def print_help(self, file=None):
+            if rank == 0:
+                super().print_help(file)
+
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2],
+                epilog=_EPILOG)
+    what = p.add_argument_group("what moves")
+    what.add_argument("--sizes", default=None, metavar="TOKENS",
+                      help="prompt lengths in tokens, comma-separated (default 300,2000,8192)")
+    what.add_argument("--bytes", default=None, metavar="SIZES",
+                      help="raw message sizes instead of tokens, e.g. 4K,1M,64M (binary suffixes)")
+    what.add_argument("-b", "--minbytes", default=None, help="raw sweep start, e.g. 1M (with -e, -f)")
+    what.add_argument("-e", "--maxbytes", default=None, help="raw sweep end, e.g. 256M")
+    what.add_argument("-f", "--stepfactor", type=int, default=2, help="raw sweep multiplier (default 2)")
+    what.add_argument("--model", default=None, help=f"model preset (default seed-70b-gqa): {', '.join(PRESETS)}")
+    what.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json instead")
+    what.add_argument("--dtype", default="bf16", help=f"KV dtype: {', '.join(P2P_DTYPES)} (FP8 moves as bytes)")
+    what.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
+                      help="contiguous per-layer tensors, or paged blocks scattered in a pool")
+    what.add_argument("--block-size", type=int, default=16, help="paged block size in tokens (default 16)")
+    what.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                      help="where the KV lives (default: cuda when a GPU is visible, else cpu)")
+    how = p.add_argument_group("how it moves")
+    how.add_argument("--transport", default="auto",
+                     help="auto (nccl on GPU, mpi otherwise), or one of: "
+                          + ", ".join(f"{n} ({c.description})" for n, c in transports.available().items()))
+    how.add_argument("--pattern", default="sequential",
+                     help="comma-separated handoff patterns: " + ", ".join(patterns.available()))
+    how.add_argument("--granularity", choices=("whole", "layer", "block"), default="whole",
+                     help="one packed message, one per layer tensor, or one per paged block")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--warmup", type=int, default=2, help="untimed handoffs after the cold one (default 2)")
+    timing.add_argument("--iters", type=int, default=20, help="timed handoffs per point (default 20)")
+    timing.add_argument("--min-iters", type=int, default=5, help="never fewer timed handoffs (default 5)")
+    timing.add_argument("--seconds-per-point", type=float, default=4.0,
+                        help="cut --iters so a large point takes about this long (default 4)")
+    timing.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                        help="verify every received element after timing (default on)")
+    timing.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds before a stalled peer aborts the job (default 120)")
+    timing.add_argument("--baseline", action="store_true",
+                        help="also time a bare mpi4py Send/Recv loop on the same bytes and print the ratio")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="results", help="directory for the .jsonl/.csv records (default results/)")
+    out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    for cls in transports.available().values():
+        cls.add_arguments(p)
+    for cls in patterns.available().values():
+        cls.add_arguments(p)
+    return p
+
+
+# ---------------------------------------------------------------------------
+# validation: computed identically on every rank, then agreed collectively
+
+
+def raw_sizes(args) -> list[int] | None:
+    try:
+        if args.bytes:
+            sizes = [parse_bytes(s) for s in args.bytes.split(",")]
+        elif args.minbytes or args.maxbytes:
+            lo = parse_bytes(args.minbytes or args.maxbytes)
+            hi = parse_bytes(args.maxbytes or args.minbytes)
+            if args.stepfactor < 2:
+                raise UsageError("-f/--stepfactor must be at least 2")
+            if hi < lo:
+                raise UsageError("-e/--maxbytes must not be below -b/--minbytes")
+            sizes, s = [], lo
+            while s <= hi:
+                sizes.append(s)
+                s *= args.stepfactor
+        else:
+            return None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if any(s <= 0 for s in sizes):
+        raise UsageError("byte sizes must be positive")
+    return sizes
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    return requested
+
+
+def validate(args, world_size: int):
+    """Everything that can be checked before allocating. Raises UsageError."""
+    if args.sizes and (args.bytes or args.minbytes or args.maxbytes):
+        raise UsageError("give either --sizes (tokens) or --bytes/-b/-e (raw bytes), not both")
+    raw = raw_sizes(args)
+    tokens = None if raw else parse_positive_ints(args.sizes or "300,2000,8192", "--sizes")
+    model = resolve_model(args.model, args.model_config)
+    if args.dtype not in P2P_DTYPES:
+        raise UsageError(f"unknown dtype {args.dtype!r}; choose from {', '.join(P2P_DTYPES)}")
+    dtype = get_dtype(args.dtype)
+    if args.block_size <= 0:
+        raise UsageError("--block-size must be positive")
+    for flag in ("warmup", "iters", "min_iters"):
+        if getattr(args, flag) < (0 if flag == "warmup" else 1):
+            raise UsageError(f"--{flag.replace('_', '-')} must be {'>= 0' if flag == 'warmup' else 'positive'}")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if raw and args.granularity != "whole":
+        raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
+    device = resolve_device(args.device)
+    name = args.transport
+    if name == "auto":
+        name = "nccl" if device == "cuda" else "mpi"
+    try:
+        tcls = transports.get(name)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    if tcls.gpu_only and device != "cuda":
+        raise UsageError(f"transport {name} needs a GPU: --device cuda (no GPU here?)")
+    reason = tcls.unavailable_reason(device)
+    if reason:
+        raise UsageError(f"transport {name}: {reason}")
+    pnames = [p.strip() for p in args.pattern.split(",") if p.strip()]
+    pclasses = []
+    for pn in pnames:
+        try:
+            pclasses.append(patterns.get(pn))
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+    if world_size < 2:
+        raise UsageError("run under MPI with at least 2 ranks, e.g. mpirun -n 2 python -m kvbench.p2p")
+    for pc in pclasses:
+        err = pc.layout_error(args, world_size, model)
+        if err:
+            raise UsageError(err)
+    points = [Point(raw_bytes=b) for b in raw] if raw else [Point(prompt_tokens=t) for t in tokens]
+    return model, dtype, device, tcls, pclasses, points
+
+
+def mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def agree(comm, error: str | None) -> str | None:
+    """Every rank learns the first error any rank hit, so all can exit together."""
+    errors = comm.allgather(error)
+    for rank, err in enumerate(errors):
+        if err:
+            return err if len(set(e for e in errors if e)) == 1 else f"rank {rank}: {err}"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# records and table
+
+
+def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None) -> dict:
+    loop: LoopResult = fields.pop("loop")
+    s = loop.samples
+    nbytes = fields["bytes"]
+    rec = {
+        "schema": SCHEMA_P2P,
+        **base,
+        "prompt_tokens": point.prompt_tokens,
+        **fields,
+        "iters": loop.iters,
+        "samples_ms": s.samples_ms,
+        **s.summary(),
+        "gbps": gb_per_s(nbytes, s.p50),
+        "gbps_best": gb_per_s(nbytes, s.min),
+        "cold_ms": loop.cold_ms,
+        "warmup_ms": loop.warmup_ms,
+        "notice_ms": notice_ms,
+    }
+    return rec
+
+
+def format_table(records: list[dict]) -> str:
+    head = (f"{'pattern':<11} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
+            f"{'iters':>5} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'GB/s':>7} {'cold ms':>9} {'wrong':>6}")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        tok = "-" if r["prompt_tokens"] is None else str(r["prompt_tokens"])
+        wrong = "-" if r["wrong"] is None else str(r["wrong"])
+        variant = r.get("variant")
+        name = r["pattern"] + (f"/{variant}" if variant else "")
+        lines.append(
+            f"{name:<11} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
+            f"{r['bytes'] / MiB:>9.1f} {r['iters']:>5} {r['p50_ms']:>9.3f} {r['p95_ms']:>9.3f} "
+            f"{r['p99_ms']:>9.3f} {r['gbps']:>7.2f} {r['cold_ms']:>9.3f} {wrong:>6}")
+        for key in ("table_note",):
+            if r.get(key):
+                lines.append(f"    {r[key]}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# main
+
+
+def run(argv: Sequence[str] | None, comm) -> int:
+    rank, world = comm.Get_rank(), comm.Get_size()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(rank).parse_args(argv)
+    error = None
+    try:
+        model, dtype, device, tcls, pclasses, points = validate(args, world)
+    except UsageError as exc:
+        error = str(exc)
+    error = agree(comm, error)
+    if error:
+        if rank == 0:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    hosts = comm.allgather(os.uname().nodename)
+    settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
+    progress = Progress(enabled=rank == 0 and not args.quiet)
+    tctx = TransportContext(comm, device, args.timeout, args, hosts)
+    transport = tcls(tctx)
+
+    # Memory: estimated before allocating, per host, against what the host has free.
+    ctxs = {pc.name: PatternContext(comm, args, transport, model, dtype, device, settings,
+                                    progress, args.timeout) for pc in pclasses}
+    pats = [pc(ctxs[pc.name]) for pc in pclasses]
+    need = max(p.bytes_per_rank(pt) for p in pats for pt in points)
+    free = mem_available_bytes()
+    per_host = {}
+    for h, n in zip(hosts, comm.allgather(need), strict=True):
+        per_host[h] = per_host.get(h, 0) + n
+    error = None
+    if device == "cpu" and free is not None and per_host[hosts[rank]] > 0.9 * free:
+        error = (f"payload would not fit in memory on {hosts[rank]}: the ranks there need about "
+                 f"{per_host[hosts[rank]] / GB:.1f} GB, {free / GB:.1f} GB is available; "
+                 "use smaller --sizes or fewer ranks per host")
+    error = agree(comm, error)
+    if error:
+        if rank == 0:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    t_open = time.perf_counter()
+    transport.open()
+    open_ms = (time.perf_counter() - t_open) * 1e3
+    notice = notice_latency_ms(comm, 0, 1, args.timeout)
+    env = environment()
+    envs = comm.gather(env, root=0)
+    progress.total = len(points) * len(pats)
+    records: list[dict] = []
+    base_common = {
+        "transport": tcls.name,
+        "layout": "raw" if points[0].raw_bytes is not None else args.layout,
+        "dtype": None if points[0].raw_bytes is not None else dtype.name,
+        "device": device,
+        "model": None if points[0].raw_bytes is not None else {"name": model.name, **model.geometry()},
+        "block_size": args.block_size if args.layout == "paged" else None,
+        "world_size": world,
+        "hosts": hosts,
+        "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
+        "transport_open_ms": open_ms,
+    }
+    baseline = None
+    if args.baseline:
+        from kvbench.baseline import bare_mpi_gbps
+
+        baseline = bare_mpi_gbps
+    for pat in pats:
+        for pt in points:
+            progress.start(f"{pat.name} {tcls.name} {args.granularity} {pt.label}")
+            results = pat.run_point(pt)
+            base_gbps = baseline(comm, results[0]["bytes"] if rank == 0 else None, device, args)\
+                if baseline else None
+            if rank == 0:
+                summary = []
+                for fields in results:
+                    rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
+                    if base_gbps:
+                        rec["baseline_bare_mpi_gbps"] = base_gbps
+                        rec["vs_baseline"] = rec["gbps"] / base_gbps
+                        rec["table_note"] = (f"bare mpi4py Send/Recv {base_gbps:.2f} GB/s; "
+                                             f"kvbench/bare = {rec['vs_baseline']:.3f}")
+                    records.append(rec)
+                    summary.append(f"p50 {rec['p50_ms']:.3f} ms, {rec['gbps']:.2f} GB/s")
+                progress.finish("; ".join(summary))
+    info = transport.info()
+    transport.close()
+    if rank != 0:
+        return 0
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for rec in records:
+        rec["transport_info"] = info
+        rec["env"] = {"ranks": envs, **{k: envs[0][k] for k in ("torch", "mpi4py", "mpi_library",
+                                                                  "nccl", "nixl", "gpu", "cpu")}}
+        rec["timestamp"] = stamp
+    print(format_table(records))
+    print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
+          f"GB/s = bytes / p50 (decimal)")
+    if not args.no_write:
+        jpath, cpath = write_records(Path(args.out), [{k: v for k, v in r.items() if k != "table_note"}
+                                                      for r in records], "kvbench-p2p")
+        print(f"records: {jpath}  (csv: {cpath.name})")
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if wrong:
+        print(f"{PROG}: error: data check failed: {wrong} wrong elements received", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        return run(argv, comm)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except TransportError as exc:
+        print(f"{PROG}: error: rank {comm.Get_rank()}: {exc}; aborting the job", file=sys.stderr,
+              flush=True)
+        comm.Abort(3)
+    except UsageError as exc:
+        print(f"{PROG}: error: rank {comm.Get_rank()}: {exc}; aborting the job", file=sys.stderr,
+              flush=True)
+        comm.Abort(EXIT_USAGE)
+    except BaseException:  # a bug on one rank must not leave the others waiting forever
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

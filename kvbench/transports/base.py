@@ -1,0 +1,138 @@
+"""The one small interface every transport implements.
+
+A transport moves a list of *messages* (contiguous byte tensors) from one rank to a
+peer. The harness never knows how: it asks for a `Channel` between two ranks over a
+fixed set of buffers, posts messages, and polls `Request`s until they complete. Each
+backend keeps its quirks (rendezvous, staging, registration, notifications) inside
+its own module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class TransportError(RuntimeError):
+    """A transfer failed or stalled; the harness turns this into a clean abort."""
+
+
+class TransferTimeout(TransportError):
+    pass
+
+
+class Request(ABC):
+    """One posted send or receive."""
+
+    @abstractmethod
+    def test(self) -> bool:
+        """True once complete. Must not block; calling it also drives progress."""
+
+
+class DoneRequest(Request):
+    """A request that completed when it was posted (blocking backends)."""
+
+    def test(self) -> bool:
+        return True
+
+
+def wait_all(requests: Sequence[Request], deadline: float, what: str = "transfer") -> None:
+    """Poll until every request completes; past `deadline` (perf_counter) raise TransferTimeout.
+
+    Busy-polling is deliberate: it is what MPI progress engines do, and sleeping would add
+    scheduler latency to the very thing being timed.
+    """
+    pending = [r for r in requests if not r.test()]
+    while pending:
+        if time.perf_counter() > deadline:
+            raise TransferTimeout(f"{what} did not complete before the --timeout "
+                                  f"({len(pending)} of {len(requests)} still pending)")
+        pending = [r for r in pending if not r.test()]
+
+
+@dataclass
+class TransportContext:
+    """What a transport may use: the MPI world (for rendezvous and metadata), the device,
+    the timeout, and the parsed command line (for its own flags)."""
+
+    comm: Any  # mpi4py.MPI.Comm
+    device: str  # "cpu" or "cuda"
+    timeout_s: float
+    options: argparse.Namespace
+    hosts: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+
+class Channel(ABC):
+    """A fixed set of message buffers between this rank and one peer.
+
+    The sender builds it with `send` buffers, the receiver with `recv` buffers of the same
+    sizes, in the same order; both sides call the constructor collectively (a backend may
+    exchange metadata here). `post(i)` starts message i on this side.
+    """
+
+    def __init__(self, transport: Transport, peer: int, buffers: Sequence, is_sender: bool):
+        self.transport = transport
+        self.peer = peer
+        self.buffers = list(buffers)
+        self.is_sender = is_sender
+
+    @abstractmethod
+    def post(self, i: int) -> Request:
+        """Start sending (sender) or receiving (receiver) message i."""
+
+    def begin_handoff(self) -> None:
+        """Called on both sides before each handoff, outside the timed window."""
+
+    def end_handoff(self) -> None:
+        """Called on both sides after each handoff (timed window closed)."""
+
+    def breakdown(self) -> dict[str, list[float]]:
+        """Optional per-handoff component times in ms (e.g. staging, registration)."""
+        return {}
+
+    def close(self) -> None:
+        """Release registrations and handles. Must be safe to call on every path."""
+
+
+class Transport(ABC):
+    """A way of moving bytes between ranks. Subclasses register themselves by `name`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    gpu_only: ClassVar[bool] = False
+    # one-sided transports where the receiver can learn completion only per message
+    requires_contiguous: ClassVar[bool] = True
+
+    def __init__(self, ctx: TransportContext):
+        self.ctx = ctx
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add this transport's own flags (prefixed with its name)."""
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        """Why this transport cannot run here (missing package, no GPU), or None."""
+        return None
+
+    def open(self) -> None:
+        """Collective connection set-up (all ranks call it)."""
+
+    @abstractmethod
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool) -> Channel:
+        """A channel to `peer` over these buffers (both sides call it together)."""
+
+    def info(self) -> dict:
+        """What actually carried the data, as far as the backend can tell."""
+        return {}
+
+    def close(self) -> None:
+        """Collective tear-down."""
