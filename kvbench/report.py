@@ -75,8 +75,11 @@ def plot_fits(fits, title: str | None = None) -> bytes:
                          label=f"outliers (weight 0): {int(outlier.sum())}", zorder=3)
         gbs = np.divide(s.bytes / GB, s.ms / 1000.0, out=np.full(len(s.ms), np.nan),
                         where=s.ms > 0)
-        ax_r.scatter(s.bytes, gbs, s=12, alpha=0.45, color="tab:blue",
+        ax_r.scatter(s.bytes[~outlier], gbs[~outlier], s=12, alpha=0.45, color="tab:blue",
                      label="samples (bytes / time)", zorder=2)
+        if outlier.any():
+            ax_r.scatter(s.bytes[outlier], gbs[outlier], s=22, marker="x", color="tab:red",
+                         label="outliers (weight 0)", zorder=3)
         p50 = np.array([np.median(s.ms[sl]) for sl in s.slices])
         ax_t.plot(s.sizes, p50, "o", mfc="none", mec="k", ms=7, label="p50 per size", zorder=4)
         ax_r.plot(s.sizes, s.sizes / GB / (p50 / 1000.0), "o", mfc="none", mec="k", ms=7,
