@@ -167,3 +167,36 @@ def gather_max(comm, values: list[float], root: int = 0) -> list[float] | None:
     if comm.Get_rank() != root:
         return None
     return [max(col) for col in zip(*[v for v in allv if v], strict=True)]
+
+
+def interleaved_loops(comm, settings: LoopSettings, handoffs: list[Callable[[], float | None]],
+                      on_iter: Callable[[int, int], None] | None = None) -> list[LoopResult]:
+    """Several handoffs of one point measured in the same run, round-robin. Collective.
+
+    Each handoff gets its own cold run and warm-up; then every round runs each handoff
+    once, starting one further along each round, so drifting load on a shared machine
+    falls on all of them alike instead of on whichever ran last. The iteration count
+    comes from the slowest rank's warm-up times (one round's sum) and is the same for
+    every handoff. Each rank keeps the times its own calls returned (None: not timed
+    there); take the maximum across ranks where a handoff spans several (`gather_max`)."""
+    k = len(handoffs)
+    cold = [h() for h in handoffs]
+    warm: list[list[float]] = [[] for _ in handoffs]
+    for _ in range(settings.warmup):
+        for j, h in enumerate(handoffs):
+            ms = h()
+            if ms is not None:
+                warm[j].append(ms)
+    mine = [min(w) if w else (c or 0.0) for w, c in zip(warm, cold, strict=True)]
+    per_round = sum(max(col) for col in zip(*comm.allgather(mine), strict=True))
+    n = choose_iters(settings, per_round)
+    samples = [Measurement() for _ in handoffs]
+    for i in range(n):
+        for j in range(k):
+            at = (i + j) % k
+            ms = handoffs[at]()
+            if ms is not None:
+                samples[at].add(ms)
+        if on_iter:
+            on_iter(i + 1, n)
+    return [LoopResult(c, w, s, n) for c, w, s in zip(cold, warm, samples, strict=True)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.layout import KVCache, RawBuffer, as_bytes
+from kvbench.layout import KVCache, RawBuffer, as_bytes, empty
 
 GRANULARITIES = ("whole", "layer", "block")
 
@@ -93,7 +93,7 @@ def plan_messages(data: KVCache | RawBuffer, granularity: str) -> MessagePlan:
     block_shape = tuple(pool0.shape[1:])
     sizes = [(layer, part, s.layer_blocks(layer)) for layer in range(L) for part in range(P)]
     total = sum(nb for _, _, nb in sizes) * pool0[0].numel()
-    staging = torch.empty(total, dtype=pool0.dtype, device=pool0.device)
+    staging = empty(total, pool0.dtype, pool0.device)
     steps, off = [], 0
     views = []
     for layer, part, nb in sizes:

@@ -102,6 +102,9 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     out.add_argument("--out", default="results", help="directory for the .jsonl/.csv records (default results/)")
     out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    # Fault injection for the test suite: proves the data check and the timeout really bite.
+    p.add_argument("--debug-corrupt-elements", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--debug-stall-rank", type=int, default=None, help=argparse.SUPPRESS)
     for cls in transports.available().values():
         cls.add_arguments(p)
     for cls in patterns.available().values():
@@ -241,7 +244,8 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
 
 
 def format_table(records: list[dict]) -> str:
-    head = (f"{'pattern':<11} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
+    w = max([11] + [len(r["pattern"]) + 1 + len(r["variant"]) for r in records if r.get("variant")])
+    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
             f"{'iters':>5} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'GB/s':>7} {'cold ms':>9} {'wrong':>6}")
     lines = [head, "-" * len(head)]
     for r in records:
@@ -250,7 +254,7 @@ def format_table(records: list[dict]) -> str:
         variant = r.get("variant")
         name = r["pattern"] + (f"/{variant}" if variant else "")
         lines.append(
-            f"{name:<11} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
+            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
             f"{r['bytes'] / MiB:>9.1f} {r['iters']:>5} {r['p50_ms']:>9.3f} {r['p95_ms']:>9.3f} "
             f"{r['p99_ms']:>9.3f} {r['gbps']:>7.2f} {r['cold_ms']:>9.3f} {wrong:>6}")
         for key in ("table_note",):
@@ -298,6 +302,9 @@ def run(argv: Sequence[str] | None, comm) -> int:
                  f"{per_host[hosts[rank]] / GB:.1f} GB, {free / GB:.1f} GB is available; "
                  "use smaller --sizes or fewer ranks per host")
     error = agree(comm, error)
+    if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
+        reasons = [p.prepare(points) for p in pats]
+        error = agree(comm, next((r for r in reasons if r), None))
     if error:
         if rank == 0:
             print(f"{PROG}: error: {error}", file=sys.stderr)
@@ -322,12 +329,15 @@ def run(argv: Sequence[str] | None, comm) -> int:
         "hosts": hosts,
         "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
         "transport_open_ms": open_ms,
+        **transport.record_fields(),
     }
     baseline = None
     if args.baseline:
         from kvbench.baseline import bare_mpi_gbps
 
         baseline = bare_mpi_gbps
+    if args.debug_stall_rank == rank:  # injected fault: this rank stops answering
+        time.sleep(3 * args.timeout + 30)
     for pat in pats:
         for pt in points:
             progress.start(f"{pat.name} {tcls.name} {args.granularity} {pt.label}")

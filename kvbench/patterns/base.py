@@ -82,6 +82,7 @@ class PairHandoff:
         self.sync_comm = sync_comm if sync_comm is not None else ctx.comm
         self.before_layer = before_layer
         self.layers = layers
+        self.posted: list = []
 
     def __call__(self) -> float | None:
         ctx, ch, plan = self.ctx, self.ch, self.plan
@@ -108,6 +109,7 @@ class PairHandoff:
                 device_sync(ctx.device)
             reqs = [ch.post(i) for i in range(plan.n)]
         else:
+            self.posted = reqs  # sends posted so far: before_layer may poll them (progress)
             for layer in range(self.layers):
                 self.before_layer(layer)
                 for i in plan.messages_for_layer(layer):
@@ -141,6 +143,11 @@ class Pattern(ABC):
         return None if world_size == 2 else (
             f"pattern {cls.name} runs on exactly 2 ranks (prefill rank 0, decode rank 1); "
             f"got {world_size}: use mpirun -n 2")
+
+    def prepare(self, points: list[Point]) -> str | None:
+        """Collective set-up before the first point (e.g. calibration); every rank calls it.
+        Returns why the run cannot go ahead (the same line on every rank), or None."""
+        return None
 
     @abstractmethod
     def bytes_per_rank(self, point: Point) -> int:

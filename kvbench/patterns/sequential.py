@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from kvbench.harness import barrier, timed_loop
 from kvbench.layout import KVCache, KVSpec
 from kvbench.messages import plan_messages
@@ -31,6 +33,9 @@ def check_handoff(ctx, data, plan, handoff, is_receiver: bool) -> int:
     if is_receiver:
         data.clear()
         plan.clear_staging()
+    elif ctx.args.debug_corrupt_elements:  # injected fault: the sender's bytes go out wrong
+        flat = data.backing.view(-1).view(torch.uint8)
+        flat[: ctx.args.debug_corrupt_elements * data.backing.element_size()] += 1
     barrier(ctx.comm, ctx.timeout_s, "data check")
     handoff()
     wrong = data.count_wrong() if is_receiver else 0

@@ -134,5 +134,10 @@ class Transport(ABC):
         """What actually carried the data, as far as the backend can tell."""
         return {}
 
+    def record_fields(self) -> dict:
+        """Top-level fields this transport adds to every record (e.g. the operation measured,
+        so that fits group by it)."""
+        return {}
+
     def close(self) -> None:
         """Collective tear-down."""
