@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     fit_path = records.with_name(records.name.replace(".jsonl", ".fit.json"))
     fit_cmd = [PY, "-m", "kvbench.fit", str(records), "--out", str(fit_path)]
     if args.plot:
-        fit_cmd += ["--plot", str(fit_path.with_suffix("").with_suffix(".png"))]
+        fit_cmd += ["--plot", str(records.with_name(records.name.replace(".jsonl", ".fit.png")))]
     fres = subprocess.run(fit_cmd, capture_output=True, text=True, cwd=ROOT)
     print(fres.stdout.rstrip())
     if fres.returncode != 0:
