@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -130,10 +131,8 @@ def plot_fits(fits, title: str | None = None) -> bytes:
         ax_r.set_ylabel("end-to-end rate (decimal GB/s)")
         ax_r.set_ylim(bottom=0)
         ax_t.legend(fontsize=7, loc="upper left")
-        ax_r.legend(fontsize=7, loc="lower right")
-        label = rec["label"]
-        if len(label) > 110:
-            label = label[:107] + "..."
+        ax_r.legend(fontsize=7, loc="best", framealpha=0.85)
+        label = textwrap.fill(rec["label"], 95)
         r2 = rec.get("r2")
         ax_t.set_title(f"{label}\n{rec['n_samples']} samples, {rec['n_sizes']} sizes"
                        + (f", R² {r2:.4f}" if r2 is not None else ""), fontsize=9, loc="left")
