@@ -24,7 +24,7 @@ from kvbench.model import PRESETS, get_dtype, resolve_model
 from kvbench.patterns.base import PatternContext, Point
 from kvbench.results import SCHEMA_P2P, environment, write_records
 from kvbench.transports.base import TransportContext, TransportError
-from kvbench.units import GB, MiB, gb_per_s, parse_bytes
+from kvbench.units import GB, GiB, MiB, gb_per_s, parse_bytes
 
 PROG = "kvbench p2p"
 P2P_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8")
@@ -369,6 +369,11 @@ def run(argv: Sequence[str] | None, comm) -> int:
     print(format_table(records))
     print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
           f"GB/s = bytes / p50 (decimal)")
+    rss = [v for r in records for v in (r.get("peak_rss_bytes") or [])]
+    if rss:
+        largest = max(r["bytes"] for r in records)
+        print(f"peak memory per rank {max(rss) / GiB:.2f} GiB = {max(rss) / largest:.2f}x the "
+              f"largest payload ({largest / GiB:.2f} GiB)")
     if not args.no_write:
         jpath, cpath = write_records(Path(args.out), [{k: v for k, v in r.items() if k != "table_note"}
                                                       for r in records], "kvbench-p2p")

@@ -91,6 +91,22 @@ class _WorkRequest(Request):
         return self.done
 
 
+class _PolledRequest(Request):
+    """For NCCL: `is_completed()` queries the CUDA event of the operation, non-blocking and
+    exact. (Its `wait()` only makes the caller's stream wait, so a waiter thread would say
+    'done' before the bytes land.)"""
+
+    def __init__(self, works, on_done=None):
+        self.works, self.on_done, self.done = works, on_done, False
+
+    def test(self) -> bool:
+        if not self.done and all(w.is_completed() for w in self.works):
+            self.done = True
+            if self.on_done:
+                self.on_done()
+        return self.done
+
+
 class TorchDistChannel(Channel):
     def post(self, i: int) -> Request:
         import torch.distributed as dist
@@ -99,6 +115,8 @@ class TorchDistChannel(Channel):
         op = dist.isend if self.is_sender else dist.irecv
         works = [op(c, self.peer) for c in self.transport.split(buf)]
         done = None if self.is_sender else (lambda: self.transport.finish_recv(self, i))
+        if self.transport.poll_completion:
+            return _PolledRequest(works, done)
         return _WorkRequest(self.transport.waiter, works, done)
 
     def begin_handoff(self) -> None:
@@ -116,6 +134,7 @@ class TorchDistTransport(Transport):
 
     backend = "gloo"
     max_message = 1 << 30
+    poll_completion = False  # True: Work.is_completed() is exact and non-blocking (NCCL)
 
     def open(self) -> None:
         import torch.distributed as dist

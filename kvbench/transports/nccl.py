@@ -21,6 +21,7 @@ class NCCLTransport(TorchDistTransport):
     description = "torch.distributed NCCL send/recv between GPUs (GPU only)"
     backend = "nccl"
     gpu_only = True
+    poll_completion = True
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
