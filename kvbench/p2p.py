@@ -209,6 +209,21 @@ def mem_available_bytes() -> int | None:
     return None
 
 
+def select_local_gpu(comm) -> int:
+    """One GPU per rank on a node: the rank's index among the ranks sharing its host.
+
+    Without this every rank would use GPU 0 and an 'NVLink' run would be a copy within
+    one device. Works for mpirun and srun alike (no launcher variables needed)."""
+    import torch
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank() % torch.cuda.device_count()
+    local.Free()
+    torch.cuda.set_device(index)
+    return index
+
+
 def agree(comm, error: str | None) -> str | None:
     """Every rank learns the first error any rank hit, so all can exit together."""
     errors = comm.allgather(error)
@@ -282,6 +297,8 @@ def run(argv: Sequence[str] | None, comm) -> int:
             print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     hosts = comm.allgather(os.uname().nodename)
+    if device == "cuda":
+        select_local_gpu(comm)
     settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
     progress = Progress(enabled=rank == 0 and not args.quiet)
     tctx = TransportContext(comm, device, args.timeout, args, hosts)

@@ -38,10 +38,7 @@ class NCCLTransport(TorchDistTransport):
         return None
 
     def open(self) -> None:
-        import torch
-
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        # The harness has already bound this rank to its local GPU (p2p.select_local_gpu).
         # Ask NCCL itself which path it wires up, into a private file we parse afterwards.
         self.debug_file = None
         if "NCCL_DEBUG" not in os.environ:
