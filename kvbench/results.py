@@ -33,14 +33,14 @@ def utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def write_new_file(path: Path, text: str) -> Path:
-    """Write text to path atomically; refuse to replace an existing file."""
+def write_new_file(path: Path, content: str | bytes) -> Path:
+    """Write text or bytes to path atomically; refuse to replace an existing file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as fh:
+            fh.write(content)
             fh.flush()
             os.fsync(fh.fileno())
         try:

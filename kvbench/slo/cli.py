@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -153,24 +151,6 @@ def _check_against_plan(records, plan: Plan) -> list[dict]:
             for x in plan.offered_rates_rps if (d, x) not in tested]
 
 
-def _write_new_bytes(path: Path, data: bytes) -> Path:
-    """Binary twin of kvbench.results.write_new_file: atomic, never replaces a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise UsageError(f"refusing to overwrite existing file {path}") from None
-    finally:
-        os.unlink(tmp)
-    return path
-
-
 def cmd_analyze(args, argv) -> int:
     if args.plan:
         given = [f"--{n.replace('_', '-')}" for n in _PLAN_FLAGS if getattr(args, n) not in (None, False)]
@@ -204,7 +184,7 @@ def cmd_analyze(args, argv) -> int:
     if args.out:
         write_new_file(Path(args.out), text + "\n")
     if args.plot:
-        _write_new_bytes(Path(args.plot), data)
+        write_new_file(Path(args.plot), data)
     if args.format == "json":
         print(text)
     elif args.format == "markdown":
