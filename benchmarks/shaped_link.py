@@ -125,7 +125,7 @@ def build_parser() -> ArgumentParser:
                    "= 0.05 GB/s)")
     p.add_argument("--bytes", default="256K,512K,1M,2M,4M",
                    help="payload sizes, at least four (default 256K,512K,1M,2M,4M)")
-    p.add_argument("--iters", type=int, default=10, help="timed handoffs per size (default 10)")
+    p.add_argument("--iters", type=int, default=20, help="timed handoffs per size (default 20)")
     p.add_argument("--warmup", type=int, default=2, help="untimed handoffs per size (default 2)")
     p.add_argument("--transport", default="gloo", help="a TCP transport of kvbench.p2p "
                    "(default gloo)")

@@ -48,7 +48,7 @@ def _marks(fn):
 def test_fitted_rate_matches_shaped_link(tmp_path):
     name = f"kvbench-test-{os.getpid()}"
     proc = subprocess.Popen([PY, str(SCRIPT), "--rate", "400mbit",
-                             "--bytes", "256K,512K,1M,2M,4M", "--iters", "10",
+                             "--bytes", "256K,512K,1M,2M,4M", "--iters", "20",
                              "--out", str(tmp_path), "--netns", name, "--timeout", "50"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -76,7 +76,7 @@ def test_fitted_rate_matches_shaped_link(tmp_path):
     assert g["group"]["transport"] == "gloo" and g["n_sizes"] == 5
     # the same number the summary was judged on, straight from the fit file
     assert g["effective_gb_s"] == summary["fitted_gb_s"]
-    assert g["n_samples"] == 50
+    assert g["n_samples"] == 100
 
 
 def test_script_refuses_bad_arguments_without_touching_the_network():
