@@ -248,7 +248,10 @@ def _rel_misfit(s: Samples, line: LineResult) -> np.ndarray:
 def _key_value(rec: dict, key: str):
     v = rec.get(key)
     if isinstance(v, list):
-        return tuple(v)
+        return tuple(json.dumps(x, sort_keys=True) if isinstance(x, (dict, list)) else x
+                     for x in v)
+    if isinstance(v, dict):  # not expected in a key field, but must not break grouping
+        return json.dumps(v, sort_keys=True)
     return v
 
 
