@@ -750,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         png = report.plot_fits(fits)  # rendered before anything is written
     write_new_file(out, json.dumps(doc, indent=2) + "\n")
     if png is not None:
-        report.write_new_bytes(plot, png)
+        write_new_file(plot, png)
     print(format_table(doc))
     print(f"\nwrote {out}" + (f" and {plot}" if plot else ""))
     return 0

@@ -8,10 +8,7 @@ the curve the fitted model implies and its asymptote (the effective rate).
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
@@ -26,25 +23,6 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib: pip install 'kvbench[plot]'") from None
-
-
-def write_new_bytes(path: Path, data: bytes) -> Path:
-    """Binary twin of results.write_new_file: atomic, never replaces an existing file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise UsageError(f"refusing to overwrite existing file {path}") from None
-    finally:
-        os.unlink(tmp)
-    return path
 
 
 def _size_ticks(ax, sizes) -> None:
