@@ -102,9 +102,8 @@ def _version(module_name: str) -> str | None:
 def _ucx_version(mod) -> str | None:
     """UCX's own version string, from the libucp the NIXL wheel bundles (None if not found)."""
     try:
-        root = Path(mod.__file__).resolve().parent
-        libs = sorted(root.parent.glob(f"{root.name}.libs/libucp*.so*")) or \
-            sorted(root.parent.glob(f"{_DISTS.get(root.name, root.name).replace('-', '_')}.libs/libucp*.so*"))
+        root = Path(mod.__file__).resolve().parent  # e.g. site-packages/nixl_cu12
+        libs = sorted(root.parent.glob(f"{root.name}.libs/libucp*.so*"))  # the wheel's own UCX
         lib = ctypes.CDLL(str(libs[0])) if libs else ctypes.CDLL("libucp.so.0")
         lib.ucp_get_version_string.restype = ctypes.c_char_p
         return lib.ucp_get_version_string().decode()
