@@ -36,7 +36,8 @@ SCHEMA_FIT = "kvbench.fit/1"
 # when some record carries them.
 GROUP_KEYS = ("transport", "pattern", "granularity", "layout", "dtype", "device",
               "world_size", "hosts")
-OPTIONAL_GROUP_KEYS = ("variant", "nixl_op", "tp", "prefill_tp", "decode_tp", "block_size")
+OPTIONAL_GROUP_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_batch",
+                       "nixl_progress_thread", "tp", "prefill_tp", "decode_tp", "block_size")
 
 HUBER_C = 1.345
 BISQUARE_C = 4.685

@@ -82,6 +82,10 @@ class _WorkRequest(Request):
         self.done = False
 
     def test(self) -> bool:
+        if not self.done and not self.flag.is_set():
+            # Hand the GIL to the waiter thread now; otherwise a busy-polling caller keeps
+            # it for the interpreter's 5 ms switch interval and that lands in every sample.
+            time.sleep(0)
         if not self.done and self.flag.is_set():
             if self.waiter.error is not None:
                 raise TransportError(f"torch.distributed transfer failed: {self.waiter.error}")
