@@ -1,0 +1,304 @@
+"""Layerwise handoff (Splitwise style): the prefill rank sends each layer's KV as soon as that
+layer is computed, while it computes the next ones, so most of the transfer hides behind
+compute. Rank 0 prefills, rank 1 decodes.
+
+One point measures four handoffs in the same run, interleaved round by round (see
+`harness.interleaved_loops`), and reports each as a variant:
+
+    layerwise/compute  the sender's compute for every layer, nothing sent   -> T_compute
+    layerwise/xfer     the same per-layer messages, all posted at once, no compute -> T_x
+    layerwise/seq      a sequential handoff at --granularity (default: one whole message)
+    layerwise          compute layer l, post layer l's sends (non-blocking), compute l+1 ...;
+                       done when every send completed and decode's notice arrived
+
+    exposed_ms       = p50(layerwise) - p50(compute)
+    exposed_ideal_ms = max(0, (T_x - T_compute) (L-1)/L) + T_x/L       (pipeline bound)
+    overlap_efficiency = (T_x - exposed) / (T_x - exposed_ideal)        (1 = ideal, 0 = none)
+    saves_ms         = p50(seq) - exposed_ms  (> 0: layerwise pays against compute-then-send)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from kvbench import compute
+from kvbench.harness import barrier, interleaved_loops, now
+from kvbench.layout import KVCache, KVSpec
+from kvbench.messages import plan_messages
+from kvbench.patterns import register
+from kvbench.patterns.base import PairHandoff, Pattern, Point, make_data, peak_rss_bytes
+from kvbench.patterns.sequential import check_handoff, estimate_bytes
+from kvbench.stats import percentile
+
+VARIANTS = ("compute", "xfer", "seq", None)  # None: the overlapped handoff itself
+
+
+def layer_granularity(granularity: str) -> str:
+    """Layerwise needs messages that belong to one layer: 'whole' becomes 'layer'."""
+    return "layer" if granularity == "whole" else granularity
+
+
+def exposed_ideal_ms(transfer_ms: float, compute_ms: float, layers: int) -> float:
+    """Least transfer time left exposed when layer l's KV (T_x/L) can only leave after layer l's
+    compute (T_compute/L) and the link carries one layer at a time:
+    max(0, (T_x - T_compute)(L-1)/L) + T_x/L. Equals T_x without compute, T_x/L once
+    compute per layer covers transfer per layer."""
+    L = max(1, layers)
+    return max(0.0, (transfer_ms - compute_ms) * (L - 1) / L) + transfer_ms / L
+
+
+def overlap_efficiency(transfer_ms: float, exposed_ms: float, ideal_ms: float) -> float | None:
+    """Share of the hideable transfer actually hidden: (T_x - exposed) / (T_x - ideal)."""
+    room = transfer_ms - ideal_ms
+    return None if room <= 0 else (transfer_ms - exposed_ms) / room
+
+
+class ComputeOnly:
+    """The sender's per-layer work with nothing sent (the decode rank only meets the barrier)."""
+
+    def __init__(self, ctx, work: compute.LayerWork | None, layers: int, is_sender: bool):
+        self.ctx, self.work, self.layers, self.is_sender = ctx, work, layers, is_sender
+
+    def __call__(self) -> float | None:
+        barrier(self.ctx.comm, self.ctx.timeout_s, "handoff start")
+        if not self.is_sender:
+            return None
+        t0 = now()
+        for _ in range(self.layers):
+            self.work.run()
+        return (now() - t0) * 1e3
+
+
+def _poller(handoff: PairHandoff):
+    """Test the sends posted so far, so a transport that only progresses when called moves
+    data while the sender computes (what an engine's progress thread does)."""
+    def poll():
+        for r in handoff.posted:
+            r.test()
+    return poll
+
+
+@register
+class Layerwise(Pattern):
+    name = "layerwise"
+    description = "each layer's KV sent (non-blocking) as soon as it is computed, rank 0 -> 1"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        g = parser.add_argument_group("layerwise pattern")
+        g.add_argument("--layer-compute", choices=("ms", "model"), default="ms",
+                       help="sender compute per layer: calibrated GEMM tiles for "
+                            "--layer-compute-ms (default), or the model's prefill-layer GEMMs "
+                            "at the prompt length")
+        g.add_argument("--layer-compute-ms", type=float, default=None, metavar="X",
+                       help="real GEMM work per layer, calibrated to about X ms here (default 1)")
+        g.add_argument("--compute-threads", type=int, default=1, metavar="N",
+                       help="torch threads per rank during layerwise runs (default 1: sender "
+                            "compute, receiver and transport progress share the cores)")
+        g.add_argument("--layer-poll", action="store_true", default=True,
+                       help="test posted sends between compute chunks (default)")
+        g.add_argument("--no-layer-poll", dest="layer_poll", action="store_false",
+                       help="never test sends while computing (progress only from the transport)")
+
+    @classmethod
+    def layout_error(cls, args, world_size, model) -> str | None:
+        err = super().layout_error(args, world_size, model)
+        if err:
+            return err
+        if args.bytes or args.minbytes or args.maxbytes:
+            return "pattern layerwise moves a model's KV layer by layer: give --sizes in tokens, not --bytes"
+        if args.compute_threads < 1:
+            return f"--compute-threads must be at least 1, got {args.compute_threads}"
+        if args.layer_compute == "model":
+            if args.layer_compute_ms is not None:
+                return "give either --layer-compute model or --layer-compute-ms, not both"
+            return compute.model_error(model)
+        if args.layer_compute_ms is not None and not args.layer_compute_ms > 0:
+            return f"--layer-compute-ms must be positive, got {args.layer_compute_ms}"
+        return None
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.cal: compute.Calibration | None = None
+        self.work: dict[int, compute.LayerWork] = {}  # per prompt length (model mode) or {0: ..}
+        self.work_info: dict[int, dict] = {}
+        self.weights: compute.ModelWeights | None = None
+
+    @property
+    def layer_ms(self) -> float:
+        return self.ctx.args.layer_compute_ms or 1.0
+
+    def _threads(self):
+        prev = torch.get_num_threads()
+        torch.set_num_threads(self.ctx.args.compute_threads)
+        return prev
+
+    def prepare(self, points: list[Point]) -> str | None:
+        """Calibrate on the sender, build each point's layer work, check it fits the timeout."""
+        ctx, args = self.ctx, self.ctx.args
+        prev = self._threads()
+        try:
+            reason = None
+            if ctx.rank == 0:
+                self.cal = compute.calibrate(ctx.device, args.compute_threads)
+                for pt in points:
+                    key = pt.prompt_tokens if args.layer_compute == "model" else 0
+                    if key in self.work:
+                        continue
+                    # refuse before allocating or timing anything: a 70B layer at thousands of
+                    # tokens is seconds of CPU arithmetic
+                    predicted = (self.layer_ms if args.layer_compute == "ms" else
+                                 compute.layer_flops(ctx.model, pt.prompt_tokens)
+                                 / (self.cal.gflops * 1e6))
+                    reason = self._too_slow(pt, predicted, "predicted")
+                    if reason:
+                        break
+                    if args.layer_compute == "model":
+                        self.weights = self.weights or compute.ModelWeights(ctx.model, ctx.device)
+                        work = compute.model_work(ctx.model, pt.prompt_tokens, self.cal,
+                                                  self.weights)
+                    else:
+                        work = compute.tile_work(self.cal, self.layer_ms)
+                    work.description["measured_layer_ms"] = work.time_ms(3 if predicted < 200 else 1)
+                    self.work[key], self.work_info[key] = work, work.description
+                    reason = self._too_slow(pt, work.description["measured_layer_ms"], "measured")
+                    if reason:
+                        break
+                self._announce()
+            return ctx.comm.bcast(reason, root=0)
+        finally:
+            torch.set_num_threads(prev)
+
+    def _too_slow(self, pt: Point, layer_ms: float, how: str) -> str | None:
+        ctx = self.ctx
+        per_handoff_s = layer_ms * ctx.model.layers / 1e3
+        if per_handoff_s <= ctx.timeout_s / 2:
+            return None
+        return (f"layerwise: the sender's compute would take about {per_handoff_s:.1f} s per "
+                f"handoff at {pt.label} ({ctx.model.layers} layers x {layer_ms:.1f} ms {how} on "
+                f"{ctx.device}), over half the --timeout {ctx.timeout_s:g} s: use a smaller "
+                "--layer-compute-ms, fewer tokens or layers, or a larger --timeout")
+
+    def _announce(self) -> None:
+        if self.ctx.args.quiet:
+            return
+        c = self.cal
+        print(f"layerwise: {c.threads} torch thread(s) per rank; GEMM tile {c.tile_n}x{c.tile_n} "
+              f"{c.dtype} {c.tile_ms:.3f} ms ({c.gflops:.1f} GFLOP/s)", file=sys.stderr)
+        for key, d in self.work_info.items():
+            what = (f"{d['tiles_per_layer']} tiles, target {d['target_layer_ms']:g} ms"
+                    if d["mode"] == "ms" else
+                    f"{key} tok: {d['layer_flops'] / 1e9:.2f} GFLOP in {d['chunks_per_layer']} chunks, "
+                    f"predicted {d['predicted_layer_ms']:.1f} ms")
+            print(f"layerwise: compute per layer {what}, measured {d['measured_layer_ms']:.2f} ms",
+                  file=sys.stderr)
+
+    def bytes_per_rank(self, point: Point) -> int:
+        ctx = self.ctx
+        gran = layer_granularity(ctx.args.granularity)
+        need = estimate_bytes(ctx, point, gran)
+        if ctx.args.layout == "paged" and ctx.args.granularity not in ("block", gran):
+            need += KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], "paged",
+                           ctx.args.block_size).payload_bytes  # the seq plan's own staging
+        if ctx.rank == 0 and ctx.args.layer_compute == "model" and point.prompt_tokens:
+            need += compute.model_work_bytes(ctx.model, point.prompt_tokens, ctx.device)
+        return need
+
+    def run_point(self, point: Point) -> list[dict]:
+        prev = self._threads()
+        try:
+            return self._run_point(point)
+        finally:
+            torch.set_num_threads(prev)
+
+    def _run_point(self, point: Point) -> list[dict]:
+        ctx, args = self.ctx, self.ctx.args
+        rank = ctx.rank
+        is_sender, peer = rank == 0, 1 - rank
+        L = ctx.model.layers
+        key = point.prompt_tokens if args.layer_compute == "model" else 0
+        work = self.work.get(key) if is_sender else None
+        data = make_data(ctx, point, table_seed=rank)
+        (data.fill if is_sender else data.clear)()
+        gran = layer_granularity(args.granularity)
+        plan = plan_messages(data, gran)
+        seq_plan = plan if args.granularity == gran else plan_messages(data, args.granularity)
+        ch = ctx.transport.channel(peer, plan.buffers, is_sender)
+        seq_ch = ch if seq_plan is plan else ctx.transport.channel(peer, seq_plan.buffers, is_sender)
+        try:
+            overlapped = PairHandoff(ctx, ch, plan, peer, is_sender, layers=L)
+            if is_sender:
+                poll = _poller(overlapped) if args.layer_poll else None
+                overlapped.before_layer = lambda _layer: work.run(poll)
+            else:
+                overlapped.before_layer = lambda _layer: None  # never called on the receiver
+            handoffs = [ComputeOnly(ctx, work, L, is_sender),
+                        PairHandoff(ctx, ch, plan, peer, is_sender),
+                        PairHandoff(ctx, seq_ch, seq_plan, peer, is_sender),
+                        overlapped]
+            loops = interleaved_loops(ctx.comm, ctx.settings, handoffs,
+                                      on_iter=ctx.progress.iteration if rank == 0 else None)
+            wrong = check_handoff(ctx, data, plan, overlapped, not is_sender) if args.check else None
+            parts = ctx.comm.gather(ch.breakdown(), root=0)
+        finally:
+            ch.close()
+            if seq_ch is not ch:
+                seq_ch.close()
+        rss = ctx.comm.gather(peak_rss_bytes(), root=0)
+        if rank != 0:
+            return []
+        comp, xfer, seq, total = (lp.samples.p50 for lp in loops)
+        exposed = total - comp
+        paired = percentile([t - c for t, c in zip(loops[3].samples.samples_ms,
+                                                   loops[0].samples.samples_ms, strict=True)], 50)
+        ideal = exposed_ideal_ms(xfer, comp, L)
+        eff = overlap_efficiency(xfer, exposed, ideal)
+        saves = seq - exposed
+        info = self.work_info.get(key, {})
+        common = {
+            "layers": L,
+            "stored_tokens": data.spec.tensor_tokens(0) if isinstance(data, KVCache) else None,
+            "layer_compute": args.layer_compute,
+            "compute_threads": args.compute_threads,
+            "layer_poll": args.layer_poll,
+            "calibration": {**self.cal.as_dict(), **info} if self.cal else None,
+            "peak_rss_bytes": rss,
+        }
+        out = []
+        for variant, lp in zip(VARIANTS, loops, strict=True):
+            p = seq_plan if variant == "seq" else plan
+            out.append({
+                **({"variant": variant} if variant else {}),
+                "granularity": args.granularity if variant == "seq" else gran,
+                "bytes": 0 if variant == "compute" else p.nbytes,
+                "messages": 0 if variant == "compute" else p.n,
+                "packed": p.packed,
+                **common,
+                "loop": lp,
+                "wrong": wrong if variant is None else None,
+                "breakdown_ms": ({k: v for part in parts for k, v in part.items()}
+                                 if variant is None else {}),
+            })
+        out[-1].update({
+            "compute_ms": comp,
+            "transfer_ms": xfer,
+            "sequential_ms": seq,
+            "total_ms": total,
+            "exposed_ms": exposed,
+            "exposed_paired_ms": paired,
+            "exposed_ideal_ms": ideal,
+            "overlap_efficiency": eff,
+            "hidden_fraction": None if xfer <= 0 else 1 - exposed / xfer,
+            "saves_ms": saves,
+            "pays": saves > 0,
+            "table_note": (
+                f"compute {comp:.2f} ms, T_x {xfer:.2f} ms ({plan.n} msgs), exposed {exposed:.2f} ms "
+                f"(paired {paired:.2f}, ideal {ideal:.2f}), overlap efficiency "
+                f"{'-' if eff is None else f'{eff:.2f}'}; vs compute-then-send "
+                f"({args.granularity}, {seq:.2f} ms): "
+                + (f"saves {saves:.2f} ms" if saves > 0 else f"costs {-saves:.2f} ms more")),
+        })
+        return out
+
