@@ -71,7 +71,12 @@ class _Waiter:
         return flag
 
     def stop(self) -> None:
+        # Join: a daemon thread still unwinding at interpreter exit drops its last Work
+        # objects there, their destructors retake the GIL during finalisation, and the
+        # process dies with 'terminate called without an active exception' (seen with
+        # more ranks than cores, where the thread is often not scheduled in time).
         self.q.put(None)
+        self.thread.join(timeout=10)
 
 
 class _WorkRequest(Request):
