@@ -71,13 +71,26 @@ class ComputeOnly:
         return (now() - t0) * 1e3
 
 
-def _poller(handoff: PairHandoff):
+class _Poller:
     """Test the sends posted so far, so a transport that only progresses when called moves
-    data while the sender computes (what an engine's progress thread does)."""
-    def poll():
-        for r in handoff.posted:
-            r.test()
-    return poll
+    data while the sender computes (what an engine's progress thread does). Only requests
+    not yet complete are tested: a pass costs O(in flight), not O(posted)."""
+
+    def __init__(self, handoff: PairHandoff):
+        self.handoff = handoff
+        self.posted: list | None = None
+        self.seen = 0
+        self.pending: list = []
+
+    def __call__(self) -> None:
+        posted = self.handoff.posted
+        if posted is not self.posted:  # a new handoff
+            self.posted, self.seen, self.pending = posted, 0, []
+        if len(posted) > self.seen:
+            self.pending.extend(posted[self.seen:])
+            self.seen = len(posted)
+        if self.pending:
+            self.pending = [r for r in self.pending if not r.test()]
 
 
 @register
@@ -230,7 +243,7 @@ class Layerwise(Pattern):
         try:
             overlapped = PairHandoff(ctx, ch, plan, peer, is_sender, layers=L)
             if is_sender:
-                poll = _poller(overlapped) if args.layer_poll else None
+                poll = _Poller(overlapped) if args.layer_poll else None
                 overlapped.before_layer = lambda _layer: work.run(poll)
             else:
                 overlapped.before_layer = lambda _layer: None  # never called on the receiver
