@@ -76,3 +76,16 @@ def non_negative_float(text: str, what: str) -> float:
     if not value >= 0:
         raise UsageError(f"{what} must not be negative, got {text}")
     return value
+
+
+def read_text(path, missing: str = "no such file") -> str:
+    """A user-named file's text; a missing or unreadable file is a one-line UsageError."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{missing}: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {p}: {exc}") from None

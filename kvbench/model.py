@@ -25,6 +25,7 @@ from kvbench.cli import (
     non_negative_float,
     parse_positive_floats,
     parse_positive_ints,
+    read_text,
     run_main,
 )
 from kvbench.units import GiB, MiB, transfer_ms
@@ -175,12 +176,9 @@ def _get_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
 def load_hf_config(path: str | Path) -> ModelSpec:
     """Read a local Hugging Face config.json into a ModelSpec (no network access)."""
     p = Path(path)
+    text = read_text(p, missing="model config not found")
     try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"model config not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read model config {p}: {exc}") from None
+        cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(cfg, dict):

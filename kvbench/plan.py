@@ -29,6 +29,7 @@ from kvbench.cli import (
     non_negative_float,
     parse_positive_floats,
     parse_positive_ints,
+    read_text,
     run_main,
 )
 from kvbench.fit import SCHEMA_FIT, matches, parse_where
@@ -106,12 +107,9 @@ class Link:
 
 def load_fit(path: str) -> dict:
     p = Path(path)
+    text = read_text(p)
     try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {p}: {exc}") from None
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}); "
                          "expected the output of kvbench fit") from None

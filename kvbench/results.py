@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.cli import UsageError, read_text
 
 SCHEMA_P2P = "kvbench.p2p/1"
 KNOWN_SCHEMAS = {SCHEMA_P2P}
@@ -98,12 +98,7 @@ def load_records(paths: Iterable[str | Path], schemas: Iterable[str] = KNOWN_SCH
     out: list[dict] = []
     for path in paths:
         p = Path(path)
-        try:
-            lines = p.read_text().splitlines()
-        except FileNotFoundError:
-            raise UsageError(f"no such file: {p}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read {p}: {exc}") from None
+        lines = read_text(p).splitlines()
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue

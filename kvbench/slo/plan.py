@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.cli import UsageError
+from kvbench.cli import UsageError, read_text
 from kvbench.slo.gates import DENOMINATORS, NUMERATORS, Criteria
 
 PLACEHOLDER = re.compile(r"<[^<>]*>")
@@ -240,12 +240,7 @@ def check_plan(data: object) -> tuple[dict, list[PlanError]]:
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan; any problem is one UsageError line naming the field paths."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"no such plan: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {p}: {exc}") from None
+    text = read_text(p, missing="no such plan")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:

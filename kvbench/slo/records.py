@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.cli import UsageError, read_text
 
 SCHEMA_REQUEST = "kvbench.slo.request/1"
 STATUSES = ("ok", "error", "rejected", "timeout")
@@ -183,12 +183,7 @@ def load_records(paths: Iterable[str | Path]) -> list[RequestRecord]:
     seen: dict[tuple[str, float, str], str] = {}
     for path in paths:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise UsageError(f"no such file: {p}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read {p}: {exc}") from None
+        text = read_text(p)
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

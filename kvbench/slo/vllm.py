@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.cli import UsageError, read_text
 from kvbench.slo.records import RequestRecord, record_to_json
 
 _NEEDED = ("start_times", "ttfts", "itls", "output_lens", "errors")
@@ -53,12 +53,7 @@ def _documents(text: str, path: Path) -> list:
 
 def load_vllm_result(path: str | Path, index: int | None = None) -> dict:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {p}: {exc}") from None
+    text = read_text(p)
     docs = _documents(text, p)
     if not docs:
         raise UsageError(f"{p}: empty file")
