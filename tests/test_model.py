@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvbench.model import DTYPES, PRESETS, KVSizing, load_hf_config
+from kvbench.model import DTYPES, PRESETS, KVSizing, ModelSpec, handoff_floor, load_hf_config
 from tests.conftest import run_cli
 
 
@@ -144,3 +146,25 @@ def test_per_rank_layer_block_bytes():
     assert s.stored_tokens == 2016
     shard = s.tp_shard()
     assert shard["replicated"] and shard["heads_per_rank"] == 1 and "replicated" in shard["note"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(layers=st.integers(1, 128), kv_heads=st.integers(1, 128), head_dim=st.integers(1, 512),
+       tokens=st.integers(1, 1 << 20), dtype=st.sampled_from(sorted(DTYPES)),
+       window=st.one_of(st.none(), st.integers(1, 1 << 16)))
+def test_kv_bytes_formula_properties(layers, kv_heads, head_dim, tokens, dtype, window):
+    dt = DTYPES[dtype]
+    m = ModelSpec("h", layers, kv_heads, head_dim, sliding_window=window,
+                  sliding_layers=layers if window else 0)
+    held = min(tokens, window) if window else tokens
+    assert m.kv_bytes(tokens, dt) == 2 * layers * kv_heads * head_dim * dt.bytes * held
+    assert m.kv_bytes(tokens + 1, dt) >= m.kv_bytes(tokens, dt)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbytes=st.integers(1, 1 << 40), gbs=st.floats(0.01, 1e4), setup=st.floats(0, 1e3))
+def test_floor_is_setup_plus_bytes_over_rate(nbytes, gbs, setup):
+    bw, total = handoff_floor(nbytes, gbs, setup)
+    assert bw == pytest.approx(nbytes / (gbs * 1e9) * 1e3)
+    assert total == pytest.approx(setup + bw)
+    assert handoff_floor(nbytes, gbs * 2, setup)[0] == pytest.approx(bw / 2)
