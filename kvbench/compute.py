@@ -45,8 +45,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _time_ms(fn: Callable[[], None], device: str, reps: int) -> float:
-    """Median wall time of fn over reps (device-synchronised)."""
+def _time_ms(fn: Callable[[], None], device: str, reps: int, stat=statistics.median) -> float:
+    """Wall time of fn over reps (device-synchronised): the median, or `stat` of the reps.
+    Sizing uses the minimum: load from other processes only ever adds time, and work sized
+    on a busy moment would come out too small once the machine is quiet again."""
     out = []
     for _ in range(reps):
         _sync(device)
@@ -65,7 +67,7 @@ class Calibration:
     dtype: str
     threads: int
     tile_n: int  # square tile edge: [n, n] @ [n, n]
-    tile_ms: float  # median time of one tile
+    tile_ms: float  # fastest of the timed tiles (see _time_ms)
     gflops: float  # 2 n^3 / tile time (decimal GFLOP/s)
 
     def as_dict(self) -> dict:
@@ -82,7 +84,7 @@ def calibrate(device: str, threads: int, target_ms: float = TILE_TARGET_MS,
         a = torch.randn(n, n, generator=gen).to(device=device, dtype=dt)
         b = torch.randn(n, n, generator=gen).to(device=device, dtype=dt)
         out = torch.empty(n, n, device=device, dtype=dt)
-        ms = _time_ms(lambda a=a, b=b, out=out: torch.matmul(a, b, out=out), device, 5)
+        ms = _time_ms(lambda a=a, b=b, out=out: torch.matmul(a, b, out=out), device, 5, min)
         if ms >= target_ms or n >= MAX_TILE:
             break
         n *= 2
@@ -91,7 +93,7 @@ def calibrate(device: str, threads: int, target_ms: float = TILE_TARGET_MS,
         a, b, out = a[:n, :n].contiguous(), b[:n, :n].contiguous(), out[:n, :n].contiguous()
     for _ in range(3):  # warm caches and clocks
         torch.matmul(a, b, out=out)
-    ms = _time_ms(lambda: torch.matmul(a, b, out=out), device, reps)
+    ms = _time_ms(lambda: torch.matmul(a, b, out=out), device, reps, min)
     return Calibration(device, str(dt).replace("torch.", ""), threads, n, ms,
                        2 * n**3 / (ms * 1e-3) / 1e9)
 
@@ -177,7 +179,7 @@ def tile_work(cal: Calibration, layer_ms: float) -> LayerWork:
 
     tiles = max(1, round(layer_ms / cal.tile_ms))
     work = LayerWork([tile] * tiles, cal.device, {})
-    measured = work.time_ms(5)
+    measured = _time_ms(work.run, cal.device, 5, min)
     if measured > 0:
         tiles = max(1, round(tiles * layer_ms / measured))
         work = LayerWork([tile] * tiles, cal.device, {})
