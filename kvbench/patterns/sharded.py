@@ -136,7 +136,7 @@ class ShardPlan:
         for r in range(self.prefill_tp):
             out = [f"rank {e.dst} {what} {span(e.heads)}" for e in self.edges if e.src == r]
             lines.append(f"  prefill rank {r} holds {what} {span(self.held(r))}: sends "
-                         + ("; ".join(out) if out else "nothing (its heads come from another holder)"))
+                         + ("; ".join(out) if out else "nothing (another holder serves every decode rank)"))
         for r in range(self.prefill_tp, self.world):
             inn = [f"rank {e.src} ({span(e.heads)})" for e in self.edges if e.dst == r]
             lines.append(f"  decode rank {r} holds {what} {span(self.held(r))}: from "
