@@ -141,6 +141,10 @@ def test_layerwise_hides_transfer_behind_compute(tmp_path):
     assert total["exposed_ms"] == pytest.approx(float(np.median(pairs)))
     assert total["exposed_ideal_ms"] == pytest.approx(
         exposed_ideal_ms(total["transfer_ms"], total["compute_ms"], 8))
+    t_x, t_c = total["transfer_ms"], total["compute_ms"]
+    assert total["exposed_ideal_issue_formula_ms"] == pytest.approx(
+        max(0.0, t_x - t_c * 7 / 8) + t_x / 8)
+    assert total["exposed_ideal_issue_formula_ms"] >= total["exposed_ideal_ms"] - 1e-9
     assert total["saves_ms"] == pytest.approx(total["sequential_ms"] - total["exposed_ms"])
     assert total["pays"] == (total["saves_ms"] > 0)
     assert {"overlap_efficiency", "hidden_fraction"} <= set(total)

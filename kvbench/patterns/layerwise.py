@@ -307,6 +307,9 @@ class Layerwise(Pattern):
             "exposed_samples_ms": per_round,
             "exposed_p50_diff_ms": p50_diff,
             "exposed_ideal_ms": ideal,
+            # The issue's form, recorded as stated so a reader can compare: it equals the
+            # pipeline bound when compute-bound and exceeds it by T_x/L when transfer-bound.
+            "exposed_ideal_issue_formula_ms": max(0.0, xfer - comp * (L - 1) / L) + xfer / L,
             "overlap_efficiency": eff,
             "hidden_fraction": None if xfer <= 0 else 1 - exposed / xfer,
             "saves_ms": saves,
