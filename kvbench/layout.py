@@ -131,7 +131,10 @@ class KVSpec:
 class KVCache:
     """The tensors one rank holds for one request, plus how to fill and check them."""
 
-    def __init__(self, spec: KVSpec, device: str = "cpu", table_seed: int = 0, slack: float = 0.125):
+    def __init__(self, spec: KVSpec, device: str = "cpu", table_seed: int = 0, slack: float = 0.125,
+                 pack_kernel: str = "torch"):
+        # "torch": index_select/index_copy_; "cuda": cuda/kv_pack.cu (paged on a GPU only)
+        self.pack_kernel = pack_kernel if spec.layout == "paged" else "torch"
         self.spec = spec
         self.device = torch.device(device)
         self.tdtype = torch_dtype(spec.dtype)
@@ -177,6 +180,14 @@ class KVCache:
         t = self.tensors[self.index(layer, part)]
         if self.spec.layout == "contiguous":
             return t if out is None else out.copy_(t)
+        if self.pack_kernel == "cuda":
+            from kvbench.cuda_kernels import gather_blocks
+
+            nb = self.block_tables[layer].numel()
+            if out is None:
+                out = torch.empty((nb, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            gather_blocks(t, self.block_tables[layer], out)
+            return out.view(-1, t.shape[-2], t.shape[-1])
         ivt = _INT_VIEW[self.spec.dtype.bytes]  # index ops lack FP8 kernels; bytes are bytes
         packed = torch.index_select(t.view(ivt), 0, self.block_tables[layer],
                                     out=None if out is None else out.view(ivt))
@@ -187,6 +198,11 @@ class KVCache:
         t = self.tensors[self.index(layer, part)]
         if self.spec.layout == "contiguous":
             t.copy_(packed.view_as(t))
+            return
+        if self.pack_kernel == "cuda":
+            from kvbench.cuda_kernels import scatter_blocks
+
+            scatter_blocks(packed, self.block_tables[layer], t)
             return
         ivt = _INT_VIEW[self.spec.dtype.bytes]
         t.view(ivt).index_copy_(0, self.block_tables[layer], packed.view(ivt).view(-1, *t.shape[1:]))

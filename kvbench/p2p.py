@@ -76,6 +76,9 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     what.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
                       help="contiguous per-layer tensors, or paged blocks scattered in a pool")
     what.add_argument("--block-size", type=int, default=16, help="paged block size in tokens (default 16)")
+    what.add_argument("--pack-kernel", choices=("torch", "cuda"), default="torch",
+                      help="how a paged KV is packed for layer/whole messages on a GPU: torch "
+                           "index ops (default) or the CUDA kernels in cuda/kv_pack.cu (needs CuPy)")
     what.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                       help="where the KV lives (default: cuda when a GPU is visible, else cpu)")
     how = p.add_argument_group("how it moves")
@@ -170,6 +173,15 @@ def validate(args, world_size: int):
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
     device = resolve_device(args.device)
+    if args.pack_kernel == "cuda":
+        from kvbench.cuda_kernels import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise UsageError(reason)
+        if device != "cuda" or args.layout != "paged":
+            raise UsageError("--pack-kernel cuda packs paged blocks on a GPU: use it with "
+                             "--device cuda --layout paged")
     name = args.transport
     if name == "auto":
         name = "nccl" if device == "cuda" else "mpi"

@@ -53,7 +53,8 @@ def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
         return RawBuffer(point.raw_bytes, ctx.device)
     spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
                   ctx.args.layout, ctx.args.block_size)
-    return KVCache(spec, ctx.device, table_seed=table_seed)
+    return KVCache(spec, ctx.device, table_seed=table_seed,
+                   pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
 
 
 def device_sync(device: str) -> None:
