@@ -3,37 +3,10 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from kvbench.patterns.base import Pattern
+from kvbench.registry import Registry
 
-_REGISTRY: dict[str, type[Pattern]] = {}
-_loaded = False
-
-
-def register(cls: type[Pattern]) -> type[Pattern]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_all() -> None:
-    global _loaded
-    if not _loaded:
-        for mod in pkgutil.iter_modules(__path__):
-            if not mod.name.startswith("_") and mod.name != "base":
-                importlib.import_module(f"{__name__}.{mod.name}")
-        _loaded = True
-
-
-def available() -> dict[str, type[Pattern]]:
-    _load_all()
-    return dict(sorted(_REGISTRY.items()))
-
-
-def get(name: str) -> type[Pattern]:
-    _load_all()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown pattern {name!r}; choose from {', '.join(sorted(_REGISTRY))}") from None
+_registry: Registry[Pattern] = Registry("pattern", __name__, __path__)
+register = _registry.register
+available = _registry.available
+get = _registry.get
