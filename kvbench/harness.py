@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvbench.stats import Measurement, percentile
 from kvbench.transports.base import TransferTimeout
@@ -31,16 +30,22 @@ def now() -> float:
     return time.perf_counter()
 
 
-def wait_request(req, deadline: float, what: str) -> None:
-    """Poll an mpi4py request until done or the deadline passes."""
+IDLE_POLL_S = 200e-6
+
+
+def wait_request(req, deadline: float, what: str, idle: bool = False) -> None:
+    """Poll an mpi4py request until done or the deadline passes. `idle` ranks (not timed)
+    sleep between tests so they leave the CPUs to the ranks being measured."""
     while not req.Test():
         if now() > deadline:
             raise TransferTimeout(f"{what}: no answer before the --timeout")
+        if idle:
+            time.sleep(IDLE_POLL_S)
 
 
-def barrier(comm, timeout_s: float, what: str = "barrier") -> None:
+def barrier(comm, timeout_s: float, what: str = "barrier", idle: bool = False) -> None:
     """A barrier that cannot hang forever if a peer died or stopped answering."""
-    wait_request(comm.Ibarrier(), now() + timeout_s, f"{what} (a peer stopped answering)")
+    wait_request(comm.Ibarrier(), now() + timeout_s, f"{what} (a peer stopped answering)", idle)
 
 
 class Notice:
@@ -161,13 +166,6 @@ class Progress:
                   flush=True)
 
 
-def gather_max(comm, values: list[float], root: int = 0) -> list[float] | None:
-    """Per-iteration maximum across ranks (the critical path of a multi-rank handoff)."""
-    allv: list[Any] = comm.gather(values, root=root)
-    if comm.Get_rank() != root:
-        return None
-    return [max(col) for col in zip(*[v for v in allv if v], strict=True)]
-
 
 def interleaved_loops(comm, settings: LoopSettings, handoffs: list[Callable[[], float | None]],
                       on_iter: Callable[[int, int], None] | None = None) -> list[LoopResult]:
@@ -178,7 +176,8 @@ def interleaved_loops(comm, settings: LoopSettings, handoffs: list[Callable[[], 
     falls on all of them alike instead of on whichever ran last. The iteration count
     comes from the slowest rank's warm-up times (one round's sum) and is the same for
     every handoff. Each rank keeps the times its own calls returned (None: not timed
-    there); take the maximum across ranks where a handoff spans several (`gather_max`)."""
+    there); take the maximum across ranks where a handoff spans several (the sharded
+    pattern's critical path)."""
     k = len(handoffs)
     cold = [h() for h in handoffs]
     warm: list[list[float]] = [[] for _ in handoffs]

@@ -117,13 +117,6 @@ def load_records(paths: Iterable[str | Path], schemas: Iterable[str] = KNOWN_SCH
     return out
 
 
-def load_dataframe(path: str | Path):
-    """The records of one results file as a pandas DataFrame."""
-    import pandas as pd
-
-    return pd.read_json(path, lines=True)
-
-
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -26,7 +26,6 @@ iteration is the maximum across ranks (the critical path).
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 
 from kvbench.harness import (
@@ -44,8 +43,6 @@ from kvbench.patterns.base import Pattern, Point, device_sync, make_data, peak_r
 from kvbench.stats import Measurement
 from kvbench.transports.base import TransferTimeout, wait_all
 from kvbench.units import gb_per_s
-
-IDLE_POLL_S = 200e-6  # idle ranks sleep between barrier tests: they must not steal CPU
 
 
 class ShardError(ValueError):
@@ -203,17 +200,6 @@ def resolve_tp(args, world_size: int) -> tuple[int, int]:
     return p, d
 
 
-def idle_barrier(comm, timeout_s: float, what: str) -> None:
-    """A barrier for ranks with nothing to do: sleeps between tests instead of spinning, so the
-    pair being measured alone keeps the CPUs (idle ranks are not timed)."""
-    req = comm.Ibarrier()
-    deadline = now() + timeout_s
-    while not req.Test():
-        if now() > deadline:
-            raise TransferTimeout(f"{what}: no answer before the --timeout (a peer stopped answering)")
-        time.sleep(IDLE_POLL_S)
-
-
 @dataclass
 class Link:
     """One edge as seen from one of its ranks."""
@@ -241,7 +227,7 @@ class ShardHandoff:
     def __call__(self) -> float | None:
         ctx = self.ctx
         if not self.links:
-            idle_barrier(ctx.comm, ctx.timeout_s, "handoff start")
+            barrier(ctx.comm, ctx.timeout_s, "handoff start", idle=True)
             return None
         for lk in self.links:
             lk.ch.begin_handoff()

@@ -33,13 +33,6 @@ class Request(ABC):
         """True once complete. Must not block; calling it also drives progress."""
 
 
-class DoneRequest(Request):
-    """A request that completed when it was posted (blocking backends)."""
-
-    def test(self) -> bool:
-        return True
-
-
 def wait_all(requests: Sequence[Request], deadline: float, what: str = "transfer") -> None:
     """Poll until every request completes; past `deadline` (perf_counter) raise TransferTimeout.
 
@@ -108,8 +101,6 @@ class Transport(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     gpu_only: ClassVar[bool] = False
-    # one-sided transports where the receiver can learn completion only per message
-    requires_contiguous: ClassVar[bool] = True
 
     def __init__(self, ctx: TransportContext):
         self.ctx = ctx
