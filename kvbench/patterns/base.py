@@ -46,13 +46,18 @@ class PatternContext:
         return self.comm.Get_rank()
 
 
+def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None) -> KVSpec:
+    """The KV geometry a rank holds for a token point (all heads unless `heads` is given)."""
+    return KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
+                  ctx.args.layout, ctx.args.block_size)
+
+
 def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
               table_seed: int = 0) -> KVCache | RawBuffer:
     """The KV (or raw buffer) one rank holds for a point; values seeded by the prefill side."""
     if point.raw_bytes is not None:
         return RawBuffer(point.raw_bytes, ctx.device)
-    spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
-                  ctx.args.layout, ctx.args.block_size)
+    spec = kv_spec(ctx, point, heads)
     return KVCache(spec, ctx.device, table_seed=table_seed,
                    pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from kvbench.harness import barrier, timed_loop
-from kvbench.layout import KVCache, KVSpec
+from kvbench.layout import KVCache
 from kvbench.messages import plan_messages
 from kvbench.patterns import register
-from kvbench.patterns.base import PairHandoff, Pattern, Point, make_data, peak_rss_bytes
+from kvbench.patterns.base import PairHandoff, Pattern, Point, kv_spec, make_data, peak_rss_bytes
 
 
 def estimate_bytes(ctx, point: Point, granularity: str) -> int:
@@ -16,8 +16,7 @@ def estimate_bytes(ctx, point: Point, granularity: str) -> int:
     granularity packs) and the pattern-generation scratch used for fill and check."""
     if point.raw_bytes is not None:
         return point.raw_bytes + min(point.raw_bytes, 1 << 26) * 9
-    data_spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], ctx.args.layout,
-                       ctx.args.block_size)
+    data_spec = kv_spec(ctx, point)
     payload = data_spec.payload_bytes
     row = data_spec.tensor_tokens(0) * data_spec.row_elems
     scratch = row * 8 * 3  # int64 grid + one layer's values + comparison

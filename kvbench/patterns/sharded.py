@@ -36,10 +36,16 @@ from kvbench.harness import (
     now,
     wait_request,
 )
-from kvbench.layout import KVSpec
 from kvbench.messages import plan_messages
 from kvbench.patterns import register
-from kvbench.patterns.base import Pattern, Point, device_sync, make_data, peak_rss_bytes
+from kvbench.patterns.base import (
+    Pattern,
+    Point,
+    device_sync,
+    kv_spec,
+    make_data,
+    peak_rss_bytes,
+)
 from kvbench.stats import Measurement
 from kvbench.transports.base import TransferTimeout, wait_all
 from kvbench.units import gb_per_s
@@ -272,11 +278,6 @@ class ShardHandoff:
         return (t1 - t0) * 1e3
 
 
-def _edge_spec(ctx, point: Point, heads) -> KVSpec:
-    return KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads), ctx.args.layout,
-                  ctx.args.block_size)
-
-
 def _critical(parts: list[tuple], n: int) -> LoopResult:
     """Per-iteration maximum over the ranks that timed a handoff (the critical path)."""
     timed = [p for p in parts if p[2]]
@@ -325,7 +326,7 @@ class Sharded(Pattern):
     def bytes_per_rank(self, point: Point) -> int:
         total = 0
         for e in self.plan.edges_of(self.ctx.rank):
-            s = _edge_spec(self.ctx, point, e.heads)
+            s = kv_spec(self.ctx, point, e.heads)
             pay = s.payload_bytes
             total += int(pay * 2.25) if self.ctx.args.layout == "paged" else pay
             total += s.tensor_tokens(0) * s.row_elems * 8 * 3  # fill/check scratch
@@ -395,7 +396,7 @@ class Sharded(Pattern):
             "bytes": total,
             "messages": sum(nmsgs),
             "packed": any(lk.plan.packed for lk in links),
-            "stored_tokens": _edge_spec(ctx, point, [0]).tensor_tokens(0),
+            "stored_tokens": kv_spec(ctx, point, [0]).tensor_tokens(0),
             "tp": plan.prefill_tp if homogeneous else None,
             "prefill_tp": plan.prefill_tp,
             "decode_tp": plan.decode_tp,
