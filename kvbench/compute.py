@@ -46,8 +46,8 @@ def _sync(device: str) -> None:
 
 
 def _time_ms(fn: Callable[[], None], device: str, reps: int, stat=statistics.median) -> float:
-    """Wall time of fn over reps (device-synchronised): the median, or `stat` of the reps.
-    Sizing uses the minimum: load from other processes only ever adds time, and work sized
+    """`stat` (default: the median) of fn's wall time over reps, device-synchronised.
+    Sizing passes `min`: load from other processes only ever adds time, and work sized
     on a busy moment would come out too small once the machine is quiet again."""
     out = []
     for _ in range(reps):
@@ -56,7 +56,7 @@ def _time_ms(fn: Callable[[], None], device: str, reps: int, stat=statistics.med
         fn()
         _sync(device)
         out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return float(stat(out))
 
 
 @dataclass
