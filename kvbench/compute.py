@@ -146,12 +146,19 @@ class LayerWork:
         self.device = device
         self.description = description
 
-    def run(self, poll: Callable[[], None] | None = None) -> None:
-        if self.device == "cuda":
+    def run(self, poll: Callable[[], None] | None = None, device=None) -> None:
+        """One layer. On an asynchronous device (a kvbench.devices.Device: CUDA, cpu-async) the
+        chunks are queued on its stream and the host polls until an event recorded after the
+        last chunk completes; elsewhere each chunk runs now, with a poll after it."""
+        dev = device
+        if dev is None and self.device == "cuda":
+            from kvbench.devices import CUDADevice
+
+            dev = CUDADevice()
+        if dev is not None and dev.asynchronous:
             for c in self.chunks:
-                c()
-            done = torch.cuda.Event()
-            done.record()
+                dev.run(c)
+            done = dev.record()
             while not done.query():  # the layer's KV exists only once its kernels finish
                 if poll:
                     poll()
