@@ -33,7 +33,9 @@ CONFIGS = {
     "read-layer": (f"{FAST} --granularity layer --nixl-op read", "layer", "contiguous", "read",
                    "reuse", "prepped", "message"),
     "write-paged": (f"{FAST} --layout paged --granularity block", "block", "paged", "write",
-                    "reuse", "prepped", "message"),
+                    "reuse", "prepped", "handoff"),  # the default for per-block messages
+    "write-paged-per-message": (f"{FAST} --layout paged --granularity block --nixl-batch message",
+                                "block", "paged", "write", "reuse", "prepped", "message"),
     "read-paged-batched": (f"{FAST} --layout paged --granularity block --nixl-op read "
                            "--nixl-batch handoff", "block", "paged", "read", "reuse", "prepped",
                            "handoff"),
@@ -46,7 +48,7 @@ CONFIGS = {
                               "layer", "contiguous", "write", "reregister", "initialize", "message"),
     "read-reregister": (f"{FAST} --layout paged --granularity block --nixl-op read "
                         "--nixl-reregister", "block", "paged", "read", "reregister", "prepped",
-                        "message"),
+                        "handoff"),
 }
 LAYERWISE = f"{FAST} --nixl-op read --pattern layerwise --layer-compute-ms 0.2 --warmup 0"
 
