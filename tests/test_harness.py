@@ -125,11 +125,11 @@ def test_patterns_are_declarations_on_one_engine():
 def test_pingpong_clock_on_one_host_finds_no_offset(tmp_path):
     """Across hosts the offsets are estimated; forced here on one host (true offset 0), every
     estimate must lie within its stated uncertainty, and the record says how it was made."""
-    res = run_mpi(3, "kvbench.p2p", "--bytes", "4K", "--iters", "2", "--min-iters", "2",
-                  "--warmup", "0", "--quiet", "--clock", "pingpong", "--out", str(tmp_path),
-                  timeout=120)
+    res = run_mpi(3, "kvbench.p2p", "--pattern", "sharded", "--prefill-tp", "1", "--decode-tp",
+                  "2", "--sizes", "8", "--iters", "2", "--min-iters", "2", "--warmup", "0",
+                  "--quiet", "--clock", "pingpong", "--out", str(tmp_path), timeout=180)
     assert res.returncode == 0, res.stderr[-2000:]
-    (rec,) = [json.loads(x) for f in Path(tmp_path).glob("*.jsonl") for x in f.open()]
+    rec = [json.loads(x) for f in Path(tmp_path).glob("*.jsonl") for x in f.open()][-1]
     clock = rec["clock"]
     assert clock["method"].startswith("ping-pong") and len(clock["offset_ms"]) == 3
     for off, unc in zip(clock["offset_ms"], clock["uncertainty_ms"], strict=True):

@@ -98,8 +98,9 @@ NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"
 
 
 class Pattern(ABC):
-    """A handoff shape. `run_point` is collective over the world and returns, on rank 0,
-    the pattern's record fields for each measured variant of the point."""
+    """A handoff shape, declared: its pairs of ranks, their roles, the spec entries it adds, and
+    per point (`setup`, collective) the links and handoffs the engine runs and how their loops
+    become record fields (one dict per measured variant, on rank 0)."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""

@@ -2,14 +2,15 @@
 layer is computed, while it computes the next ones, so most of the transfer hides behind
 compute. Rank 0 prefills, rank 1 decodes.
 
-One point measures four handoffs in the same run, interleaved round by round (see
-`harness.interleaved_loops`), and reports each as a variant:
+One point declares four handoffs on the engine, timed in the same interleaved rounds (see
+`harness.measure`), and reports each as a variant:
 
     layerwise/compute  the sender's compute for every layer, nothing sent   -> T_compute
     layerwise/xfer     the same per-layer messages, all posted at once, no compute -> T_x
     layerwise/seq      a sequential handoff at --granularity (default: one whole message)
     layerwise          compute layer l, post layer l's sends (non-blocking), compute l+1 ...;
                        done when every send completed and decode's notice arrived
+                       (the engine's per-layer hook: the compute, polling sends in flight)
 
     exposed_ms       = median over rounds of (layerwise_i - compute_i)  (same-round pairs)
     exposed_ideal_ms = max(0, (T_x - T_compute) (L-1)/L) + T_x/L       (pipeline bound)

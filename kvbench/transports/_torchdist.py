@@ -40,6 +40,9 @@ def rendezvous_address(comm, hosts: list[str]) -> str:
     return comm.bcast(url, root=0)
 
 
+GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
+
+
 class _Waiter:
     """Completes torch.distributed works in the background, in posting order.
 
@@ -224,8 +227,11 @@ class TorchDistTransport(Transport):
                 ops.append((fn, c, ch.peer))
                 owners.append(k)
         if self.batch_posts and len(ops) > 1:
-            works = dist.batch_isend_irecv([dist.P2POp(fn, c, peer) for fn, c, peer in ops])
-            group = self._request(list(works or ()))
+            works = []
+            for a in range(0, len(ops), GROUP_MAX):  # bounded groups: a paged handoff has 10^5
+                works += dist.batch_isend_irecv([dist.P2POp(fn, c, peer)
+                                                 for fn, c, peer in ops[a:a + GROUP_MAX]]) or []
+            group = self._request(works)
             return [_Member(group, self._on_done(ch, i)) for ch, i, _ in items]
         per_item: list[list] = [[] for _ in items]
         for (fn, c, peer), k in zip(ops, owners, strict=True):
