@@ -26,7 +26,7 @@ Connections are not made here: a lazily connecting transport (NCCL) connected ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -76,8 +76,32 @@ class Handoff:
     idle_sleep: bool = False  # a rank with nothing to do sleeps between barrier tests
     name: str = ""
 
+    _layout: tuple | None = field(default=None, init=False, repr=False)
+
     def __call__(self) -> Stamp | None:
         return self.engine.run(self)
+
+    def layout(self) -> tuple:
+        """What every call of this handoff does, worked out once: the receiving links, the
+        sending links, the receives as (link, message) and as (channel, message), and the
+        steps: (layer, [(channel, message)], [(link, message)], packed links' messages)."""
+        if self._layout is None:
+            recv = [lk for lk in self.links if not lk.is_sender]
+            send = [lk for lk in self.links if lk.is_sender]
+            recv_msgs = [(lk, i) for lk in recv for i in range(lk.plan.n)]
+            layers = range(self.layers) if self.layers else [None]
+            steps = []
+            for layer in layers:
+                msgs = [(lk, i) for lk in send for i in (range(lk.plan.n) if layer is None
+                                                         else lk.plan.messages_for_layer(layer))]
+                packs = {}
+                for lk, i in msgs:
+                    if lk.plan.packed:
+                        packs.setdefault(id(lk), (lk, []))[1].append(i)
+                steps.append((layer, [(lk.channel, i) for lk, i in msgs], msgs,
+                              list(packs.values())))
+            self._layout = (recv, send, recv_msgs, [(lk.channel, i) for lk, i in recv_msgs], steps)
+        return self._layout
 
 
 @dataclass
@@ -133,25 +157,26 @@ class Engine:
         if not h.links and h.hook is None:
             barrier(self.comm, self.timeout_s, "handoff start", idle=h.idle_sleep)
             return None
+        recv, send, recv_msgs, recv_items, steps = h.layout()
         for lk in h.links:
             lk.channel.begin_handoff()
         deadline = now() + self.timeout_s
-        recv = [lk for lk in h.links if not lk.is_sender]
-        send = [lk for lk in h.links if lk.is_sender]
-        pending = self._post([(lk, i, None) for lk in recv for i in range(lk.plan.n)])
+        pending = self.transport.post_many(recv_items) if recv_items else []
         notes = [lk.notice.post_wait() for lk in send]
         barrier(self.comm, self.timeout_s, "handoff start")
-        t0 = now() if send or h.hook is not None else None
+        hook = h.hook
+        t0 = now() if send or hook is not None else None
         sends: list = []
-        self._inflight = []
-        for layer, msgs in self._steps(h, send):
-            if h.hook is not None:
-                h.hook(layer, self.poll)
-            ready = self._produce(msgs, h.hook is not None)
-            posted = [r for _, _, r in self._post([(lk, i, ready) for lk, i in msgs])]
-            sends += posted
-            self._inflight += posted
-        self._receive(pending, deadline)
+        self._inflight = sends if hook is not None else []
+        for layer, items, _msgs, packs in steps:
+            if hook is not None:
+                hook(layer, self.poll)
+            if not items:
+                continue
+            ready = self._produce(packs) if packs or hook is not None else None
+            sends += self.transport.post_many(items, ready)
+        if pending:
+            self._receive(recv_msgs, pending, deadline)
         t1 = None
         if recv:
             self._complete_on_device()  # unpack and staging copies landed: the KV is usable
@@ -171,48 +196,30 @@ class Engine:
         """Test the sends still in flight (a hook calls this between chunks of compute, the
         way an engine's progress thread drives a transport that only moves data when called).
         Costs O(in flight), not O(posted)."""
-        if self._inflight:
-            self._inflight = [r for r in self._inflight if not r.test()]
+        inflight = self._inflight
+        if inflight:
+            inflight[:] = [r for r in inflight if not r.test()]
 
-    def _steps(self, h: Handoff, send: list[Link]) -> Iterator[tuple[int | None, list]]:
-        if not h.layers:
-            yield None, [(lk, i) for lk in send for i in range(lk.plan.n)]
-            return
-        for layer in range(h.layers):
-            yield layer, [(lk, i) for lk in send for i in lk.plan.messages_for_layer(layer)]
-
-    def _produce(self, msgs: list, hooked: bool):
-        """Queue the packing of this step's messages; return the readiness event of everything
-        that produced them (None: nothing was produced since `settle`)."""
-        by_link: dict[int, tuple[Link, list[int]]] = {}
-        for lk, i in msgs:
-            if lk.plan.packed:
-                by_link.setdefault(id(lk), (lk, []))[1].append(i)
-        for lk, idx in by_link.values():
+    def _produce(self, packs: list):
+        """Queue the packing of a step's messages; return the readiness event of everything
+        that produced them (the packing, and whatever a hook queued before it)."""
+        for lk, idx in packs:
             if len(idx) == lk.plan.n:
                 self.device.run(lk.plan.pack)
             else:
                 for i in idx:
                     self.device.run(partial(lk.plan.pack, i))
-        if by_link or (hooked and msgs):
-            return self._readiness()
-        return None
+        return self._readiness()
 
-    def _post(self, items: list) -> list:
-        if not items:
-            return []
-        reqs = self.transport.post_many([(lk.channel, i, ready) for lk, i, ready in items])
-        return [(lk, i, r) for (lk, i, _), r in zip(items, reqs, strict=True)]
-
-    def _receive(self, pending: list, deadline: float) -> None:
+    def _receive(self, recv_msgs: list, pending: list, deadline: float) -> None:
         """Complete receives in posting order (per layer: decode could start layer by layer),
         queueing each packed message's unpack as soon as it is in."""
-        for k, (lk, i, req) in enumerate(pending):
+        for k, ((lk, i), req) in enumerate(zip(recv_msgs, pending, strict=True)):
             while not req.test():
                 if now() > deadline:
-                    left = len(pending) - k
                     raise TransferTimeout(f"receive did not complete before the --timeout "
-                                          f"({left} of {len(pending)} messages pending)")
+                                          f"({len(pending) - k} of {len(pending)} messages "
+                                          "pending)")
             if lk.plan.packed:
                 self.device.run(partial(lk.plan.unpack, i))
 

@@ -90,7 +90,7 @@ class LoopSettings:
     warmup: int = 2
     iters: int = 20
     min_iters: int = 5
-    seconds_per_point: float = 4.0  # adaptive: fewer iterations for very large payloads
+    seconds_per_point: float = 5.0  # adaptive: fewer iterations for very large payloads
 
 
 def choose_iters(settings: LoopSettings, warm_ms: float) -> int:

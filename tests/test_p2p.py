@@ -274,6 +274,11 @@ def test_sliding_window_and_mla_layouts():
 def test_raw_buffer_pattern():
     a, b = RawBuffer(1000), RawBuffer(1000)
     a.fill()
+    # the tiled fill (one 256-byte period copied) equals the per-byte definition, tail included
+    assert torch.equal(a.backing.view(torch.int8), a._expected(0, 1000))
+    a.backing.view(torch.int8)[999] += 1
+    assert a.count_wrong() == 1
+    a.fill()
     b.clear()
     assert b.count_wrong() > 900
     b.backing.copy_(a.backing)

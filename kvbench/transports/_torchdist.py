@@ -137,7 +137,7 @@ class _PolledRequest(Request):
 
 class TorchDistChannel(Channel):
     def post(self, i: int, ready=None) -> Request:
-        return self.transport.post_many([(self, i, ready)])[0]
+        return self.transport.post_many([(self, i)], ready)[0]
 
     def begin_handoff(self) -> None:
         self.transport.begin(self)
@@ -216,12 +216,12 @@ class TorchDistTransport(Transport):
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
         return TorchDistChannel(self, peer, buffers, is_sender, layer_of)
 
-    def post_many(self, items) -> list[Request]:
+    def post_many(self, items, ready=None) -> list[Request]:
         """Each item's buffer(s) posted with isend/irecv; with `batch_posts`, every item of
         the call in one batch_isend_irecv group (NCCL runs a group's sends and receives to
         several peers concurrently; separate calls would queue on one stream)."""
         ops, owners = [], []
-        for k, ((ch, _i, _ready), buf) in enumerate(zip(items, self.prepare_many(items), strict=True)):
+        for k, ((ch, _i), buf) in enumerate(zip(items, self.prepare_many(items, ready), strict=True)):
             fn = dist.isend if ch.is_sender else dist.irecv
             for c in self.split(buf):
                 ops.append((fn, c, ch.peer))
@@ -232,12 +232,12 @@ class TorchDistTransport(Transport):
                 works += dist.batch_isend_irecv([dist.P2POp(fn, c, peer)
                                                  for fn, c, peer in ops[a:a + GROUP_MAX]]) or []
             group = self._request(works)
-            return [_Member(group, self._on_done(ch, i)) for ch, i, _ in items]
+            return [_Member(group, self._on_done(ch, i)) for ch, i in items]
         per_item: list[list] = [[] for _ in items]
         for (fn, c, peer), k in zip(ops, owners, strict=True):
             per_item[k].append(fn(c, peer))
         return [self._request(works, self._on_done(ch, i))
-                for works, (ch, i, _) in zip(per_item, items, strict=True)]
+                for works, (ch, i) in zip(per_item, items, strict=True)]
 
     def _on_done(self, ch, i):
         return None if ch.is_sender else (lambda: self.finish_recv(ch, i))
@@ -248,14 +248,13 @@ class TorchDistTransport(Transport):
         return _WorkRequest(self.waiter, works, on_done)
 
     # hooks for host staging (gloo on GPU); identity by default
-    def prepare_many(self, items) -> list:
-        """The buffers to post for (channel, message, ready) items. Stream-ordered backends
-        (NCCL) need no host wait on `ready`: torch makes the communicator's stream wait for
-        the current stream at every post."""
-        if not self.stream_ordered:
-            for ready in {id(r): r for _, _, r in items if r is not None}.values():
-                ready.wait()
-        return [ch.buffers[i] for ch, i, _ in items]
+    def prepare_many(self, items, ready=None) -> list:
+        """The buffers to post for (channel, message) items. Stream-ordered backends (NCCL)
+        need no host wait on `ready`: torch makes the communicator's stream wait for the
+        current stream at every post."""
+        if ready is not None and not self.stream_ordered:
+            ready.wait()
+        return [ch.buffers[i] for ch, i in items]
 
     def finish_recv(self, ch: Channel, i: int) -> None:
         pass

@@ -145,11 +145,12 @@ class Transport(ABC):
         """A channel to `peer` over these buffers (both sides call it together). `layer_of`
         gives each message's layer (-1: all layers), for backends that group by layer."""
 
-    def post_many(self, items: Sequence[tuple[Channel, int, Any]]) -> list[Request]:
-        """Post several (channel, message, ready) at once, possibly to several peers; one
-        Request per item, in order. A backend that serialises separate posts (NCCL: one
-        stream per communicator) overrides this to post them as one group."""
-        return [ch.post(i, ready) for ch, i, ready in items]
+    def post_many(self, items: Sequence[tuple[Channel, int]], ready=None) -> list[Request]:
+        """Post several (channel, message) at once, possibly to several peers, all produced by
+        the step `ready` marks; one Request per item, in order. A backend that serialises
+        separate posts (NCCL: one stream per communicator) overrides this to post them as one
+        group."""
+        return [ch.post(i, ready) for ch, i in items]
 
     def spec_options(self) -> dict:
         """The options that change what this transport measures (scalars): written into

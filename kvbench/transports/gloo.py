@@ -24,14 +24,14 @@ class GlooTransport(TorchDistTransport):
             ch.staging = HostStaging(ch.buffers, dev, not dev.host_visible)
         return ch.staging
 
-    def prepare_many(self, items) -> list:
+    def prepare_many(self, items, ready=None) -> list:
         """Sends: each channel's messages staged together, one host wait per channel and step."""
         out: dict[int, object] = {}
         by_channel: dict[int, list[int]] = {}
-        for k, (ch, _i, _r) in enumerate(items):
+        for k, (ch, _i) in enumerate(items):
             by_channel.setdefault(id(ch), []).append(k)
         for ks in by_channel.values():
-            ch, ready = items[ks[0]][0], items[ks[-1]][2]
+            ch = items[ks[0]][0]
             st = self._staging(ch)
             bufs = (st.to_host_many([items[k][1] for k in ks], ready) if ch.is_sender
                     else [st.host[items[k][1]] for k in ks])

@@ -12,6 +12,7 @@ read the buffer (device-direct) or before the staging copy (host-staged).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from kvbench.transports import register
 from kvbench.transports.base import Channel, Request, Transport, TransportError
@@ -61,23 +62,24 @@ class MPIChannel(Channel):
         super().__init__(transport, peer, buffers, is_sender)
         self.staging = HostStaging(self.buffers, transport.ctx.dev, not transport.direct)
         self.comm = transport.comm
+        # what MPI is handed per message, made once (the buffers never move)
+        self.mpi_bufs = [[_buf(c) for c in chunks(h, _MAX_MSG)] for h in self.staging.host]
 
     def post(self, i: int, ready=None) -> Request:
         return self.post_many([i], ready)[0]
 
     def post_many(self, idx: list[int], ready=None) -> list[Request]:
         """Several messages of one step: staged together (one host wait), then posted."""
+        comm, peer = self.comm, self.peer
         if not self.is_sender:
-            return [self._recv(i) for i in idx]
-        return [_MPIRequest([self.comm.Isend(_buf(c), dest=self.peer, tag=_DATA_TAG)
-                             for c in chunks(host, _MAX_MSG)])
-                for host in self.staging.to_host_many(idx, ready)]
-
-    def _recv(self, i: int) -> Request:
-        host = self.staging.host[i]
-        reqs = [self.comm.Irecv(_buf(c), source=self.peer, tag=_DATA_TAG)
-                for c in chunks(host, _MAX_MSG)]
-        return _MPIRequest(reqs, (lambda: self.staging.to_device(i)) if self.staging.active else None)
+            done = self.staging.to_device if self.staging.active else None
+            return [_MPIRequest([comm.Irecv(b, source=peer, tag=_DATA_TAG)
+                                 for b in self.mpi_bufs[i]], done and partial(done, i))
+                    for i in idx]
+        if ready is not None or self.staging.active:
+            self.staging.to_host_many(idx, ready)
+        return [_MPIRequest([comm.Isend(b, dest=peer, tag=_DATA_TAG) for b in self.mpi_bufs[i]])
+                for i in idx]
 
     def begin_handoff(self) -> None:
         self.staging.begin()
@@ -126,16 +128,16 @@ class MPITransport(Transport):
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
         return MPIChannel(self, peer, buffers, is_sender)
 
-    def post_many(self, items) -> list[Request]:
-        """Consecutive items of one channel and one readiness event go out together."""
+    def post_many(self, items, ready=None) -> list[Request]:
+        """Consecutive items of one channel go out together (one staging wait)."""
         out: list[Request] = []
         k = 0
         while k < len(items):
-            ch, _, ready = items[k]
-            j = k
-            while j < len(items) and items[j][0] is ch and items[j][2] is ready:
+            ch = items[k][0]
+            j = k + 1
+            while j < len(items) and items[j][0] is ch:
                 j += 1
-            out += ch.post_many([i for _, i, _ in items[k:j]], ready)
+            out += ch.post_many([i for _, i in items[k:j]], ready)
             k = j
         return out
 

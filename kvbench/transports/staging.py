@@ -74,4 +74,6 @@ class HostStaging:
 def chunks(t: torch.Tensor, max_bytes: int) -> list[torch.Tensor]:
     """Split a flat byte tensor into pieces no larger than max_bytes (count limits)."""
     n = t.numel()
-    return [t[a:min(a + max_bytes, n)] for a in range(0, n, max_bytes)] or [t]
+    if n <= max_bytes:
+        return [t]
+    return [t[a:min(a + max_bytes, n)] for a in range(0, n, max_bytes)]
