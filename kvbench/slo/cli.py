@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, parse_positive_floats, run_main
@@ -98,6 +98,8 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--deployment", required=True, help="deployment name for every record")
     c.add_argument("--offered-rate", type=float, help="offered rate in requests/s (default: the file's request_rate)")
     c.add_argument("--index", type=int, help="which result of an --append-result file")
+    c.add_argument("--cache-state", metavar="STATE",
+                   help="the plan's cache state this run was made under (e.g. cold, warm)")
     c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
 
     s = sub.add_parser("synth", help="write synthetic records with known answers (no GPU needed)",
@@ -136,7 +138,8 @@ def _criteria_from_flags(args) -> Criteria:
 
 
 def _check_against_plan(records, plan: Plan) -> list[dict]:
-    """Records must name the plan's deployments and rates; returns the plan's untested cells."""
+    """Records must name the plan's deployments, rates and cache states; returns untested runs."""
+    states = plan.cache_states
     tested = set()
     for r in records:
         if r.deployment not in plan.deployments:
@@ -146,9 +149,17 @@ def _check_against_plan(records, plan: Plan) -> list[dict]:
         if not match:
             raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
                              f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")
-        tested.add((r.deployment, match[0]))
-    return [{"deployment": d, "offered_rate_rps": x} for d in plan.deployments
-            for x in plan.offered_rates_rps if (d, x) not in tested]
+        state = r.cache_state
+        if state is None and len(states) > 1:
+            raise UsageError(f"{r.where}: the plan runs every rate once per cache state "
+                             f"({', '.join(states)}): the record must say which (cache_state; "
+                             "convert-vllm --cache-state)")
+        if state is not None and state not in states:
+            raise UsageError(f"{r.where}: cache state {state!r} is not in the plan's cache_state "
+                             f"({', '.join(states)})")
+        tested.add((state or states[0], r.deployment, match[0]))
+    return [{"cache_state": c, "deployment": d, "offered_rate_rps": x} for c, d, x in plan.runs()
+            if (c, d, x) not in tested]
 
 
 def cmd_analyze(args, argv) -> int:
@@ -205,9 +216,13 @@ def cmd_convert(args) -> int:
         raise UsageError("--deployment must not be empty")
     if args.offered_rate is not None and not args.offered_rate > 0:
         raise UsageError(f"--offered-rate must be positive, got {args.offered_rate:g}")
+    if args.cache_state is not None and not args.cache_state.strip():
+        raise UsageError("--cache-state must not be empty")
     if args.out and Path(args.out).exists():
         raise UsageError(f"refusing to overwrite existing file {args.out}")
     rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
+    if args.cache_state is not None:
+        rows = [{**r, "cache_state": args.cache_state} for r in rows]
     text = dumps_jsonl(rows)
     counts: dict[str, int] = {}
     for r in rows:
@@ -230,16 +245,19 @@ def cmd_synth(args) -> int:
     if args.kind == "cohort":
         records = synth.cohort()
     else:
+        states: tuple = (None,)
         if args.plan:
             plan = load_plan(args.plan)
             rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
                                        plan.criteria.warmup_requests)
+            states = plan.cache_states if len(plan.cache_states) > 1 else (None,)
         else:
             rates, duration, warmup = (parse_positive_floats(args.rates, "--rates"), args.duration_s,
                                        args.warmup_requests)
         if not duration > 0 or warmup < 0:
             raise UsageError("--duration-s must be positive and --warmup-requests not negative")
-        records = synth.sweep(rates, duration, warmup, args.seed)
+        records = [replace(r, cache_state=state) for i, state in enumerate(states)
+                   for r in synth.sweep(rates, duration, warmup, args.seed + i)]
     write_new_file(Path(args.out), dumps_jsonl(record_to_json(r, {"synthetic": True}) for r in records))
     print(f"{args.out}: {len(records)} synthetic records ({args.kind})")
     return 0

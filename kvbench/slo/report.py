@@ -16,6 +16,10 @@ def _pcts(s: dict) -> str:
     return f"p50 {_f(s['p50_ms'])}  p95 {_f(s['p95_ms'])}  p99 {_f(s['p99_ms'])}  max {_f(s['max_ms'])}"
 
 
+def _state(row: dict) -> str:
+    return f" [{row['cache_state']}]" if row.get("cache_state") else ""
+
+
 _QUEUE_WORD = {True: "growing", False: "stable", None: "not judged"}
 
 
@@ -58,7 +62,7 @@ def format_table(r: dict) -> str:
                  f"{_f(lag['max_ms'], '.2f')} ms" if lag else "send lag not known (no scheduled times)")
         missed = ", ".join(f"{k} {v}" for k, v in c["missed_limit"].items())
         lines += [
-            f"{g['deployment']} @ {g['offered_rate_rps']:g} rps: {verdict}",
+            f"{g['deployment']}{_state(g)} @ {g['offered_rate_rps']:g} rps: {verdict}",
             f"  requests     {c['records']} records: {c['warmup_excluded']} warm-up excluded, "
             f"{c['offered_after_warmup']} offered after warm-up = {c['ok']} ok + {c['error']} error + "
             f"{c['rejected']} rejected + {c['timeout']} timeout",
@@ -86,7 +90,9 @@ def format_table(r: dict) -> str:
     lines.append("capacity:")
     lines += [f"  {cap['text']}" for cap in r["capacity"]]
     for u in r.get("untested", []):
-        lines.append(f"  untested: {u['deployment']} @ {u['offered_rate_rps']:g} rps (in the plan, no records)")
+        state = f" [{u['cache_state']}]" if u.get("cache_state") else ""
+        lines.append(f"  untested: {u['deployment']}{state} @ {u['offered_rate_rps']:g} rps "
+                     "(in the plan, no records)")
     lines.append(f"verdict: {r['verdict']['text']}")
     return "\n".join(lines)
 
@@ -101,7 +107,7 @@ def format_markdown(r: dict) -> str:
         c, lat, a = g["counts"], g["latency_ms"], g["attainment"]
         result = "PASS" if g["passed"] else "FAIL: " + ", ".join(g["failed_gates"])
         lines.append(
-            f"| {g['deployment']} | {g['offered_rate_rps']:g} | {c['offered_after_warmup']} | {c['ok']} | "
+            f"| {g['deployment']}{_state(g)} | {g['offered_rate_rps']:g} | {c['offered_after_warmup']} | {c['ok']} | "
             f"{c['error']}/{c['rejected']}/{c['timeout']} | {_f(lat['ttft']['p95_ms'])} | "
             f"{_f(lat['tpot']['p95_ms'])} | {_f(lat['itl_per_chunk']['p99_ms'])} | "
             f"{_f(lat['max_itl_per_request']['p99_ms'])} | {_f(a['of_successful_pct'])} | "
@@ -111,7 +117,7 @@ def format_markdown(r: dict) -> str:
     lines += ["", "| deployment | SLO-compliant capacity rps | first failing rps | failed gates |",
               "|---|---|---|---|"]
     for cap in r["capacity"]:
-        lines.append(f"| {cap['deployment']} | {_f(cap['capacity_rps'], 'g', 'none')} | "
+        lines.append(f"| {cap['deployment']}{_state(cap)} | {_f(cap['capacity_rps'], 'g', 'none')} | "
                      f"{_f(cap['first_failing_rate_rps'], 'g', 'none')} | "
                      f"{', '.join(cap['first_failing_gates']) or '-'} |")
     lines += ["", f"**Verdict:** {r['verdict']['text']}", "",
