@@ -47,7 +47,72 @@ def _criteria_line(r: dict) -> str:
             f"warm-up {c['warmup_requests']} requests")
 
 
+def _ms(x) -> str:
+    return _f(x, ".3f")
+
+
+def _transfer_lines(kv: dict | None) -> list[str]:
+    if kv is None:
+        return ["    KV transfer  no KV-transfer metrics in this role's samples"]
+    if kv["source"] == "sampled_gauge":
+        return [f"    KV transfer  {kv['metric']}: {kv['samples']} scrape samples, median "
+                f"{_ms(kv['median_ms'])} ms, max {_ms(kv['max_ms'])} ms ({kv['note']})"]
+    t = kv["total"]
+    out = [f"    KV transfer  {_f(t['transfers'], '.0f')} transfers, {_f(t['bytes'], ',.0f')} B, mean "
+           f"{_f(t['mean_bytes'], ',.0f')} B and {_ms(t['mean_ms'])} ms; p50/p90/p99 {_ms(t['p50_ms'])}/"
+           f"{_ms(t['p90_ms'])}/{_ms(t['p99_ms'])} ms (bucket-interpolated); observed "
+           f"{_f(t['observed_gb_s'], '.4g')} GB/s" + (f"; {kv['resets_skipped']} counter reset(s) skipped"
+                                                     if kv["resets_skipped"] else "")]
+    shown = kv["windows"][:12]
+    for w in shown:
+        out.append(f"      {w['from_s']:7.1f}-{w['to_s']:7.1f} s  {_f(w['transfers'], '5.0f')} transfers  "
+                   f"mean {_f(w['mean_bytes'], ',.0f')} B  {_ms(w['mean_ms'])} ms  p50 {_ms(w['p50_ms'])}  "
+                   f"p90 {_ms(w['p90_ms'])}  p99 {_ms(w['p99_ms'])} ms")
+    if len(kv["windows"]) > len(shown):
+        out.append(f"      ... {len(kv['windows']) - len(shown)} more windows in the JSON report")
+    m = kv.get("model")
+    if m:
+        out.append(f"    vs model     {m['link']}: setup {_f(m['setup_ms'], '.4g')} ms + {m['effective_gb_s']:.4g} GB/s "
+                   f"-> {_ms(m['predicted_mean_ms'])} ms for the mean transfer; engine observed "
+                   f"{_ms(m['observed_mean_ms'])} ms = {_f(m['observed_over_predicted'], '.3f')} x the model")
+    return out
+
+
+def _trend(t: dict) -> str:
+    if t["growing"] is None:
+        return f"not judged ({t['reason']})"
+    return t["reason"]
+
+
+def format_engine_metrics(r: dict) -> list[str]:
+    lines: list[str] = []
+    for e in r.get("engine_metrics") or []:
+        lab = ", ".join(f"{k} {v}" for k, v in e["labels"].items() if v is not None)
+        lines.append(f"engine metrics {e['file']}" + (f" ({lab})" if lab else "")
+                     + ("; INTERRUPTED scrape" if e["interrupted"] else "")
+                     + ("" if e["complete"] else "; no end line: the scrape did not finish"))
+        for role in e["roles"]:
+            gaps = role["gaps"]
+            gap_s = (f"; {sum(g['count'] for g in gaps)} failed scrape(s) in {len(gaps)} gap(s), first "
+                     f"at {gaps[0]['from_s']:.1f} s: {gaps[0]['error']}" if gaps else "")
+            lines.append(f"  {role['role']} ({role['engine'] or 'unknown engine'}): {role['scrapes']} scrapes{gap_s}")
+            lines.append(f"    queue        {role['metrics']['waiting'] or '-'}: {_trend(role['queue'])}")
+            lines.append(f"    running      {role['metrics']['running'] or '-'}: {_trend(role['running'])}")
+            fails = role["xfer_failures"]
+            exp = role["kv_expired"]
+            rej = role["rejected"]
+            lines.append(f"    failures     transfers failed +{_f(fails and fails['increase'], '.0f')}, KV expired "
+                         f"+{_f(exp and exp['increase'], '.0f')}, rejected +{_f(rej and rej['increase'], '.0f')}")
+            lines += _transfer_lines(role["kv_transfer"])
+            lines += [f"    note         {n}" for n in role.get("notes", [])]
+        lines.append("")
+    lines += [f"note: {n}" for n in r.get("notes") or []]
+    return lines
+
+
 def format_table(r: dict) -> str:
+    if "groups" not in r:  # engine metrics only
+        return "\n".join(format_engine_metrics(r)).rstrip()
     files = ", ".join(r["inputs"]["records"])
     lines = [f"kvbench slo: {r['records_total']} records from {files}"
              + (f"; plan {r['inputs']['plan']}" if r["inputs"]["plan"] else ""),
@@ -94,10 +159,15 @@ def format_table(r: dict) -> str:
         lines.append(f"  untested: {u['deployment']}{state} @ {u['offered_rate_rps']:g} rps "
                      "(in the plan, no records)")
     lines.append(f"verdict: {r['verdict']['text']}")
-    return "\n".join(lines)
+    engine = format_engine_metrics(r)
+    return "\n".join(lines + ([""] + engine if engine else [])).rstrip()
 
 
 def format_markdown(r: dict) -> str:
+    engine = format_engine_metrics(r)
+    engine_md = ["", "```", *engine, "```"] if engine else []
+    if "groups" not in r:
+        return "\n".join(engine_md).strip()
     head = ("| deployment | offered rps | offered | ok | err/rej/t-o | TTFT p95 ms | TPOT p95 ms | "
             "ITL p99 ms | max ITL p99 ms | attain. % of successful | attain. % of all | error % | "
             "goodput rps | queue | result |")
@@ -122,7 +192,7 @@ def format_markdown(r: dict) -> str:
                      f"{', '.join(cap['first_failing_gates']) or '-'} |")
     lines += ["", f"**Verdict:** {r['verdict']['text']}", "",
               f"Percentiles: {r['method']['percentiles']}."]
-    return "\n".join(lines)
+    return "\n".join(lines + engine_md)
 
 
 def render_plot(r: dict, fmt: str) -> bytes:
