@@ -60,7 +60,7 @@ def _transfer_lines(kv: dict | None) -> list[str]:
     t = kv["total"]
     out = [f"    KV transfer  {_f(t['transfers'], '.0f')} transfers, {_f(t['bytes'], ',.0f')} B, mean "
            f"{_f(t['mean_bytes'], ',.0f')} B and {_ms(t['mean_ms'])} ms; p50/p90/p99 {_ms(t['p50_ms'])}/"
-           f"{_ms(t['p90_ms'])}/{_ms(t['p99_ms'])} ms (bucket-interpolated); observed "
+           f"{_ms(t['p90_ms'])}/{_ms(t['p99_ms'])} ms (bucket-interpolated; '-': too few transfers); observed "
            f"{_f(t['observed_gb_s'], '.4g')} GB/s" + (f"; {kv['resets_skipped']} counter reset(s) skipped"
                                                      if kv["resets_skipped"] else "")]
     shown = kv["windows"][:12]
@@ -76,6 +76,10 @@ def _transfer_lines(kv: dict | None) -> list[str]:
                    f"-> {_ms(m['predicted_mean_ms'])} ms for the mean transfer; engine observed "
                    f"{_ms(m['observed_mean_ms'])} ms = {_f(m['observed_over_predicted'], '.3f')} x the model")
     return out
+
+
+def _inc(counter: dict | None) -> str:
+    return "n/a (not exported)" if counter is None else f"+{counter['increase']:.0f}"
 
 
 def _trend(t: dict) -> str:
@@ -101,8 +105,8 @@ def format_engine_metrics(r: dict) -> list[str]:
             fails = role["xfer_failures"]
             exp = role["kv_expired"]
             rej = role["rejected"]
-            lines.append(f"    failures     transfers failed +{_f(fails and fails['increase'], '.0f')}, KV expired "
-                         f"+{_f(exp and exp['increase'], '.0f')}, rejected +{_f(rej and rej['increase'], '.0f')}")
+            lines.append(f"    failures     transfers failed {_inc(fails)}, KV expired {_inc(exp)}, "
+                         f"rejected {_inc(rej)}")
             lines += _transfer_lines(role["kv_transfer"])
             lines += [f"    note         {n}" for n in role.get("notes", [])]
         lines.append("")
