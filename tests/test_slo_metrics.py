@@ -209,7 +209,7 @@ def test_a_hung_endpoint_costs_one_timeout_per_scrape_not_the_run(tmp_path, caps
     rows = lines_of(out)
     assert rc == 0, err
     assert [r["kind"] for r in rows[1:-1]] == ["gap"] * 6
-    assert rows[-1]["t_s"] < 3.0  # six timeouts of 0.2 s, not six hangs
+    assert rows[-1]["t_s"] < 10.0  # six timeouts of 0.2 s each (about 1.2 s), not a hang
 
 
 def test_histogram_quantile_is_promqls_rule():
