@@ -484,12 +484,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "route":
         return route_main(argv[1:])
+    if argv and argv[0] == "export":  # kvbench/export.py: the fit in planning tools' words
+        from kvbench.export import main as export_main
+
+        return export_main(argv[1:])
     return plan_main(argv)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    prog = "kvbench plan route" if argv[:1] == ["route"] else "kvbench plan"
+    prog = {"route": "kvbench plan route", "export": "kvbench plan export"}.get(argv[0] if argv else "",
+                                                                                "kvbench plan")
     return run_main(prog, main, argv)
 
 

@@ -332,7 +332,7 @@ def small_plan(tmp_path, **changes) -> str:
 
     plan = yaml.safe_load((ROOT / "examples" / "pd-benchmark-plan.yaml").read_text())
     plan["comparison"].update(offered_rates_rps=[2, 4], warmup_requests=4, duration_seconds=10,
-                              output_tokens_minimum_for_tpot=8)
+                              output_tokens_minimum_for_tpot=8, cache_state="cold")
     for key, value in changes.items():
         plan["comparison"][key] = value
     path = tmp_path / "plan.yaml"
@@ -352,7 +352,8 @@ def test_analysis_driven_by_a_plan(tmp_path):
     assert out["inputs"]["plan"] == plan
     assert out["equal_budget"]["total_gpus"] == 8 and out["equal_budget"]["gpus"] == \
         {"aggregated": 8, "disaggregated": 8}
-    assert out["untested"] == [{"deployment": "disaggregated", "offered_rate_rps": 4.0}]
+    assert out["untested"] == [{"cache_state": "cold", "deployment": "disaggregated",
+                                "offered_rate_rps": 4.0}]
     for g in out["groups"]:
         assert g["counts"]["warmup_excluded"] == 4
         # the last request (2 rps), the last two (4 rps) finish after the declared 10 s
@@ -376,6 +377,40 @@ def test_records_must_match_the_plan(tmp_path, capsys, mutate, message):
     rc, out, err = slo_inproc(capsys, "analyze", f, "--plan", plan)
     assert rc == 2 and out == ""
     assert err.strip() == f"kvbench slo: error: {f}:7: {message}"
+
+
+@pytest.mark.parametrize("state, message", [
+    (None, "the plan runs every rate once per cache state (cold, warm): the record must say which "
+           "(cache_state; convert-vllm --cache-state)"),
+    ("lukewarm", "cache state 'lukewarm' is not in the plan's cache_state (cold, warm)"),
+])
+def test_records_must_carry_one_of_the_plans_cache_states(tmp_path, capsys, state, message):
+    plan = small_plan(tmp_path, cache_state=["cold", "warm"])
+    rows = [{**req(i, rate=2.0), "cache_state": "cold"} for i in range(10)]
+    rows[6]["cache_state"] = state
+    if state is None:
+        del rows[6]["cache_state"]
+    f = write_jsonl(tmp_path / "p.jsonl", rows)
+    rc, out, err = slo_inproc(capsys, "analyze", f, "--plan", plan)
+    assert rc == 2 and err.strip() == f"kvbench slo: error: {f}:7: {message}"
+
+
+def test_each_cache_state_is_its_own_run_with_its_own_capacity(tmp_path):
+    plan = small_plan(tmp_path, cache_state=["cold", "warm"])
+    rows = []
+    for state, slow in (("cold", 9000.0), ("warm", 300.0)):  # cold misses TTFT after warm-up
+        for rate in (2.0, 4.0):
+            n = 4 + int(10 * rate)
+            rows += [{**req(i, rate=rate, ttft=slow if i >= 4 else 300.0), "cache_state": state}
+                     for i in range(n)]
+    f = write_jsonl(tmp_path / "p.jsonl", rows)
+    out = slo_json(f, "--plan", plan)
+    assert [(g["cache_state"], g["offered_rate_rps"], g["passed"]) for g in out["groups"]] == \
+        [("cold", 2.0, False), ("cold", 4.0, False), ("warm", 2.0, True), ("warm", 4.0, True)]
+    assert [(c["cache_state"], c["status"]) for c in out["capacity"]] == \
+        [("cold", "below_lowest"), ("warm", "not_reached")]
+    assert len(out["untested"]) == 4 and {u["deployment"] for u in out["untested"]} == {"disaggregated"}
+    assert [v["cache_state"] for v in out["verdicts"]] == ["cold", "warm"]
 
 
 def test_limit_flags_conflict_with_a_plan(tmp_path, capsys):

@@ -157,3 +157,12 @@ def test_not_json_and_never_overwrite(tmp_path, capsys):
     existing.write_text("keep")
     rc, _, err = convert_inproc(capsys, src, "--deployment", "a", "--out", str(existing))
     assert rc == 2 and "refusing to overwrite existing file" in err and existing.read_text() == "keep"
+
+
+def test_cache_state_is_written_into_every_record(tmp_path, capsys):
+    src = write(tmp_path / "r.json", vllm_result())
+    rc, out, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", "warm")
+    assert rc == 0, err
+    assert {json.loads(x)["cache_state"] for x in out.splitlines()} == {"warm"}
+    rc, _, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", " ")
+    assert rc == 2 and "--cache-state must not be empty" in err

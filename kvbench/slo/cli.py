@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, parse_positive_floats, run_main
 from kvbench.results import write_new_file
 from kvbench.slo import synth
+from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
+from kvbench.slo.engines import ENGINES, all_known_families, load_mapping
 from kvbench.slo.gates import (
     DEFAULT_SEND_LAG_P99_MAX_MS,
     DENOMINATORS,
@@ -22,6 +24,7 @@ from kvbench.slo.gates import (
 from kvbench.slo.plan import Plan, load_plan
 from kvbench.slo.records import dumps_jsonl, load_records, record_to_json
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
+from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 from kvbench.slo.vllm import convert_vllm
 
 SCHEMA_REPORT = "kvbench.slo.report/1"
@@ -34,6 +37,9 @@ examples:
   kvbench slo synth cohort --out cohort.jsonl
   kvbench slo analyze cohort.jsonl --ttft-max-ms 2000 --tpot-max-ms 50 \\
       --denominator all_offered_after_warmup --attainment-min 0.95
+  kvbench slo scrape prefill=http://127.0.0.1:18011/metrics decode=http://127.0.0.1:18012/metrics \\
+      --interval 1 --duration 120 --out run.metrics.jsonl
+  kvbench slo analyze disagg-4.jsonl --plan PLAN.yaml --metrics run.metrics.jsonl --fit link.fit.json
 
 Record format, every output field and the vLLM/AIPerf name mapping: docs/slo.md
 """
@@ -65,7 +71,8 @@ def build_parser() -> ArgumentParser:
     a = sub.add_parser("analyze", help="analyze per-request records (JSONL)", prog="kvbench slo analyze",
                        description="Per deployment and offered rate: latency percentiles, attainment of "
                                    "successful and of all offered requests, gates; then capacity and verdict.")
-    a.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
+    a.add_argument("records", nargs="*", metavar="RECORDS.jsonl",
+                   help="per-request records (may be left out when --metrics is given)")
     a.add_argument("--plan", metavar="PLAN.yaml", help="take limits, gates, warm-up and window from a plan")
     a.add_argument("--ttft-max-ms", type=float, help="per-request TTFT limit in ms")
     a.add_argument("--tpot-max-ms", type=float, help="per-request TPOT limit in ms")
@@ -83,6 +90,17 @@ def build_parser() -> ArgumentParser:
     a.add_argument("--no-queue-check", action="store_true", help="do not gate on queue stability")
     a.add_argument("--send-lag-max-ms", type=float, default=DEFAULT_SEND_LAG_P99_MAX_MS,
                    help=f"gate: P99 client send lag in ms (default {DEFAULT_SEND_LAG_P99_MAX_MS:g})")
+    m = a.add_argument_group("engine metrics (from kvbench slo scrape)")
+    m.add_argument("--metrics", action="append", metavar="SCRAPE.jsonl", default=[],
+                   help="queue trends and KV-transfer distribution per role (repeatable)")
+    m.add_argument("--metrics-window-s", type=float, default=10.0,
+                   help="KV-transfer statistics per window of this many seconds (default 10)")
+    m.add_argument("--metrics-map", metavar="MAP.yaml", help="metric names of an engine kvbench does "
+                   "not know (docs/slo.md)")
+    m.add_argument("--fit", metavar="FITTED.json", help="kvbench fit output: show the fitted handoff "
+                   "model beside the engine's observed transfers")
+    m.add_argument("--where", action="append", metavar="KEY=VALUE",
+                   help="with --fit: pick the fit group (repeatable)")
     a.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     a.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (never overwrites)")
     a.add_argument("--plot", metavar="FILE", help="plot attainment and latency percentiles against "
@@ -98,7 +116,27 @@ def build_parser() -> ArgumentParser:
     c.add_argument("--deployment", required=True, help="deployment name for every record")
     c.add_argument("--offered-rate", type=float, help="offered rate in requests/s (default: the file's request_rate)")
     c.add_argument("--index", type=int, help="which result of an --append-result file")
+    c.add_argument("--cache-state", metavar="STATE",
+                   help="the plan's cache state this run was made under (e.g. cold, warm)")
     c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
+
+    sc = sub.add_parser("scrape", help="record timestamped samples of engines' Prometheus /metrics",
+                        prog="kvbench slo scrape",
+                        description="Fetch every endpoint each --interval seconds for --duration seconds; "
+                                    "parse with prometheus-client;\nan endpoint that fails is recorded as "
+                                    "a gap and the run goes on. Output: docs/slo.md.")
+    sc.add_argument("endpoints", nargs="+", metavar="ROLE=URL",
+                    help="e.g. prefill=http://127.0.0.1:18011/metrics decode=http://127.0.0.1:18012/metrics")
+    sc.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    sc.add_argument("--duration", type=float, required=True, help="seconds to scrape")
+    sc.add_argument("--out", required=True, metavar="FILE.jsonl", help="never overwritten")
+    sc.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
+                    help="whose metric names to keep (default auto: every known engine's)")
+    sc.add_argument("--metrics-map", metavar="MAP.yaml", help="also keep this mapping file's metrics")
+    sc.add_argument("--all-metrics", action="store_true", help="keep every sample, not only those kvbench reads")
+    sc.add_argument("--deployment", help="label: the deployment scraped")
+    sc.add_argument("--offered-rate", type=float, help="label: the offered rate in requests/s")
+    sc.add_argument("--cache-state", help="label: the plan's cache state of this run")
 
     s = sub.add_parser("synth", help="write synthetic records with known answers (no GPU needed)",
                        prog="kvbench slo synth")
@@ -136,7 +174,8 @@ def _criteria_from_flags(args) -> Criteria:
 
 
 def _check_against_plan(records, plan: Plan) -> list[dict]:
-    """Records must name the plan's deployments and rates; returns the plan's untested cells."""
+    """Records must name the plan's deployments, rates and cache states; returns untested runs."""
+    states = plan.cache_states
     tested = set()
     for r in records:
         if r.deployment not in plan.deployments:
@@ -146,38 +185,93 @@ def _check_against_plan(records, plan: Plan) -> list[dict]:
         if not match:
             raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
                              f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")
-        tested.add((r.deployment, match[0]))
-    return [{"deployment": d, "offered_rate_rps": x} for d in plan.deployments
-            for x in plan.offered_rates_rps if (d, x) not in tested]
+        state = r.cache_state
+        if state is None and len(states) > 1:
+            raise UsageError(f"{r.where}: the plan runs every rate once per cache state "
+                             f"({', '.join(states)}): the record must say which (cache_state; "
+                             "convert-vllm --cache-state)")
+        if state is not None and state not in states:
+            raise UsageError(f"{r.where}: cache state {state!r} is not in the plan's cache_state "
+                             f"({', '.join(states)})")
+        tested.add((state or states[0], r.deployment, match[0]))
+    return [{"cache_state": c, "deployment": d, "offered_rate_rps": x} for c, d, x in plan.runs()
+            if (c, d, x) not in tested]
+
+
+def _client_report(args, plan: Plan | None) -> dict:
+    """The per-request part of the report (criteria, groups, capacity, verdict)."""
+    if plan:
+        criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
+    else:
+        criteria = _criteria_from_flags(args)
+    records = load_records(args.records)
+    untested = _check_against_plan(records, plan) if plan else []
+    budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
+              else "equal budget not checked (no --plan)")
+    return {"criteria": asdict(criteria),
+            "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
+                             if plan else None),
+            "untested": untested,
+            **analyze(records, criteria, budget)}
+
+
+def _fit_link(args):
+    """The one fitted link to compare the engine's transfers with (through kvbench.plan.Link)."""
+    if not args.fit:
+        if args.where:
+            raise UsageError("--where selects a group of a --fit file")
+        return None
+    from kvbench.fit import parse_where
+    from kvbench.plan import links_from_fit
+
+    links = links_from_fit(args.fit, parse_where(args.where))
+    if len(links) > 1:
+        raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
+                         f"({'; '.join(link.label for link in links)})")
+    return links[0]
+
+
+def _engine_report(args, plan: Plan | None) -> tuple[list[dict] | None, list[str]]:
+    """Engine-metrics analyses (one per scrape file) and notes about what the plan asked for."""
+    notes = []
+    wanted = [g for g in ("scheduler", "kv_transfer") if plan and g in plan.metrics]
+    if wanted and not args.metrics:
+        notes.append(f"the plan asks for {' and '.join(wanted)} metrics: record them with "
+                     "`kvbench slo scrape` and pass --metrics FILE")
+    if not args.metrics:
+        if args.fit or args.metrics_map:
+            raise UsageError("--fit and --metrics-map apply to --metrics files")
+        return None, notes
+    if not (args.metrics_window_s > 0 and args.metrics_window_s < float("inf")):
+        raise UsageError(f"--metrics-window-s must be a positive number, got {args.metrics_window_s:g}")
+    mapping = load_mapping(args.metrics_map)[1] if args.metrics_map else None
+    link = _fit_link(args)
+    return [analyze_scrape(load_scrape(f), mapping, args.metrics_window_s, link) for f in args.metrics], notes
 
 
 def cmd_analyze(args, argv) -> int:
+    if not args.records and not args.metrics:
+        raise UsageError("give request records (RECORDS.jsonl), --metrics SCRAPE.jsonl, or both")
     if args.plan:
         given = [f"--{n.replace('_', '-')}" for n in _PLAN_FLAGS if getattr(args, n) not in (None, False)]
         if given:
             raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
                              "warm-up and window")
-        plan = load_plan(args.plan)
-        criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
-    else:
-        plan, criteria = None, _criteria_from_flags(args)
+    plan = load_plan(args.plan) if args.plan else None
     if not args.send_lag_max_ms > 0:
         raise UsageError(f"--send-lag-max-ms must be positive, got {args.send_lag_max_ms:g}")
     for target in (args.out, args.plot):  # refuse before the work, not after it
         if target and Path(target).exists():
             raise UsageError(f"refusing to overwrite existing file {target}")
+    if args.plot and not args.records:
+        raise UsageError("--plot draws the per-request analysis: give RECORDS.jsonl")
     fmt = plot_format(Path(args.plot)) if args.plot else None
-    records = load_records(args.records)
-    untested = _check_against_plan(records, plan) if plan else []
-    budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
-              else "equal budget not checked (no --plan)")
+    engine, notes = _engine_report(args, plan)
     report = {"schema": SCHEMA_REPORT, "command": ["kvbench", "slo", *argv],
-              "inputs": {"records": list(args.records), "plan": args.plan},
-              "criteria": asdict(criteria),
-              "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
-                               if plan else None),
-              "untested": untested,
-              **analyze(records, criteria, budget)}
+              "inputs": {"records": list(args.records), "plan": args.plan, "metrics": list(args.metrics),
+                         "fit": args.fit},
+              **(_client_report(args, plan) if args.records else {}),
+              "engine_metrics": engine, "notes": notes}
     text = json.dumps(report, indent=2, allow_nan=False)
     if args.plot:
         data = render_plot(report, fmt)  # fails cleanly without matplotlib, before anything is written
@@ -194,6 +288,44 @@ def cmd_analyze(args, argv) -> int:
     return 0
 
 
+def cmd_scrape(args, argv) -> int:
+    endpoints = [parse_endpoint(e) for e in args.endpoints]
+    roles = [e.role for e in endpoints]
+    dup = next((r for r in roles if roles.count(r) > 1), None)
+    if dup:
+        raise UsageError(f"role {dup!r} given twice: name each endpoint's role once "
+                         "(e.g. aggregated-0=URL aggregated-1=URL)")
+    for name, v in (("--interval", args.interval), ("--duration", args.duration)):
+        if not 0 < v < float("inf"):
+            raise UsageError(f"{name} must be a positive number of seconds, got {v:g}")
+    if args.interval < 0.05 or args.duration / args.interval > 1e6:
+        raise UsageError("--interval must be >= 0.05 s and --duration / --interval <= 1e6 scrapes")
+    if args.offered_rate is not None and not 0 < args.offered_rate < float("inf"):
+        raise UsageError(f"--offered-rate must be positive, got {args.offered_rate:g}")
+    if Path(args.out).exists():
+        raise UsageError(f"refusing to overwrite existing file {args.out}")
+    families = set(all_known_families() if args.engine == "auto" else
+                   {m.name for m in ENGINES[args.engine].values()})
+    if args.metrics_map:
+        families |= {m.name for m in load_mapping(args.metrics_map)[1].values()}
+
+    def keep(name: str) -> bool:
+        return args.all_metrics or family_of(name, families) is not None
+
+    from importlib.metadata import version
+
+    header = {"command": ["kvbench", "slo", *argv], "endpoints": [vars(e) for e in endpoints],
+              "interval_s": args.interval, "duration_s": args.duration, "engine": args.engine,
+              "deployment": args.deployment, "offered_rate_rps": args.offered_rate,
+              "cache_state": args.cache_state, "kept": "all" if args.all_metrics else sorted(families),
+              "parser": f"prometheus-client {version('prometheus-client')}"}
+    end = run_scrape(endpoints, args.interval, args.duration, Path(args.out), keep, header)
+    note = " (interrupted)" if end["interrupted"] else ""
+    print(f"{args.out}: {end['scrapes']} scrapes, {end['gaps']} gaps, {len(endpoints)} endpoint(s) "
+          f"over {end['t_s']:.1f} s{note}")
+    return 130 if end["interrupted"] else 0
+
+
 def cmd_validate(args) -> int:
     plan = load_plan(args.plan)
     print(f"{args.plan}: valid plan; {plan.summary()}")
@@ -205,9 +337,13 @@ def cmd_convert(args) -> int:
         raise UsageError("--deployment must not be empty")
     if args.offered_rate is not None and not args.offered_rate > 0:
         raise UsageError(f"--offered-rate must be positive, got {args.offered_rate:g}")
+    if args.cache_state is not None and not args.cache_state.strip():
+        raise UsageError("--cache-state must not be empty")
     if args.out and Path(args.out).exists():
         raise UsageError(f"refusing to overwrite existing file {args.out}")
     rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
+    if args.cache_state is not None:
+        rows = [{**r, "cache_state": args.cache_state} for r in rows]
     text = dumps_jsonl(rows)
     counts: dict[str, int] = {}
     for r in rows:
@@ -230,16 +366,19 @@ def cmd_synth(args) -> int:
     if args.kind == "cohort":
         records = synth.cohort()
     else:
+        states: tuple = (None,)
         if args.plan:
             plan = load_plan(args.plan)
             rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
                                        plan.criteria.warmup_requests)
+            states = plan.cache_states if len(plan.cache_states) > 1 else (None,)
         else:
             rates, duration, warmup = (parse_positive_floats(args.rates, "--rates"), args.duration_s,
                                        args.warmup_requests)
         if not duration > 0 or warmup < 0:
             raise UsageError("--duration-s must be positive and --warmup-requests not negative")
-        records = synth.sweep(rates, duration, warmup, args.seed)
+        records = [replace(r, cache_state=state) for i, state in enumerate(states)
+                   for r in synth.sweep(rates, duration, warmup, args.seed + i)]
     write_new_file(Path(args.out), dumps_jsonl(record_to_json(r, {"synthetic": True}) for r in records))
     print(f"{args.out}: {len(records)} synthetic records ({args.kind})")
     return 0
@@ -258,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_validate(args)
     if args.command == "convert-vllm":
         return cmd_convert(args)
+    if args.command == "scrape":
+        return cmd_scrape(args, argv)
     return cmd_synth(args)
 
 

@@ -27,6 +27,13 @@ DENOMINATORS = {
     "all_offered_after_warmup": "every request offered after warm-up: ok, error, rejected and timeout",
     "successful": "requests that completed with status ok after warm-up",
 }
+# the tutorial's wording (pd-benchmark-plan.yaml) of the same two choices
+NUMERATOR_SYNONYMS = {
+    "successful_requests_meeting_all_three_latency_conditions": "requests_meeting_all_limits",
+}
+DENOMINATOR_SYNONYMS = {
+    "all_offered_requests_after_warmup_including_rejections_and_timeouts": "all_offered_after_warmup",
+}
 
 # Queue stability: a stable queue completes what is offered and does not drift upward.
 ACHIEVED_MIN_FRACTION = 0.95  # achieved_rps >= 0.95 x offered_rps
@@ -101,6 +108,7 @@ class GroupReport:
     error_rate_pct: float | None
     queue: dict
     gates: list[Gate] = field(default_factory=list)
+    cache_state: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -316,13 +324,14 @@ def analyze_group(group: Sequence[RequestRecord], c: Criteria) -> GroupReport:
                           f"P99 send lag {p99:.2f} ms vs maximum {c.send_lag_p99_max_ms:g} ms "
                           "(a client behind its schedule did not offer the rate it claims)"))
     return GroupReport(dep, rate, counts, client, window, throughput, latency, attainment,
-                       error_rate, queue, gates)
+                       error_rate, queue, gates, group[0].cache_state)
 
 
-def group_records(records: Sequence[RequestRecord]) -> dict[tuple[str, float], list[RequestRecord]]:
-    groups: dict[tuple[str, float], list[RequestRecord]] = defaultdict(list)
+def group_records(records: Sequence[RequestRecord]) -> dict[tuple[str, str, float], list[RequestRecord]]:
+    """One group per (cache state, deployment, offered rate); no state sorts as ''."""
+    groups: dict[tuple[str, str, float], list[RequestRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.deployment, r.offered_rate_rps)].append(r)
+        groups[(r.cache_state or "", r.deployment, r.offered_rate_rps)].append(r)
     return dict(sorted(groups.items()))
 
 
@@ -339,9 +348,11 @@ class Capacity:
     passed_above_first_failure_rps: list[float]
     status: str  # "bounded", "not_reached" (every rate passed), "below_lowest" (the lowest failed)
     text: str = ""
+    cache_state: str | None = None
 
 
-def capacity_for(deployment: str, reports: Sequence[GroupReport]) -> Capacity:
+def capacity_for(deployment: str, reports: Sequence[GroupReport], cache_state: str | None = None) -> Capacity:
+    name = deployment if cache_state is None else f"{deployment} [{cache_state}]"
     reports = sorted(reports, key=lambda g: g.offered_rate_rps)
     cap, first = None, None
     for g in reports:
@@ -354,21 +365,21 @@ def capacity_for(deployment: str, reports: Sequence[GroupReport]) -> Capacity:
     rates = [g.offered_rate_rps for g in reports]
     if first is None:
         status = "not_reached"
-        text = f"{deployment}: passes every tested rate up to {cap:g} rps (capacity not reached; test higher rates)"
+        text = f"{name}: passes every tested rate up to {cap:g} rps (capacity not reached; test higher rates)"
     elif cap is None:
         status = "below_lowest"
-        text = (f"{deployment}: fails already at the lowest tested rate {first.offered_rate_rps:g} rps "
+        text = (f"{name}: fails already at the lowest tested rate {first.offered_rate_rps:g} rps "
                 f"({', '.join(first.failed_gates)})")
     else:
         status = "bounded"
-        text = (f"{deployment}: SLO-compliant capacity {cap:g} rps; first failing rate "
+        text = (f"{name}: SLO-compliant capacity {cap:g} rps; first failing rate "
                 f"{first.offered_rate_rps:g} rps ({', '.join(first.failed_gates)})")
     if above:
         text += (f"; note: {', '.join(f'{r:g}' for r in above)} rps passed above the first failure, "
                  "so the sweep is not monotonic (re-test before trusting it)")
     highest = max((g.offered_rate_rps for g in reports if g.passed), default=None)
     return Capacity(deployment, rates, cap, first.offered_rate_rps if first else None,
-                    first.failed_gates if first else [], highest, above, status, text)
+                    first.failed_gates if first else [], highest, above, status, text, cache_state)
 
 
 def verdict(caps: Sequence[Capacity], budget_note: str) -> dict:
@@ -407,21 +418,35 @@ def verdict(caps: Sequence[Capacity], budget_note: str) -> dict:
 
 
 def analyze(records: Sequence[RequestRecord], c: Criteria, budget_note: str) -> dict:
-    """The whole report: groups, capacity per deployment, verdict, and how it was computed."""
+    """The whole report: groups, capacity per deployment (and cache state), verdict, method."""
     reports = [analyze_group(g, c) for g in group_records(records).values()]
-    by_dep: dict[str, list[GroupReport]] = defaultdict(list)
+    by_state: dict[str | None, dict[str, list[GroupReport]]] = defaultdict(lambda: defaultdict(list))
     for g in reports:
-        by_dep[g.deployment].append(g)
-    caps = [capacity_for(d, gs) for d, gs in by_dep.items()]
+        by_state[g.cache_state][g.deployment].append(g)
+    caps, verdicts = [], []
+    for state, by_dep in by_state.items():
+        state_caps = [capacity_for(d, gs, state) for d, gs in by_dep.items()]
+        caps += state_caps
+        verdicts.append({"cache_state": state, **verdict(state_caps, budget_note)})
     counted = sum(g.counts["warmup_excluded"] + g.counts["offered_after_warmup"] for g in reports)
     assert counted == len(records), "every record must be counted exactly once"
     return {
         "records_total": len(records),
         "groups": [g.to_json() for g in reports],
         "capacity": [asdict(cap) for cap in caps],
-        "verdict": verdict(caps, budget_note),
+        "verdict": _overall(verdicts),
+        "verdicts": verdicts,
         "method": method_notes(c),
     }
+
+
+def _overall(verdicts: list[dict]) -> dict:
+    """One verdict; with several cache states, a winner only when every state agrees."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    winners = {v["winner"] for v in verdicts}
+    return {"cache_state": None, "winner": winners.pop() if len(winners) == 1 else None,
+            "text": "; ".join(f"[{v['cache_state']}] {v['text']}" for v in verdicts)}
 
 
 def method_notes(c: Criteria) -> dict:

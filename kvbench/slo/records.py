@@ -27,7 +27,7 @@ STATUSES = ("ok", "error", "rejected", "timeout")
 _REQUIRED = ("schema", "request_id", "deployment", "offered_rate_rps", "actual_send_ms",
              "output_tokens", "status")
 _OPTIONAL = ("scheduled_send_ms", "first_token_ms", "chunk_times_ms", "chunk_tokens", "end_ms",
-             "input_tokens", "error", "meta")
+             "input_tokens", "error", "meta", "cache_state")
 _KNOWN = set(_REQUIRED) | set(_OPTIONAL)
 
 
@@ -47,6 +47,7 @@ class RequestRecord:
     end_ms: float | None = None  # when the client saw the final outcome (defaults to the last chunk)
     input_tokens: int | None = None
     error: str | None = None
+    cache_state: str | None = None  # the plan's cache state this run was made under
     where: str = ""  # FILE:LINE, for messages
 
     @property
@@ -171,16 +172,20 @@ def parse_record(rec: object, where: str) -> RequestRecord:
         raise UsageError(f"{where}: error must be a string")
     if "meta" in rec and not isinstance(rec["meta"], dict):
         raise UsageError(f"{where}: meta must be an object")
+    state = rec.get("cache_state")
+    if state is not None and (not isinstance(state, str) or not state.strip()):
+        raise UsageError(f"{where}: cache_state must be a non-empty string")
     return RequestRecord(
         request_id=str(rid), deployment=dep, offered_rate_rps=rate, actual_send_ms=send,
         status=status, output_tokens=out_tokens, scheduled_send_ms=sched, chunk_times_ms=chunks,
-        chunk_tokens=counts, end_ms=end, input_tokens=in_tokens, error=err, where=where)
+        chunk_tokens=counts, end_ms=end, input_tokens=in_tokens, error=err, cache_state=state,
+        where=where)
 
 
 def load_records(paths: Iterable[str | Path]) -> list[RequestRecord]:
     """Read JSONL files of request records; any bad line stops the run with FILE:LINE."""
     out: list[RequestRecord] = []
-    seen: dict[tuple[str, float, str], str] = {}
+    seen: dict[tuple, str] = {}
     for path in paths:
         p = Path(path)
         text = read_text(p)
@@ -193,10 +198,11 @@ def load_records(paths: Iterable[str | Path]) -> list[RequestRecord]:
             except json.JSONDecodeError as exc:
                 raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
             rec = parse_record(raw, where)
-            key = (rec.deployment, rec.offered_rate_rps, rec.request_id)
+            key = (rec.cache_state, rec.deployment, rec.offered_rate_rps, rec.request_id)
             if key in seen:
                 raise UsageError(f"{where}: duplicate request_id {rec.request_id!r} for "
-                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps (first at {seen[key]})")
+                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps"
+                                 f"{_state_note(rec.cache_state)} (first at {seen[key]})")
             seen[key] = where
             out.append(rec)
     if not out:
@@ -218,9 +224,15 @@ def record_to_json(rec: RequestRecord, meta: dict | None = None) -> dict:
         out["input_tokens"] = rec.input_tokens
     if rec.error:
         out["error"] = rec.error
+    if rec.cache_state is not None:
+        out["cache_state"] = rec.cache_state
     if meta:
         out["meta"] = meta
     return out
+
+
+def _state_note(state: str | None) -> str:
+    return "" if state is None else f", cache state {state}"
 
 
 def dumps_jsonl(rows: Iterable[dict]) -> str:
