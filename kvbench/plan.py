@@ -301,29 +301,35 @@ def _p99_text(r: dict) -> str:
     return _f(r["measured_p99_ms"], ".4f")
 
 
+def _plan_row_line(r: dict) -> str:
+    setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
+    return (f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {r['effective_gb_s']:>9.4g} "
+            f"{setup:>9} {r['bandwidth_floor_ms']:>12.4f} {r['handoff_floor_ms']:>11.4f} "
+            f"{_band_text(r['handoff_floor_ms_band95']):>19} "
+            f"{'ok' if r['within_budget'] else 'OVER':>7} "
+            f"{_f(r['measured_p50_ms'], '.4f'):>9} {_p99_text(r):>9} "
+            f"{_f(r['measured_n'], 'd'):>5}")
+
+
 def format_plan_table(doc: dict) -> str:
+    """One block per link; a note every row of a link shares is printed once under its header."""
     lines = [f"kvbench plan: {doc['model']} {doc['dtype']}, budget {doc['budget_ms']:g} ms; "
              "handoff_floor_ms = setup_ms + bandwidth_floor_ms (a lower bound); 95% band from "
              "the fit's joint draws"]
-    last = None
+    by_link: dict[str, list[dict]] = {}
     for r in doc["rows"]:
-        if r["link"] != last:
-            last = r["link"]
-            lines.append("")
-            lines.append(f"link: {r['link']}" + (f"  [fit warnings: {', '.join(r['fit_warnings'])}]"
-                                                 if r["fit_warnings"] else ""))
-            lines.append(f"  {'tokens':>7} {'KV bytes':>15} {'GB/s':>9} {'setup ms':>9} "
-                         f"{'bw floor ms':>12} {'handoff ms':>11} {'95% band ms':>19} "
-                         f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
-        setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
-        lines.append(f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {r['effective_gb_s']:>9.4g} "
-                     f"{setup:>9} {r['bandwidth_floor_ms']:>12.4f} {r['handoff_floor_ms']:>11.4f} "
-                     f"{_band_text(r['handoff_floor_ms_band95']):>19} "
-                     f"{'ok' if r['within_budget'] else 'OVER':>7} "
-                     f"{_f(r['measured_p50_ms'], '.4f'):>9} {_p99_text(r):>9} "
-                     f"{_f(r['measured_n'], 'd'):>5}")
-        for n in r["notes"]:
-            lines.append(f"      note: {n}")
+        by_link.setdefault(r["link"], []).append(r)
+    for link, rows in by_link.items():
+        common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows)]
+        warn = rows[0]["fit_warnings"]
+        lines += ["", f"link: {link}" + (f"  [fit warnings: {', '.join(warn)}]" if warn else "")]
+        lines += [f"  note: {n}" for n in common]
+        lines.append(f"  {'tokens':>7} {'KV bytes':>15} {'GB/s':>9} {'setup ms':>9} "
+                     f"{'bw floor ms':>12} {'handoff ms':>11} {'95% band ms':>19} "
+                     f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
+        for r in rows:
+            lines.append(_plan_row_line(r))
+            lines += [f"      note: {n}" for n in r["notes"] if n not in common]
     return "\n".join(lines)
 
 
