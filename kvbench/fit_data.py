@@ -118,7 +118,7 @@ def not_link_reason(rec: dict) -> str | None:
         return None
     pattern, variant = rec.get("pattern"), rec.get("variant")
     if pattern == "layerwise" and variant not in LAYERWISE_LINK_VARIANTS:
-        what = "the overlapped handoff" if variant is None else f"variant '{variant}'"
+        what = "overlapped handoff" if variant is None else f"variant '{variant}'"
         return f"layerwise {what} includes the sender's compute"
     if pattern == "sharded" and variant == "isolated":
         return ("sharded isolated: bytes summed over edges, time a maximum over edges run "
