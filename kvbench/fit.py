@@ -50,6 +50,7 @@ SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
 POOR_FIT_REL = 0.10  # a size's median more than 10% (and 3 SE) off the line
 POOR_FIT_SE = 3.0
 LACK_OF_FIT_P = 0.01
+LACK_OF_FIT_MIN_REL = 0.005  # ... and a scatter beyond sampling of at least 0.5% of a median
 DRAW_DIGITS = 6
 
 
@@ -291,7 +292,7 @@ def lof_warnings(line: LineFit, rows: list[dict]) -> list[dict]:
     if lof is None:
         return [_warn("lack_of_fit_untestable", "two sizes: a line always passes through two "
                       "medians, so a bad fit cannot be seen; measure at least four sizes")]
-    if lof.p_value >= LACK_OF_FIT_P:
+    if lof.p_value >= LACK_OF_FIT_P or lof.size_scatter_rel < LACK_OF_FIT_MIN_REL:
         return []
     worst = max(rows, key=lambda r: abs(r["residual_rel"] or 0))
     return [_warn("lack_of_fit",

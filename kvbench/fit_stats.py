@@ -201,7 +201,8 @@ class ResidualSpace:
         u, sv, _ = np.linalg.svd(self.M)
         self.Z = u[:, : K - 2]  # orthonormal basis of the residual space (rank K - 2)
         self.c = self.Z.T @ (self.M @ med)
-        ridge = 1e-9 * float(np.mean(np.diag(S))) * np.eye(K)
+        # a ridge keeps A invertible when the medians do not vary at all (identical samples)
+        ridge = (1e-9 * float(np.mean(np.diag(S))) + 1e-24 * float(np.mean(med**2))) * np.eye(K)
         self.A = self.Z.T @ self.M @ (S + ridge) @ self.M.T @ self.Z
         self.B = self.Z.T @ self.M @ np.diag(med**2) @ self.M.T @ self.Z
         self.df = K - 2
