@@ -81,13 +81,17 @@ class Link:
         part = tr[regime]
         return (regime, part) if part.get("effective_gb_s") else ("single", None)
 
-    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str]]:
-        """The link cost for this payload: the right regime, setup never negative."""
+    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str], list | None,
+                                                  list | None]:
+        """The link cost for this payload: the right regime, setup never negative; with that
+        regime's setup and rate intervals (marginal: for a band use `band`)."""
         notes: list[str] = []
         rate, setup = self.effective_gb_s, self.setup_ms
+        s_ci, r_ci = self.setup_ci95, self.rate_ci95
         regime, part = self._regime(kv_bytes)
         if part is not None:
             rate, setup = part["effective_gb_s"], part["setup_ms"]
+            s_ci, r_ci = part.get("setup_ms_ci95"), part.get("effective_gb_s_ci95")
             notes.append(f"two regimes: used the {regime}-message fit "
                          f"(break near {self.two_regimes['break_bytes']:,} B)")
         if setup is not None and setup < 0:
@@ -101,7 +105,7 @@ class Link:
             if kv_bytes > hi or kv_bytes < lo:
                 notes.append(f"payload outside the measured sizes ({lo:,} .. {hi:,} B): "
                              "extrapolated")
-        return LinkCost(rate, setup, self.includes_setup), regime, notes
+        return LinkCost(rate, setup, self.includes_setup), regime, notes, s_ci, r_ci
 
     def band(self, kv_bytes: int) -> list[float] | None:
         """95% band of the handoff floor at this payload from the fit's joint draws of
@@ -257,7 +261,7 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> l
     for link in links:
         for sz in sizings:
             kv = sz.kv_bytes
-            cost, regime, notes = link.for_payload(kv)
+            cost, regime, notes, _, _ = link.for_payload(kv)
             band = link.band(kv) if link.source == "fit" else None
             if link.source == "fit" and band is None:
                 notes = notes + [f"no band: {link.no_band}"]
@@ -485,7 +489,7 @@ def route_main(argv: Sequence[str]) -> int:
     decisions, crossings = [], []
     for link in links:
         for sz in sizings:
-            cost, regime, notes = link.for_payload(sz.kv_bytes)
+            cost, regime, notes, _, _ = link.for_payload(sz.kv_bytes)
             d = decide(sz.tokens, sz.kv_bytes, model.layers, cost, interf(sz.tokens), p95,
                        target, args.handoff).to_dict()
             d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
