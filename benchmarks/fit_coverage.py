@@ -62,6 +62,11 @@ def widths(method, trials: int, **kw) -> float:
     return float(np.median(out)) if out else float("nan")
 
 
+def _width(method, trials: int, kw: dict) -> str:
+    w = widths(method, trials, **kw)
+    return "-" if np.isnan(w) else f"{100 * w:.1f}%"
+
+
 def _cell(res: dict) -> str:
     if not res["with_interval"]:
         return "no interval"
@@ -83,9 +88,8 @@ def main(argv=None) -> int:
     for name, kw in SCENARIOS[:2] if args.quick else SCENARIOS:
         a = coverage(new, trials=args.trials, **kw)
         b = coverage(per_sample_bootstrap, trials=args.trials, **kw)
-        print(f"| {name} | {_cell(a)} | {100 * widths(new, args.trials, **kw):.1f}% | "
-              f"{_cell(b)} | {100 * widths(per_sample_bootstrap, args.trials, **kw):.1f}% |",
-              flush=True)
+        print(f"| {name} | {_cell(a)} | {_width(new, args.trials, kw)} | "
+              f"{_cell(b)} | {_width(per_sample_bootstrap, args.trials, kw)} |", flush=True)
     print(f"({time.monotonic() - t0:.0f} s)")
     for rounds in (20, 40):
         print(lack_of_fit_false_alarms(args.trials, rounds))
