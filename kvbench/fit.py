@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench import linkpath
 from kvbench.cli import ArgumentParser, UsageError, run_main
 from kvbench.results import SCHEMA_P2P, load_records, utc_stamp, write_new_file
 from kvbench.units import GB, fmt_bytes
@@ -578,7 +579,7 @@ def group_records(records: list[dict]) -> tuple[list[str], dict[tuple, list[dict
 
 def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
                 n_boot: int = 1000, seed: int = 0,
-                line_rate: float | None = None) -> list[GroupFit]:
+                line_rate: float | None = None, expect_link: str | None = None) -> list[GroupFit]:
     keys, groups = group_records(records)
     where = where or {}
     unknown = [k for k in where if k not in keys]
@@ -590,6 +591,9 @@ def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
         if not matches(group, where):
             continue
         fits.append(fit_group(group, recs, n_boot, seed, line_rate))
+        mismatch = linkpath.mismatch(recs, expect_link) if expect_link else None
+        if mismatch:  # the path the transport reported is not the declared link
+            fits[-1].record["warnings"].append(_warn("link_mismatch", mismatch))
     if not fits:
         labels = "; ".join(group_label(dict(zip(keys, gk, strict=True))) for gk in groups)
         raise UsageError(f"no group matches --where {' '.join(f'{k}={v}' for k, v in where.items())}"
@@ -700,6 +704,9 @@ def build_parser() -> ArgumentParser:
                    "line and band, and GB/s vs size (needs matplotlib: the 'plot' extra)")
     p.add_argument("--line-rate-gbps", metavar="GB/s", help="declared line rate in decimal GB/s; "
                    "a fitted rate above it is flagged as a measurement bug")
+    p.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
+                   help="the link the bytes should take (nvlink, rdma, tcp, ...): warn "
+                   "(link_mismatch) when the path a transport reported says otherwise")
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="fit only groups whose KEY equals VALUE (repeatable; lists as a,b)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
@@ -744,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         raise UsageError(f"no records in {', '.join(inputs)}")
     fits = fit_records(records, where=where, n_boot=args.bootstrap, seed=args.seed,
-                       line_rate=line_rate)
+                       line_rate=line_rate, expect_link=args.expect_link)
     doc = fit_document(fits, inputs, args.bootstrap, args.seed, line_rate)
     png = None
     if plot is not None:
