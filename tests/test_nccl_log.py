@@ -141,7 +141,7 @@ def test_fit_flags_a_group_whose_path_is_not_the_expected_link(tmp_path):
     # Planted fault: the "NVLink" job whose bytes NCCL sent over TCP sockets.
     run = write_run(tmp_path, "nccl", "NET/Socket/0 (eth0:10.0.0.2<0>)")
     r = run_cli("kvbench.fit", str(run), "--out", str(tmp_path / "f.json"), "--expect-link", "nvlink",
-                "--bootstrap", "50")
+                "--bootstrap", "100")
     assert r.returncode == 0, r.stderr
     msgs = link_warnings(json.loads((tmp_path / "f.json").read_text()))
     assert len(msgs) == 1 and "expected the bytes on nvlink" in msgs[0] and "NET/Socket/0" in msgs[0]
@@ -152,7 +152,7 @@ def test_fit_is_quiet_when_the_path_is_the_expected_link_or_none_is_declared(tmp
     run = write_run(tmp_path, "nccl", "NET/Socket/0 (eth0:10.0.0.2<0>)")
     for i, extra in enumerate((["--expect-link", "tcp"], [])):
         out = tmp_path / f"f{i}.json"
-        r = run_cli("kvbench.fit", str(run), "--out", str(out), "--bootstrap", "50", *extra)
+        r = run_cli("kvbench.fit", str(run), "--out", str(out), "--bootstrap", "100", *extra)
         assert r.returncode == 0, r.stderr
         assert link_warnings(json.loads(out.read_text())) == []
 

@@ -172,6 +172,13 @@ def test_tcp_job_ran_its_steps_under_srun_with_gloo(jobs):
     assert "-m kvbench.fit" in steps[2] and "--expect-link tcp" in steps[2]
 
 
+def test_rdma_job_fit_skips_the_layerwise_totals_instead_of_aborting(jobs):
+    job, _ = jobs["rdma_cpu"]
+    log = job.log.read_text()
+    assert "pattern sequential,layerwise" in log.replace("--", "")
+    assert "skipped" in log and "compute" in log  # the fit names the groups it left out
+
+
 def test_sharded_job_ran_four_ranks_over_two_nodes_under_mpirun(jobs):
     job, _ = jobs["sharded"]
     rec = json.loads(next(run_folder(job).glob("*.jsonl")).read_text().splitlines()[0])
