@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench import linkpath
 from kvbench.cli import ArgumentParser, UsageError, run_main
 from kvbench.fit_data import Collected, Group, collect, group_not_link, group_records
 from kvbench.fit_regimes import TwoRegimes, find_two_regimes
@@ -370,7 +371,8 @@ def _check_where(groups: list[Group], where: dict[str, str]) -> list[Group]:
 
 def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
                 n_boot: int = 1000, seed: int = 0,
-                line_rate: float | None = None) -> tuple[list[GroupFit], list[dict]]:
+                line_rate: float | None = None,
+                expect_link: str | None = None) -> tuple[list[GroupFit], list[dict]]:
     """Fit every link group; return the fits and the groups skipped as not a link."""
     chosen = _check_where(group_records(records), where or {})
     fits, skipped = [], []
@@ -381,6 +383,9 @@ def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
                             "reason": why, "n_records": len(g.records)})
             continue
         fits.append(fit_group(g, n_boot, seed, line_rate))
+        mismatch = linkpath.mismatch(g.records, expect_link) if expect_link else None
+        if mismatch:  # the path the transport reported is not the declared link
+            fits[-1].record["warnings"].append(_warn("link_mismatch", mismatch))
     if not fits:
         raise UsageError("nothing to fit: no group is a link (" + "; ".join(
             f"[{s['label']}]: {s['reason']}" for s in skipped) + ")")
@@ -544,6 +549,9 @@ def build_parser() -> ArgumentParser:
                    "line and band, and GB/s vs size (needs matplotlib: the 'plot' extra)")
     p.add_argument("--line-rate-gbps", metavar="GB/s", help="declared line rate in decimal GB/s; "
                    "a fitted rate above it is flagged as a measurement bug")
+    p.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
+                   help="the link the bytes should take (nvlink, rdma, tcp, ...): warn "
+                   "(link_mismatch) when the path a transport reported says otherwise")
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="fit only groups whose KEY equals VALUE (repeatable; lists as a,b)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
@@ -598,7 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         raise UsageError(f"no records in {', '.join(inputs)}")
     fits, skipped = fit_records(records, where=where, n_boot=args.bootstrap, seed=args.seed,
-                                line_rate=line_rate)
+                                line_rate=line_rate, expect_link=args.expect_link)
     doc = fit_document(fits, skipped, inputs, args.bootstrap, args.seed, line_rate)
     png = None
     if plot is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvbench import patterns, transports
 from kvbench.cli import EXIT_USAGE, ArgumentParser, UsageError, parse_positive_ints
+from kvbench.gpu_select import select_local_gpu
 from kvbench.harness import LoopResult, LoopSettings, Progress, notice_latency_ms
 from kvbench.model import PRESETS, get_dtype, resolve_model
 from kvbench.patterns.base import PatternContext, Point
@@ -87,6 +88,9 @@ def build_parser(rank: int = 0) -> ArgumentParser:
                           + ", ".join(f"{n} ({c.description})" for n, c in transports.available().items()))
     how.add_argument("--pattern", default="sequential",
                      help="comma-separated handoff patterns: " + ", ".join(patterns.available()))
+    how.add_argument("--allow-shared-gpu", action="store_true",
+                     help="let two ranks of a node use one GPU (refused by default: a handoff "
+                          "inside one device measures no link)")
     how.add_argument("--granularity", choices=("whole", "layer", "block"), default="whole",
                      help="one packed message, one per layer tensor, or one per paged block")
     timing = p.add_argument_group("timing")
@@ -221,21 +225,6 @@ def mem_available_bytes() -> int | None:
     return None
 
 
-def select_local_gpu(comm) -> int:
-    """One GPU per rank on a node: the rank's index among the ranks sharing its host.
-
-    Without this every rank would use GPU 0 and an 'NVLink' run would be a copy within
-    one device. Works for mpirun and srun alike (no launcher variables needed)."""
-    import torch
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    index = local.Get_rank() % torch.cuda.device_count()
-    local.Free()
-    torch.cuda.set_device(index)
-    return index
-
-
 def agree(comm, error: str | None) -> str | None:
     """Every rank learns the first error any rank hit, so all can exit together."""
     errors = comm.allgather(error)
@@ -309,8 +298,13 @@ def run(argv: Sequence[str] | None, comm) -> int:
             print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     hosts = comm.allgather(os.uname().nodename)
-    if device == "cuda":
-        select_local_gpu(comm)
+    gpus = None
+    if device == "cuda":  # one GPU per rank, by node-local rank; refuses two ranks on one GPU
+        gpus, error = select_local_gpu(comm, args.allow_shared_gpu)
+        if error:
+            if rank == 0:
+                print(f"{PROG}: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
     settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
     progress = Progress(enabled=rank == 0 and not args.quiet)
     tctx = TransportContext(comm, device, args.timeout, args, hosts)
@@ -356,6 +350,7 @@ def run(argv: Sequence[str] | None, comm) -> int:
         "block_size": args.block_size if args.layout == "paged" else None,
         "world_size": world,
         "hosts": hosts,
+        "gpus": gpus,
         "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
         "transport_open_ms": open_ms,
         **transport.record_fields(),
