@@ -7,6 +7,7 @@ never replaced.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
@@ -168,6 +169,33 @@ def _unlink_all(paths: Sequence[Path]) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def new_file_stream(path: str | Path):
+    """A text file written over time (e.g. a scrape) that appears at path only when complete.
+
+    Yields a handle on a temp file beside path; on a clean exit the temp is synced and
+    linked to path (refusing an existing file); on any exit the temp is removed.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)
+        _fsync_dir(path.parent)
+    except FileExistsError:
+        raise UsageError(f"refusing to overwrite existing file {path}") from None
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    finally:
+        _unlink_all([Path(tmp)])
 
 
 def write_new_file(path: Path, content: str | bytes) -> Path:

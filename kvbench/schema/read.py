@@ -151,22 +151,36 @@ def _unique_pairs(pairs: list) -> dict:
     return d
 
 
-def loads(text: str, where: str, *, finite: bool = True, max_depth: int = MAX_DEPTH):
-    """Parse one JSON document within the limits; any problem is one UsageError line.
-
-    finite=False keeps NaN/Infinity (for other tools' files, e.g. vLLM's, whose unread
-    fields may hold them); the typed model then refuses them in every field kvbench reads.
-    """
-    multiline = "\n" in text.rstrip("\n")  # a JSON Lines line already names its line
-    check_depth(text, where, max_depth)
+def _decoder(text: str, finite: bool) -> json.JSONDecoder:
     hooks: dict = {"object_pairs_hook": _unique_pairs}
     if finite:
         hooks["parse_constant"] = _refuse_constant
     if _SUSPECT.search(text):  # a careful (slower) parse only when a number may be extreme
         hooks["parse_int"] = _careful_int
         hooks["parse_float"] = _finite_float if finite else _keep_float
+    return json.JSONDecoder(**hooks)
+
+
+def loads(text: str, where: str, *, finite: bool = True, max_depth: int = MAX_DEPTH):
+    """Parse one JSON document within the limits; any problem is one UsageError line.
+
+    finite=False keeps NaN/Infinity (for other tools' files, e.g. vLLM's, whose unread
+    fields may hold them); the typed model then refuses them in every field kvbench reads.
+    """
+    return _parse(text, where, finite, max_depth, many=False)
+
+
+def loads_many(text: str, where: str, *, finite: bool = True, max_depth: int = MAX_DEPTH) -> list:
+    """Several JSON documents back to back (what `vllm bench serve --append-result` writes)."""
+    return _parse(text, where, finite, max_depth, many=True)
+
+
+def _parse(text: str, where: str, finite: bool, max_depth: int, many: bool):
+    multiline = "\n" in text.rstrip("\n")  # a JSON Lines line already names its line
+    check_depth(text, where, max_depth)
+    dec = _decoder(text, finite)
     try:
-        return json.loads(text, **hooks)
+        return _documents(dec, text) if many else dec.decode(text)
     except _Refused as exc:
         line = _line_of(text, exc.needle, exc.nth) if multiline else None
         raise UsageError(f"{_at(where, line)}: {exc}") from None
@@ -175,6 +189,17 @@ def loads(text: str, where: str, *, finite: bool = True, max_depth: int = MAX_DE
         raise UsageError(f"{_at(where, line)}: not valid JSON ({exc.msg})") from None
     except RecursionError:  # only if max_depth was set above what the interpreter allows
         raise UsageError(f"{where}: JSON nested too deeply") from None
+
+
+def _documents(dec: json.JSONDecoder, text: str) -> list:
+    docs, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i >= n:
+            return docs
+        doc, i = dec.raw_decode(text, i)
+        docs.append(doc)
 
 
 def load_json(path: str | Path, limit: int, what: str = "JSON file", *, finite: bool = True,

@@ -107,10 +107,14 @@ def _expected(err: dict) -> str:
         return _EXPECTED[err["type"]]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    return msg.replace("Input should be", "must be").replace("Input should have", "must have")
+    msg = msg.replace("Input should be", "must be").replace("Input should have", "must have")
+    for words, sign in (("greater than or equal to", ">="), ("less than or equal to", "<="),
+                        ("greater than", ">"), ("less than", "<")):
+        msg = msg.replace(words, sign)
+    return msg
 
 
-def one_line(exc: ValidationError, where: str, prefix: str = "") -> str:
+def one_line(exc: ValidationError, where: str, prefix: str = "", unknown_hint: str = "") -> str:
     """The first problem as WHERE: PATH: EXPECTED, got VALUE (+N more)."""
     errors = exc.errors(include_url=False)
     err = errors[0]
@@ -120,8 +124,10 @@ def one_line(exc: ValidationError, where: str, prefix: str = "") -> str:
     head = f"{where}: {path}: " if path else f"{where}: "
     if err["type"] == "kvbench":
         text = head + err["msg"]
-    elif err["type"] in ("missing", "extra_forbidden"):
+    elif err["type"] == "missing":
         text = head + _expected(err)
+    elif err["type"] == "extra_forbidden":
+        text = head + _expected(err) + unknown_hint
     else:
         text = f"{head}{_expected(err)}, got {show(err['input'])}"
     if len(errors) > 1:
@@ -132,12 +138,12 @@ def one_line(exc: ValidationError, where: str, prefix: str = "") -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse(model: type[M], data: object, where: str, prefix: str = "") -> M:
+def parse(model: type[M], data: object, where: str, prefix: str = "", unknown_hint: str = "") -> M:
     """Validate decoded data into model; any problem is one UsageError line."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(one_line(exc, where, prefix)) from None
+        raise UsageError(one_line(exc, where, prefix, unknown_hint)) from None
 
 
 _ADAPTERS: dict = {}
