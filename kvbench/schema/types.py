@@ -105,6 +105,11 @@ def _expected(err: dict) -> str:
     msg = err["msg"]
     if err["type"] in _EXPECTED:
         return _EXPECTED[err["type"]]
+    ctx = err.get("ctx") or {}
+    if err["type"] == "too_short":
+        return f"must have at least {ctx.get('min_length')} entries"
+    if err["type"] == "too_long":
+        return f"must have at most {ctx.get('max_length')} entries"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     msg = msg.replace("Input should be", "must be").replace("Input should have", "must have")
