@@ -29,7 +29,7 @@ from kvbench.slo.gates import (
     analyze,
 )
 from kvbench.slo.plan import Plan, load_plan
-from kvbench.slo.records import dumps_jsonl, load_records, record_to_json
+from kvbench.slo.records import dumps_jsonl, iter_records, record_to_json
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 from kvbench.slo.vllm import convert_vllm
@@ -184,11 +184,14 @@ def _criteria_from_flags(args) -> Criteria:
         send_lag_p99_max_ms=args.send_lag_max_ms)
 
 
-def _check_against_plan(records, plan: Plan) -> list[dict]:
-    """Records must name the plan's deployments, rates and cache states; returns untested runs."""
-    states = plan.cache_states
-    tested = set()
-    for r in records:
+class _PlanCheck:
+    """Records must name the plan's deployments, rates and cache states; collects untested runs."""
+
+    def __init__(self, plan: Plan):
+        self.plan, self.tested = plan, set()
+
+    def __call__(self, r) -> None:
+        plan, states = self.plan, self.plan.cache_states
         if r.deployment not in plan.deployments:
             raise UsageError(f"{r.where}: deployment {r.deployment!r} is not in the plan "
                              f"({', '.join(plan.deployments)})")
@@ -204,26 +207,35 @@ def _check_against_plan(records, plan: Plan) -> list[dict]:
         if state is not None and state not in states:
             raise UsageError(f"{r.where}: cache state {state!r} is not in the plan's cache_state "
                              f"({', '.join(states)})")
-        tested.add((state or states[0], r.deployment, match[0]))
-    return [{"cache_state": c, "deployment": d, "offered_rate_rps": x} for c, d, x in plan.runs()
-            if (c, d, x) not in tested]
+        self.tested.add((state or states[0], r.deployment, match[0]))
+
+    def untested(self) -> list[dict]:
+        return [{"cache_state": c, "deployment": d, "offered_rate_rps": x} for c, d, x in self.plan.runs()
+                if (c, d, x) not in self.tested]
+
+
+def _checked(records, check):
+    for r in records:
+        check(r)
+        yield r
 
 
 def _client_report(args, plan: Plan | None) -> dict:
-    """The per-request part of the report (criteria, groups, capacity, verdict)."""
+    """The per-request part of the report (criteria, groups, capacity, verdict), streamed."""
     if plan:
         criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
     else:
         criteria = _criteria_from_flags(args)
-    records = load_records(args.records)
-    untested = _check_against_plan(records, plan) if plan else []
+    check = _PlanCheck(plan) if plan else None
+    records = iter_records(args.records)
     budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
               else "equal budget not checked (no --plan)")
+    result = analyze(_checked(records, check) if check else records, criteria, budget)
     return {"criteria": asdict(criteria),
             "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
                              if plan else None),
-            "untested": untested,
-            **analyze(records, criteria, budget)}
+            "untested": check.untested() if check else [],
+            **result}
 
 
 def _fit_link(args):
