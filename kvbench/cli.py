@@ -91,7 +91,7 @@ def bounded_float(text: str, what: str, lo: float | None = 0.0, hi: float | None
     expected = _range_text(lo, hi, lo_open, False, plural)
     s = str(text).strip()
     try:
-        if len(s) > 64:
+        if len(s) > 64 or not s.isascii():  # float() also reads '１２' and other scripts' digits
             raise ValueError
         value = float(s)
     except ValueError:
@@ -99,6 +99,8 @@ def bounded_float(text: str, what: str, lo: float | None = 0.0, hi: float | None
     if not math.isfinite(value) or (lo is not None and (value < lo or (lo_open and value == lo))) \
             or (hi is not None and value > hi):
         raise UsageError(f"{what} must be {expected}, got {_short(text)}")
+    if 0 < abs(value) < sys.float_info.min:  # a denormal: no unit kvbench uses is that small
+        raise UsageError(f"{what} must be {expected}, got {_short(text)} (a denormal number)")
     return value
 
 

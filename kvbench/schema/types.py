@@ -151,6 +151,46 @@ def parse(model: type[M], data: object, where: str, prefix: str = "", unknown_hi
         raise UsageError(one_line(exc, where, prefix, unknown_hint)) from None
 
 
+def _keys(v) -> int:
+    """How many object keys a validated value holds (a model's set fields, dicts, nested)."""
+    t = type(v)
+    if t is dict:
+        return len(v) + sum(_keys(x) for x in v.values() if type(x) in _NESTED)
+    if t is list:
+        return 0 if _SCALARS.issuperset(map(type, v)) else sum(_keys(x) for x in v)
+    if isinstance(v, BaseModel):
+        extra = v.model_extra or {}
+        n = len(v.model_fields_set) + len(extra)
+        for x in (*v.__dict__.values(), *extra.values()):
+            if type(x) not in _SCALARS:  # (isinstance on a pydantic model is slow: test it last)
+                n += _keys(x)
+        return n
+    return 0
+
+
+_SCALARS = frozenset((float, int, str, bool, type(None)))
+_NESTED = (dict, list)
+
+
+def parse_line_fast(model: type[M], raw: bytes) -> M | None:
+    """A JSON Lines line validated by pydantic's own (Rust) JSON parser, or None.
+
+    None means "take the careful path" (kvbench.schema.read.loads, then parse): the line may
+    hold something the fast parser does not refuse (see read.plain_line), a key may be given
+    twice (the key count differs from the text's), or the line is invalid, in which case the
+    careful path words the one-line message.
+    """
+    from kvbench.schema.read import plain_line
+
+    if not plain_line(raw):
+        return None
+    try:
+        m = model.model_validate_json(raw)
+    except ValidationError:
+        return None
+    return m if _keys(m) == raw.count(b'":') else None
+
+
 _ADAPTERS: dict = {}
 
 
