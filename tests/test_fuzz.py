@@ -124,8 +124,20 @@ def check(result, out: Path | None, must_refuse: bool, json_out: bool = True) ->
             json.loads(line)
 
 
+_ROOT_DIR: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fuzz_root():
+    """One temp folder for the module's examples, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="kvbench-fuzz-") as d:
+        _ROOT_DIR.append(Path(d))
+        yield
+        _ROOT_DIR.pop()
+
+
 def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="kvbench-fuzz-"))
+    return Path(tempfile.mkdtemp(dir=_ROOT_DIR[-1]))
 
 
 # ---------------------------------------------------------------------------
@@ -153,14 +165,20 @@ def test_fuzz_plan_yaml(data):
     check(run(kvbench.slo.cli, "validate-plan", d / "plan.yaml"), None, must)
 
 
+def mutated_jsonl(data, lines: list[dict], line: int, path: Path) -> bool:
+    """lines as a JSON Lines file with one line mutated; whether the reader must refuse it."""
+    text, must = mutate(lines[line], data.draw(mutation(lines[line])), "json")
+    body = [json.dumps(x) for x in lines]
+    body[line] = text.replace("\n", " ")
+    path.write_text("\n".join(body) + "\n")
+    return must
+
+
 @FUZZ
 @given(st.data(), st.integers(0, 99))
 def test_fuzz_request_records(data, line):
-    lines = cohort_lines()
     d = workdir()
-    text, must = mutate(lines[line], data.draw(mutation(lines[line])), "json")
-    body = "".join(json.dumps(r) + "\n" for r in lines[:line]) + text.replace("\n", " ") + "\n"
-    (d / "r.jsonl").write_text(body + "".join(json.dumps(r) + "\n" for r in lines[line + 1:]))
+    must = mutated_jsonl(data, cohort_lines(), line, d / "r.jsonl")
     out = d / "report.json"
     check(run(kvbench.slo.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", out), out, must)
 
@@ -191,12 +209,8 @@ def scrape_lines() -> list[dict]:
 @FUZZ
 @given(st.data(), st.integers(0, 11))
 def test_fuzz_scrape_file(data, line):
-    lines = scrape_lines()
     d = workdir()
-    text, must = mutate(lines[line], data.draw(mutation(lines[line])), "json")
-    lines_text = [json.dumps(x) for x in lines]
-    lines_text[line] = text.replace("\n", " ")
-    (d / "s.jsonl").write_text("\n".join(lines_text) + "\n")
+    must = mutated_jsonl(data, scrape_lines(), line, d / "s.jsonl")
     out = d / "report.json"
     check(run(kvbench.slo.cli, "analyze", "--metrics", d / "s.jsonl", "--out", out), out, must)
 
