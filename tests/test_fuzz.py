@@ -291,3 +291,19 @@ def test_fuzz_numeric_flags(records_file, which, value):
     check((rc, stdout, err), out, must)
     if rc == 0:
         assert "NaN" not in stdout and "Infinity" not in stdout
+
+
+@FUZZ
+@given(st.data(), st.integers(0, 99))
+def test_fast_record_path_never_accepts_what_the_careful_one_refuses(data, line):
+    """A line the fast (pydantic JSON) path accepts is accepted, equal, by the careful path."""
+    from kvbench.schema.read import decode_line
+    from kvbench.schema.slo import RequestIn
+    from kvbench.schema.types import parse, parse_line_fast
+
+    lines = cohort_lines()
+    text, _ = mutate(lines[line], data.draw(mutation(lines[line])), "json")
+    raw = text.replace("\n", " ").encode()
+    fast = parse_line_fast(RequestIn, raw)
+    if fast is not None:
+        assert fast == parse(RequestIn, decode_line(raw, "w"), "w")
