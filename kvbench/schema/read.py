@@ -96,7 +96,7 @@ def read_text_bounded(path: str | Path, limit: int, what: str = "file",
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise UsageError(f"cannot read {path}: not UTF-8 text (byte {exc.start})") from None
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def decode_line(raw: bytes, where: str) -> object:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+        raise UsageError(f"cannot read {where}: not UTF-8 text (byte {exc.start})") from None
     return loads(line, where)
 
 
