@@ -203,6 +203,17 @@ def write_new_file(path: Path, content: str | bytes) -> Path:
     return write_files([(path, content)])[0]
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str | Path, flag: str = "--plot") -> str:
+    """matplotlib's savefig format for a plot file, from its suffix; anything else is refused."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise UsageError(f"{flag} {path}: use a .png, .svg or .pdf file name")
+    return fmt
+
+
 def fresh_stem(out_dir: Path, prefix: str, suffixes: Sequence[str]) -> Path:
     """out_dir/prefix-<UTC stamp>-<6 random hex digits>, with no file of any suffix there yet.
 
