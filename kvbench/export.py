@@ -18,14 +18,14 @@ Parameter names are checked against each tool's sources (docs/planners.md cites 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
 from kvbench.model import DEFAULT_MODEL, DTYPES, PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.results import write_new_file
+from kvbench.results import check_new_file, dumps_json, write_new_file
+from kvbench.schema.types import MAX_TOKENS
 
 SCHEMA_MODEL = "kvbench.kv-transfer-model/1"
 TOOLS = ("json", "dynamo", "aisimulate", "blis", "splitwise")
@@ -128,7 +128,7 @@ def render(doc: dict, tool: str, setup_as: str) -> str:
     """The text to paste into the tool (flags or YAML), with what it cannot represent as comments."""
     if tool == "json":
         tools = {t: tool_parameters(doc, t, setup_as) for t in TOOLS[1:]}
-        return json.dumps({**doc, "tools": tools}, indent=2, allow_nan=False) + "\n"
+        return dumps_json({**doc, "tools": tools}) + "\n"
     tp = tool_parameters(doc, tool, setup_as)
     p = tp["parameters"]
     head = [f"kvbench plan export --to {tool}: {doc['link']}",
@@ -138,7 +138,7 @@ def render(doc: dict, tool: str, setup_as: str) -> str:
             "predicted handoff ms (tool / kvbench model): " + ", ".join(
                 f"{t} tokens {tp['predicted_handoff_ms'][t]:.4f} / {doc['handoff_ms'][t]:.4f}" for t in doc["handoff_ms"])]
     if tool == "dynamo":
-        body = json.dumps({"engine": p}, indent=2) + "\n"
+        body = dumps_json({"engine": p}) + "\n"
         flags = f"--kv-transfer-bandwidth {p['kv_transfer_bandwidth']!r} --kv-bytes-per-token {p['kv_transfer_bytes_per_token']}"
         return _comment([*head, "python -m dynamo.mocker flags: " + flags,
                          "replay engine args (prefill_engine_args / decode_engine_args, merged into "
@@ -169,8 +169,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
     p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
     p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of prefill and decode (default 1)")
-    p.add_argument("--fold-at-tokens", type=int, default=2000,
+    p.add_argument("--tp", type=arg_int(1, 65_536), default=1, help="tensor-parallel size of prefill and decode (default 1)")
+    p.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=2000,
                    help="prompt length at which a folded rate is exact (default 2000)")
     p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
                    help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
@@ -183,10 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvbench.plan import links_from_fit
 
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.out and Path(args.out).exists():
-        raise UsageError(f"refusing to overwrite existing file {args.out}")
-    if args.tp <= 0 or args.fold_at_tokens <= 0:
-        raise UsageError("--tp and --fold-at-tokens must be positive integers")
+    if args.out:
+        check_new_file(args.out)
     links = links_from_fit(args.fit, parse_where(args.where))
     if len(links) > 1:
         raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "

@@ -106,7 +106,8 @@ def test_a_real_fit_exports_through_link(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--to", "json", "--tp", "3"], "TP 3 does not divide kv_heads 8"),
-    (["--to", "json", "--tp", "0"], "--tp and --fold-at-tokens must be positive"),
+    (["--to", "json", "--tp", "0"], "argument --tp: must be a positive integer"),
+    (["--to", "json", "--fold-at-tokens", "1e400"], "argument --fold-at-tokens: must be a positive integer"),
     (["--to", "vllm"], "argument --to: invalid choice: 'vllm'"),
     (["--to", "json", "--where", "transport=mpi"], "no group in"),
 ])

@@ -432,17 +432,17 @@ def _bad(i: int, **fields) -> dict:
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", ":3: not valid JSON"),
-    (json.dumps(_bad(2, actual_send_ms=-1.0)), ":3: negative time actual_send_ms=-1.0"),
-    (json.dumps(_bad(2, chunk_times_ms=[2400.0, 2390.0])), ":3: chunk_times_ms is not monotonic: [1]=2390.0 < [0]=2400.0"),
-    (json.dumps(_bad(2, status="cancelled")), ":3: unknown status 'cancelled' (expected ok, error, rejected, timeout)"),
+    (json.dumps(_bad(2, actual_send_ms=-1.0)), ":3: actual_send_ms: must be >= 0, got -1.0"),
+    (json.dumps(_bad(2, chunk_times_ms=[2400.0, 2390.0])), ":3: chunk_times_ms: not monotonic: [1]=2390.0 < [0]=2400.0"),
+    (json.dumps(_bad(2, status="cancelled")), ":3: status: must be 'ok', 'error', 'rejected' or 'timeout', got 'cancelled'"),
     (json.dumps(_bad(2, first_token_ms=5.0)), ":3: first_token_ms=5.0 differs from chunk_times_ms[0]"),
     (json.dumps(_bad(2, chunk_times_ms=[1.0])), ":3: first token at 1.0 ms is before the send at 2000.5 ms"),
-    (json.dumps(_bad(2, ttft_ms=3.0)), ":3: unknown field 'ttft_ms'"),
-    (json.dumps(_bad(2, schema="kvbench.p2p/1")), ":3: schema must be 'kvbench.slo.request/1'"),
-    (json.dumps(_bad(2, offered_rate_rps=0)), ":3: offered_rate_rps must be positive"),
+    (json.dumps(_bad(2, ttft_ms=3.0)), ":3: ttft_ms: unknown key (put free-form data under 'meta')"),
+    (json.dumps(_bad(2, schema="kvbench.p2p/1")), ":3: schema: must be 'kvbench.slo.request/1', got 'kvbench.p2p/1'"),
+    (json.dumps(_bad(2, offered_rate_rps=0)), ":3: offered_rate_rps: must be > 0, got 0"),
     (json.dumps(_bad(2, output_tokens=3)), ":3: chunk_tokens add up to 16, output_tokens is 3"),
     (json.dumps(_bad(1)), ":3: duplicate request_id 'aggregated-1-1' for aggregated at 1 rps (first at"),
-    (json.dumps({k: v for k, v in _bad(2).items() if k != "status"}), ":3: missing status"),
+    (json.dumps({k: v for k, v in _bad(2).items() if k != "status"}), ":3: status: missing"),
 ])
 def test_bad_records_are_one_line_with_file_and_line(tmp_path, capsys, line, message):
     f = tmp_path / "bad.jsonl"

@@ -122,7 +122,10 @@ def engines():
 
 
 def slo(capsys, *args) -> tuple[int, str, str]:
-    rc = kvbench.slo.cli([str(a) for a in args])
+    try:
+        rc = kvbench.slo.cli([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors (bounded number flags)
+        rc = exc.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -268,8 +271,8 @@ def test_a_mapping_file_reads_an_unknown_engine(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["scrape", "http://127.0.0.1:18001/metrics", "--duration", "1", "--out", "x"], "expected ROLE=http://"),
     (["scrape", "a=http://x/metrics", "a=http://y/metrics", "--duration", "1", "--out", "x"], "role 'a' given twice"),
-    (["scrape", "a=http://x/metrics", "--duration", "inf", "--out", "x"], "--duration must be a positive"),
-    (["scrape", "a=http://x/metrics", "--duration", "1", "--interval", "0.001", "--out", "x"], "--interval must be >= 0.05"),
+    (["scrape", "a=http://x/metrics", "--duration", "inf", "--out", "x"], "argument --duration: must be a positive number"),
+    (["scrape", "a=http://x/metrics", "--duration", "1", "--interval", "0.001", "--out", "x"], "argument --interval: must be a positive number (>= 0.05"),
     (["analyze"], "give request records (RECORDS.jsonl), --metrics SCRAPE.jsonl, or both"),
 ])
 def test_bad_scrape_and_analyze_arguments(capsys, tmp_path, args, message):

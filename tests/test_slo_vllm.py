@@ -130,7 +130,7 @@ def test_client_concurrency_cap_is_noted(tmp_path, capsys):
      (), "no start_times, ttfts, itls, output_lens, errors: run vllm bench serve with --save-result --save-detailed"),
     (vllm_result(ramp_up_strategy="linear"), (), "a ramp-up run (linear) has no single offered rate"),
     (vllm_result(itls=[[0.01]] * 5), (), "itls must be a list of 6 entries, one per request"),
-    (vllm_result(ttfts=[0.25, -0.1, 0, 0, 0, 0.2]), (), "request 1: ttft/itl value -0.1 is not a non-negative number"),
+    (vllm_result(ttfts=[0.25, -0.1, 0, 0, 0, 0.2]), (), "ttfts[1]: must be >= 0, got -0.1"),
 ])
 def test_bad_vllm_files_are_one_line(tmp_path, capsys, doc, args, message):
     src = write(tmp_path / "v.json", doc)

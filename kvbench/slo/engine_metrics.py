@@ -18,14 +18,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.cli import UsageError, read_text
+from kvbench.cli import UsageError
+from kvbench.schema.read import iter_jsonl
+from kvbench.schema.slo import SCRAPE_LINES, ScrapeHeader
+from kvbench.schema.types import parse, show
 from kvbench.slo.engines import ENGINES, NOT_EXPORTED, QUANTITIES, Metric, detect_engine
 from kvbench.slo.gates import TREND_MIN_IN_FLIGHT, TREND_RATIO_MAX
 from kvbench.slo.scrape import SCHEMA_METRICS
@@ -43,31 +45,23 @@ class ScrapeFile:
 
 
 def load_scrape(path: str | Path) -> ScrapeFile:
+    """A scrape file, streamed line by line; every line checked (kvbench.schema.slo)."""
     p = Path(path)
-    text = read_text(p)
     out: ScrapeFile | None = None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{p}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, rec in iter_jsonl(p, "scrape file", missing="no such file"):
         kind = rec.get("kind") if isinstance(rec, dict) else None
         if out is None:
             if kind != "header" or rec.get("schema") != SCHEMA_METRICS:
                 raise UsageError(f"{where}: not a kvbench slo scrape file (expected a {SCHEMA_METRICS} header)")
-            out = ScrapeFile(str(p), rec)
-        elif kind in ("sample", "gap"):
-            if not isinstance(rec.get("role"), str) or not isinstance(rec.get("t_s"), (int, float)) \
-                    or (kind == "sample" and not isinstance(rec.get("samples"), dict)):
-                raise UsageError(f"{where}: a {kind} line needs role, t_s" + (" and samples" if kind == "sample" else ""))
-            out.lines[rec["role"]].append(rec)
-        elif kind == "end":
-            out.end = rec
+            out = ScrapeFile(str(p), parse(ScrapeHeader, rec, where).model_dump(by_alias=True))
+            continue
+        if kind not in SCRAPE_LINES:
+            raise UsageError(f"{where}: unknown line kind {show(kind)}")
+        line = parse(SCRAPE_LINES[kind], rec, where).model_dump(by_alias=True)
+        if kind == "end":
+            out.end = line
         else:
-            raise UsageError(f"{where}: unknown line kind {kind!r}")
+            out.lines[line["role"]].append(line)
     if out is None:
         raise UsageError(f"{p}: empty scrape file")
     return out

@@ -27,16 +27,16 @@ not in the table, or a build that renamed a metric, passes a mapping file:
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from kvbench.cli import UsageError, read_text
+from kvbench.cli import UsageError
+from kvbench.schema.read import MiB, load_json, load_yaml
+from kvbench.schema.slo import MappingEntry, MappingFile
+from kvbench.schema.types import parse
 
 KINDS = ("gauge", "counter", "histogram")
+MAX_MAPPING_BYTES = MiB
 QUANTITIES = {  # name -> (kind, unit after scale, how label sets are combined)
     "waiting": ("gauge", "requests", "sum"),
     "running": ("gauge", "requests", "sum"),
@@ -118,33 +118,21 @@ def all_known_families() -> set[str]:
     return set().union(*(family_names(t) for t in ENGINES.values()))
 
 
-def _mapping_entry(q: str, spec: object, where: str) -> Metric:
+def _mapping_entry(q: str, spec: MappingEntry, where: str) -> Metric:
     if q not in QUANTITIES:
         raise UsageError(f"{where}: unknown quantity {q!r} (known: {', '.join(QUANTITIES)})")
-    if not isinstance(spec, dict) or set(spec) - {"name", "kind", "scale", "note"}:
-        raise UsageError(f"{where}: {q} must be a mapping with name, kind and optional scale, note")
-    name, kind = spec.get("name"), spec.get("kind", QUANTITIES[q][0])
-    if not isinstance(name, str) or not name:
-        raise UsageError(f"{where}: {q}.name must be a metric name")
+    kind = spec.kind or QUANTITIES[q][0]
     if kind != QUANTITIES[q][0]:
         raise UsageError(f"{where}: {q}.kind must be {QUANTITIES[q][0]}, got {kind!r}")
-    scale = spec.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
-            or scale <= 0:
-        raise UsageError(f"{where}: {q}.scale must be a positive number, got {scale!r}")
-    return Metric(name, kind, float(scale), str(spec.get("note", "")))
+    return Metric(spec.name, kind, float(spec.scale), spec.note)
 
 
 def load_mapping(path: str | Path) -> tuple[str, dict[str, Metric]]:
     """An engine's name and its quantity -> Metric table, from a YAML or JSON mapping file."""
     p = Path(path)
-    text = read_text(p, missing="no such mapping file")
-    try:
-        doc = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} "
-                         f"({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict) or set(doc) != {"engine", "metrics"} or \
-            not isinstance(doc["metrics"], dict) or not isinstance(doc["engine"], str):
-        raise UsageError(f"{p}: a mapping file has exactly 'engine: NAME' and 'metrics: {{...}}'")
-    return doc["engine"], {q: _mapping_entry(q, s, str(p)) for q, s in doc["metrics"].items()}
+    if p.suffix == ".json":
+        doc = load_json(p, MAX_MAPPING_BYTES, "mapping file", missing="no such mapping file")
+    else:
+        doc = load_yaml(p, MAX_MAPPING_BYTES, "mapping file", missing="no such mapping file")
+    m = parse(MappingFile, doc, str(p))
+    return m.engine, {q: _mapping_entry(q, s, str(p)) for q, s in m.metrics.items()}

@@ -19,16 +19,26 @@ unread, for `kvbench.lab` to check. See examples/ and docs/slo.md.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
-import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from kvbench.cli import UsageError, read_text
+from kvbench.cli import UsageError
+from kvbench.schema.read import MiB, load_yaml
+from kvbench.schema.types import (
+    MAX_RATE_RPS,
+    MAX_SECONDS,
+    MAX_TEXT,
+    MAX_TOKENS,
+    Fraction,
+    Text,
+    show,
+)
 from kvbench.slo.gates import (
     DENOMINATOR_SYNONYMS,
     DENOMINATORS,
@@ -48,6 +58,11 @@ METRIC_GROUPS = {
     "kv_transfer": ("bytes", "setup_ms", "transfer_ms", "failures", "count"),
 }
 ROLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_PLAN_BYTES = MiB  # a plan is a page of YAML
+MAX_GPUS = 10**6  # GPUs, replicas and parallel degrees
+MAX_RATES = 1000  # offered rates in one sweep
+MAX_LIMIT_MS = 1e9  # per-request latency limits
+MAX_CACHE_STATES = 100
 
 
 class PlanError(Exception):
@@ -59,49 +74,44 @@ class PlanError(Exception):
 
 
 # ---------------------------------------------------------------------------
-# scalar checks: each returns the cleaned value or raises PlanError
+# scalar checks: each returns the cleaned value or raises PlanError. The types and bounds
+# are kvbench.schema's (strict: no bool for a number, no "8" for 8; finite; bounded).
 
 
-def _text(v, path):
-    if not isinstance(v, str) or not v.strip():
-        raise PlanError(path, f"must be a non-empty string, got {v!r}")
-    return v
+def _leaf(tp, expected: str, upper: str | None = None) -> Callable:
+    """A check of one value against a bounded type; upper names the bound when it is exceeded."""
+    adapter = TypeAdapter(tp, config=ConfigDict(strict=True))
+
+    def check(v, path):
+        try:
+            out = adapter.validate_python(v)
+        except ValidationError as exc:
+            too_big = exc.errors()[0]["type"] in ("less_than_equal", "too_long")
+            raise PlanError(path, f"must be {upper if (upper and too_big) else expected}, "
+                                  f"got {show(v)}") from None
+        return float(out) if isinstance(out, float) else out
+    return check
 
 
-def _pos_int(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise PlanError(path, f"must be a positive integer, got {v!r}")
-    return v
+_text = _leaf(Text, "a non-empty string", f"at most {MAX_TEXT} characters")
+_pos_int = _leaf(Annotated[int, Field(ge=1, le=MAX_GPUS)], "a positive integer",
+                 f"at most {MAX_GPUS:,}")
+_nonneg_int = _leaf(Annotated[int, Field(ge=0, le=MAX_TOKENS)], "an integer >= 0",
+                    f"at most {MAX_TOKENS:,}")
+_min_tokens = _leaf(Annotated[int, Field(ge=2, le=MAX_TOKENS)],
+                    "an integer >= 2 (TPOT needs two tokens)", f"at most {MAX_TOKENS:,}")
+_fraction = _leaf(Fraction, "a fraction in 0..1 (0.95 means 95%)")
+_flag = _leaf(bool, "true or false")
 
 
-def _nonneg_int(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise PlanError(path, f"must be an integer >= 0, got {v!r}")
-    return v
+def _positive(hi: float, unit: str) -> Callable:
+    return _leaf(Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)], "a positive number",
+                 f"at most {hi:g} {unit}")
 
 
-def _min_tokens(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-        raise PlanError(path, f"must be an integer >= 2 (TPOT needs two tokens), got {v!r}")
-    return v
-
-
-def _pos_num(v, path):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise PlanError(path, f"must be a positive number, got {v!r}")
-    return float(v)
-
-
-def _fraction(v, path):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-        raise PlanError(path, f"must be a fraction in 0..1 (0.95 means 95%), got {v!r}")
-    return float(v)
-
-
-def _flag(v, path):
-    if not isinstance(v, bool):
-        raise PlanError(path, f"must be true or false, got {v!r}")
-    return v
+_rate = _positive(MAX_RATE_RPS, "requests/s")
+_seconds = _positive(MAX_SECONDS, "s")
+_limit_ms = _positive(MAX_LIMIT_MS, "ms")
 
 
 def _choice(options: dict | tuple, synonyms: dict | None = None) -> Callable:
@@ -111,9 +121,9 @@ def _choice(options: dict | tuple, synonyms: dict | None = None) -> Callable:
     def check(v, path):
         if isinstance(v, str) and v in synonyms:
             return synonyms[v]
-        if v not in options:
+        if not isinstance(v, str) or v not in options:
             also = f" (or the synonym{'s' if len(synonyms) > 1 else ''} {', '.join(synonyms)})" if synonyms else ""
-            raise PlanError(path, f"must be one of {', '.join(options)}{also}, got {v!r}")
+            raise PlanError(path, f"must be one of {', '.join(options)}{also}, got {show(v)}")
         return v
     return check
 
@@ -121,7 +131,9 @@ def _choice(options: dict | tuple, synonyms: dict | None = None) -> Callable:
 def _rates(v, path):
     if not isinstance(v, list) or not v:
         raise PlanError(path, "must be a non-empty list of offered rates in requests/s")
-    out = [_pos_num(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if len(v) > MAX_RATES:
+        raise PlanError(path, f"must list at most {MAX_RATES} rates, got {len(v)}")
+    out = [_rate(x, f"{path}[{i}]") for i, x in enumerate(v)]
     for i in range(1, len(out)):
         if out[i] <= out[i - 1]:
             raise PlanError(f"{path}[{i}]", f"rates must increase, {out[i]:g} follows {out[i - 1]:g}")
@@ -134,7 +146,7 @@ def _names(v, path, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     out = tuple(_choice(allowed)(x, f"{path}[{i}]") for i, x in enumerate(v))
     for i, x in enumerate(out):
         if x in out[:i]:
-            raise PlanError(f"{path}[{i}]", f"{x!r} is listed twice")
+            raise PlanError(f"{path}[{i}]", f"{show(x)} is listed twice")
     return out
 
 
@@ -160,19 +172,23 @@ def _cache_states(v, path) -> tuple[str, ...]:
     """One state as text, or the tutorial's list: every run is required once per state."""
     if isinstance(v, str):
         return (_text(v, path),)
-    if not isinstance(v, list) or not v:
-        raise PlanError(path, f"must be a cache state (text) or a non-empty list of them, got {v!r}")
+    if not isinstance(v, list) or not v or len(v) > MAX_CACHE_STATES:
+        raise PlanError(path, "must be a cache state (text) or a non-empty list of them "
+                              f"(at most {MAX_CACHE_STATES}), got {show(v)}")
     out = tuple(_text(x, f"{path}[{i}]") for i, x in enumerate(v))
     for i, x in enumerate(out):
         if x in out[:i]:
-            raise PlanError(f"{path}[{i}]", f"cache state {x!r} is listed twice")
+            raise PlanError(f"{path}[{i}]", f"cache state {show(x)} is listed twice")
     return out
 
 
 def _url(v, path) -> str:
-    parts = urlsplit(v) if isinstance(v, str) else None
+    try:
+        parts = urlsplit(v) if isinstance(v, str) and len(v) <= MAX_TEXT else None
+    except ValueError:  # e.g. an unclosed [IPv6 bracket
+        parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PlanError(path, f"must be an http:// or https:// URL, got {v!r}")
+        raise PlanError(path, f"must be an http:// or https:// URL, got {show(v)}")
     return v
 
 
@@ -237,8 +253,8 @@ SPEC: dict = {
         "model_revision": _text, "engine_version": _text, "total_gpus": _pos_int, "gpu_type": _text,
         "network_and_host_budget": _text, "warmup_requests": _nonneg_int,
         "offered_rates_rps": _rates, "output_tokens_minimum_for_tpot": _min_tokens,
-        "request_deadline_seconds": _pos_num, "precision": _text, "workload_trace": _text,
-        "cache_state": _cache_states, "duration_seconds": _pos_num,
+        "request_deadline_seconds": _seconds, "precision": _text, "workload_trace": _text,
+        "cache_state": _cache_states, "duration_seconds": _seconds,
     },
     "deployments": {
         "aggregated": _AGGREGATED,
@@ -246,7 +262,7 @@ SPEC: dict = {
     },
     "metrics": _metrics,
     "acceptance": {
-        "ttft_max_ms": _pos_num, "tpot_max_ms": _pos_num, "max_itl_per_request_ms": _pos_num,
+        "ttft_max_ms": _limit_ms, "tpot_max_ms": _limit_ms, "max_itl_per_request_ms": _limit_ms,
         "numerator": _choice(NUMERATORS, NUMERATOR_SYNONYMS),
         "denominator": _choice(DENOMINATORS, DENOMINATOR_SYNONYMS),
         "slo_attainment_min": _fraction, "error_rate_max": _fraction,
@@ -305,24 +321,6 @@ def _walk(spec, value, path: str, problems: list[PlanError], out: dict) -> None:
             problems.append(PlanError(where, "missing"))
         else:
             _walk(sub, value[key], where, problems, out)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice instead of keeping the last one."""
-
-
-def _mapping(loader, node, deep=False):
-    keys = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in keys:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        keys.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 @dataclass(frozen=True)
@@ -439,20 +437,10 @@ def check_plan(data: object) -> tuple[dict, list[PlanError]]:
     return fields, problems
 
 
-def _parse_yaml(p: Path, text: str):
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{p}{line}: not valid YAML ({what})") from None
-
-
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan; any problem is one UsageError line naming the field paths."""
     p = Path(path)
-    data = _parse_yaml(p, read_text(p, missing="no such plan"))
+    data = load_yaml(p, MAX_PLAN_BYTES, "plan", missing="no such plan")
     fields, problems = check_plan(data)
     if problems:
         first, rest = str(problems[0]), problems[1:]

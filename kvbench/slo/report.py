@@ -249,7 +249,7 @@ def render_plot(r: dict, fmt: str) -> bytes:
 
 
 def plot_format(path: Path) -> str:
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in ("png", "svg", "pdf"):
-        raise UsageError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    return fmt
+    """The plot's format from its suffix (kvbench.results.plot_format: png, svg or pdf)."""
+    from kvbench.results import plot_format as by_suffix
+
+    return by_suffix(path)

@@ -23,10 +23,8 @@ that fails, hangs or stops answering is a gap and the run goes on. The file appe
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.cli import UsageError
+from kvbench.results import check_new_file, dumps_json, new_file_stream
 
 SCHEMA_METRICS = "kvbench.slo.metrics/1"
 MAX_RESPONSE_BYTES = 32 * 2**20
@@ -75,8 +74,15 @@ def parse_metrics_text(text: str, keep: Callable[[str], bool]) -> dict[str, list
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if keep(s.name):
-                out.setdefault(s.name, []).append([dict(s.labels), s.value])
+                out.setdefault(s.name, []).append([dict(s.labels), _json_value(s.value)])
     return out
+
+
+def _json_value(v: float) -> float | str:
+    """A sample value as JSON can hold it: NaN and infinities in Prometheus' own spelling."""
+    if math.isfinite(v):
+        return v
+    return "NaN" if math.isnan(v) else ("+Inf" if v > 0 else "-Inf")
 
 
 def _fetch(url: str, timeout_s: float) -> str:
@@ -120,28 +126,15 @@ def scrape_once(ep: Endpoint, t0: float, timeout_s: float, keep: Callable[[str],
 def run_scrape(endpoints: Sequence[Endpoint], interval_s: float, duration_s: float, out: Path,
                keep: Callable[[str], bool], header: dict, progress=sys.stderr) -> dict:
     """Scrape until duration_s; write the file atomically at out; return the end record."""
-    out = Path(out)
-    if out.exists():
-        raise UsageError(f"refusing to overwrite existing file {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    out = check_new_file(out)
     timeout_s = min(interval_s, 10.0)
     counts = {"scrapes": 0, "gaps": 0}
     t0 = time.monotonic()
-    try:
-        with os.fdopen(fd, "w") as fh, ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-            fh.write(json.dumps({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
-                                 **header}) + "\n")
-            end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts,
-                        progress)
-            fh.write(json.dumps(end) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.link(tmp, out)  # atomic, and fails if out appeared meanwhile
-    except FileExistsError:
-        raise UsageError(f"refusing to overwrite existing file {out}") from None
-    finally:
-        os.unlink(tmp)
+    with new_file_stream(out) as fh, ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+        fh.write(dumps_json({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
+                             **header}, indent=None) + "\n")
+        end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress)
+        fh.write(dumps_json(end, indent=None) + "\n")
     return end
 
 
@@ -155,7 +148,7 @@ def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, coun
             time.sleep(max(0.0, due - time.monotonic()))
             for line in pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep), endpoints):
                 counts["scrapes" if line["kind"] == "sample" else "gaps"] += 1
-                fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+                fh.write(dumps_json(line, indent=None) + "\n")
             fh.flush()
             tick += 1
             if progress is not None and time.monotonic() - last_note >= 10.0:
