@@ -1,17 +1,35 @@
-"""Shared command-line plumbing: one-line errors with exit status 2, list parsing."""
+"""Shared command-line plumbing: one-line errors with their exit status, bounded numbers.
+
+Every number a user types goes through the parsers here, so no command sees NaN, an
+infinity, a denormal or a 310-digit integer: each is refused with one line and exit 2
+before any work starts. Bounds are generous physical limits, not taste.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
+
+EXIT_USAGE = 2  # bad input: a value, a file's content, a destination path
+EXIT_IO = 3  # the system failed us while writing: disk full, I/O error
+
+MAX_INT_DIGITS = 20
+DEFAULT_MIN = 1e-9  # smallest positive value a flag takes unless it says otherwise
+DEFAULT_MAX = 1e12  # largest value a flag takes unless it says otherwise
 
 
 class UsageError(Exception):
     """Bad input from the user: reported as one line on stderr, exit status 2."""
 
+    exit_code = EXIT_USAGE
 
-EXIT_USAGE = 2
+
+class OutputIOError(UsageError):
+    """Writing failed for a reason that is not the user's input (disk full, I/O): exit 3."""
+
+    exit_code = EXIT_IO
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -27,55 +45,119 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) -> int:
-    """Run fn(argv); turn UsageError into one stderr line and exit status 2."""
+    """Run fn(argv); a UsageError is one stderr line and its exit status (2, or 3 for I/O)."""
     try:
         return fn(argv)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except BrokenPipeError:  # `... | head` is not an error
         return 0
 
 
-def parse_positive_ints(text: str, what: str) -> list[int]:
-    """'300,2000,8192' -> [300, 2000, 8192]; anything else is a UsageError."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        try:
-            value = int(part)
-        except ValueError:
-            raise UsageError(f"{what} must be positive integers, got {part!r}") from None
-        if value <= 0:
-            raise UsageError(f"{what} must be positive integers, got {value}")
-        out.append(value)
-    if not out:
-        raise UsageError(f"{what}: empty list")
-    return out
+# ---------------------------------------------------------------------------
+# bounded numbers
 
 
-def parse_positive_floats(text: str, what: str) -> list[float]:
-    """'100,25,10' -> [100.0, 25.0, 10.0]; zero, negatives and junk are a UsageError."""
-    out = []
-    for part in str(text).split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise UsageError(f"{what} must be positive numbers, got {part.strip()!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise UsageError(f"{what} must be positive numbers, got {part.strip()}")
-        out.append(value)
-    return out
+def _g(x: float) -> str:
+    return f"{x:g}"
 
 
-def non_negative_float(text: str, what: str) -> float:
+def _range_text(lo: float | None, hi: float | None, lo_open: bool, integer: bool,
+                plural: bool = False) -> str:
+    """'a positive number (>= 1e-06, <= 1e+06)', 'positive integers (<= 1,000)' and the like."""
+    noun = ("integers" if plural else "integer") if integer else ("numbers" if plural else "number")
+    if lo is not None and (lo > 0 or (lo == 0 and lo_open)):
+        kind = f"{'' if plural else 'a '}positive {noun}"
+        bounds = [] if (lo == 0 or (integer and lo == 1)) else [f"{'>' if lo_open else '>='} {_g(lo)}"]
+    elif lo == 0:
+        kind, bounds = f"{'' if plural else 'a '}non-negative {noun}", []
+    else:
+        article = "" if plural else ("an " if integer else "a ")
+        kind, bounds = f"{article}{noun}", [] if lo is None else [f">= {_g(lo)}"]
+    if hi is not None:
+        bounds.append(f"<= {hi:,}" if integer else f"<= {_g(hi)}")
+    return kind + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _short(text: str) -> str:
+    text = str(text)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def bounded_float(text: str, what: str, lo: float | None = 0.0, hi: float | None = DEFAULT_MAX, *,
+                  lo_open: bool = False, plural: bool = False) -> float:
+    """A finite float within [lo, hi] (or (lo, hi] with lo_open), else a UsageError line."""
+    expected = _range_text(lo, hi, lo_open, False, plural)
+    s = str(text).strip()
     try:
-        value = float(text)
+        if len(s) > 64 or not s.isascii():  # float() also reads '１２' and other scripts' digits
+            raise ValueError
+        value = float(s)
     except ValueError:
-        raise UsageError(f"{what} must be a number, got {text!r}") from None
-    if not value >= 0:
-        raise UsageError(f"{what} must not be negative, got {text}")
+        raise UsageError(f"{what} must be {expected}, got {_short(text)}") from None
+    if not math.isfinite(value) or (lo is not None and (value < lo or (lo_open and value == lo))) \
+            or (hi is not None and value > hi):
+        raise UsageError(f"{what} must be {expected}, got {_short(text)}")
+    if 0 < abs(value) < sys.float_info.min:  # a denormal: no unit kvbench uses is that small
+        raise UsageError(f"{what} must be {expected}, got {_short(text)} (a denormal number)")
     return value
+
+
+def bounded_int(text: str, what: str, lo: int | None = 1, hi: int | None = 10**12, *,
+                plural: bool = False) -> int:
+    """An integer within [lo, hi]; at most 20 digits are read (no 310-digit int() calls)."""
+    expected = _range_text(lo, hi, False, True, plural)
+    s = str(text).strip()
+    digits = s.lstrip("+-")
+    if not digits.isdigit() or len(digits) > MAX_INT_DIGITS or not digits.isascii():
+        raise UsageError(f"{what} must be {expected}, got {_short(text)}")
+    value = int(s)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise UsageError(f"{what} must be {expected}, got {_short(text)}")
+    return value
+
+
+def _items(text: str, what: str) -> list[str]:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise UsageError(f"{what}: empty list")
+    return parts
+
+
+def parse_positive_ints(text: str, what: str, hi: int = 10**12) -> list[int]:
+    """'300,2000,8192' -> [300, 2000, 8192]; anything else is a UsageError."""
+    return [bounded_int(p, what, 1, hi, plural=True) for p in _items(text, what)]
+
+
+def parse_positive_floats(text: str, what: str, lo: float = DEFAULT_MIN,
+                          hi: float = DEFAULT_MAX) -> list[float]:
+    """'100,25,10' -> [100.0, 25.0, 10.0]; zero, negatives, denormals, inf and junk are refused."""
+    return [bounded_float(p, what, lo, hi, plural=True) for p in _items(text, what)]
+
+
+def non_negative_float(text: str, what: str, hi: float = DEFAULT_MAX) -> float:
+    return bounded_float(text, what, 0.0, hi)
+
+
+def arg_float(lo: float | None = 0.0, hi: float | None = DEFAULT_MAX, *, lo_open: bool = False):
+    """An argparse `type=` for a bounded float: a bad value is argparse's one-line error."""
+    def parse(text: str) -> float:
+        try:
+            return bounded_float(text, "value", lo, hi, lo_open=lo_open)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
+    return parse
+
+
+def arg_int(lo: int | None = 1, hi: int | None = 10**12):
+    """An argparse `type=` for a bounded integer."""
+    def parse(text: str) -> int:
+        try:
+            return bounded_int(text, "value", lo, hi)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
+    return parse
 
 
 def read_text(path, missing: str = "no such file") -> str:

@@ -2,17 +2,14 @@
 
     time_ms = setup_ms + bytes / (effective_gb_s x 1e9) x 1000
 
-`python -m kvbench.fit RESULTS.jsonl [...]` groups p2p records by what makes a
-link-and-method distinct, fits the line to every raw per-iteration sample of each
-group (not to means), robustly, with bootstrap 95% intervals, and writes a versioned
-JSON file that `kvbench plan` reads. See docs/fit-and-plan.md for the method and
-every output field.
+`python -m kvbench.fit RESULTS.jsonl [...]` groups p2p records by the frozen spec of what was
+measured, skips groups that are not a link (naming them), fits a line through each group's
+per-size medians, and writes a versioned JSON file that `kvbench plan` reads, with joint
+bootstrap draws of (setup_ms, ms_per_gb) for prediction bands.
 
-Method, in short: each sample is standardized by the robust spread of its own
-payload size (large payloads jitter more in absolute terms); the line starts from
-the per-size medians, is refined by Huber IRLS and finished with Tukey's bisquare
-(a far outlier gets weight zero, so it cannot drag the line). Intervals come from
-a bootstrap that resamples samples within each size (the sizes stay fixed).
+The statistics live in kvbench/fit_stats.py (the line, unit bootstrap, lack of fit) and
+kvbench/fit_regimes.py (one or two regimes, by BIC); grouping, link rules and units of
+resampling in kvbench/fit_data.py. docs/fit-and-plan.md has the method and every field.
 """
 
 from __future__ import annotations
@@ -21,273 +18,41 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kvbench import linkpath
 from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.fit_data import Collected, Group, collect, group_not_link, group_records
+from kvbench.fit_regimes import TwoRegimes, find_two_regimes
+from kvbench.fit_stats import (
+    GroupSamples,
+    LineFit,
+    bootstrap_medians,
+    fit_line,
+    iid_median_var,
+    interval_refusal,
+    size_summary,
+)
 from kvbench.results import SCHEMA_P2P, load_records, utc_stamp, write_new_file
 from kvbench.units import GB, fmt_bytes
 
-SCHEMA_FIT = "kvbench.fit/1"
+try:  # branch eng adds the one rule for supported percentiles to kvbench.stats
+    from kvbench.stats import min_samples_for
+except ImportError:  # until then, the same rule (CONTRACTS.md section 1), here only
+    def min_samples_for(q: float) -> int:
+        """A q-quantile (0 < q < 1) is more than the maximum only with n >= ceil(1/(1-q))."""
+        return math.ceil(round(1.0 / (1.0 - q), 9))
 
-# What makes a link-and-method distinct. The optional keys join the group key only
-# when some record carries them.
-GROUP_KEYS = ("transport", "pattern", "granularity", "layout", "dtype", "device",
-              "world_size", "hosts")
-OPTIONAL_GROUP_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_batch",
-                       "nixl_progress_thread", "tp", "prefill_tp", "decode_tp", "block_size")
-
-HUBER_C = 1.345
-BISQUARE_C = 4.685
-HUBER_ITERS = 30
-BISQUARE_ITERS = 30
-MIN_REL_SCALE = 0.01  # a size's spread is taken as at least 1% of its median
-TWO_REGIME_MIN_REL = 0.05  # a one-line misfit must be at least 5% of a size's median ...
-TWO_REGIME_MIN_SE = 3.0  # ... and at least 3 standard errors of that median ...
-TWO_REGIME_GAIN = 4.0  # ... and two lines must cut the squared relative misfit 4-fold
+SCHEMA_FIT = "kvbench.fit/2"
+SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
 POOR_FIT_REL = 0.10  # a size's median more than 10% (and 3 SE) off the line
-BOOT_CHUNK_ELEMS = 2_000_000
-
-
-# ---------------------------------------------------------------------------
-# the robust line
-
-
-def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted least squares for y = a + b x along the last axis (closed form)."""
-    sw = w.sum(-1)
-    xm = (w * x).sum(-1) / sw
-    ym = (w * y).sum(-1) / sw
-    dx = x - xm[..., None]
-    sxx = (w * dx * dx).sum(-1)
-    sxy = (w * dx * (y - ym[..., None])).sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        b = sxy / sxx
-    a = ym - b * xm
-    return a, b
-
-
-def _robust_line(x: np.ndarray, y: np.ndarray, scale: np.ndarray,
-                 a0: np.ndarray, b0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Huber IRLS then Tukey bisquare, batched over the leading axis.
-
-    x, y, scale: (B, n); a0, b0: (B,) start. Returns (a, b, final weights (B, n)).
-    Residuals are standardized by each sample's size scale and by one robust
-    residual scale per batch row (MAD), fixed before the bisquare steps.
-    """
-    base = 1.0 / scale**2
-    a, b = a0.copy(), b0.copy()
-    sig = np.ones_like(a)
-    w = base
-    for _ in range(HUBER_ITERS):
-        r = (y - a[:, None] - b[:, None] * x) / scale
-        sig = np.maximum(1.4826 * np.median(np.abs(r), axis=1), 1e-9)
-        u = np.abs(r) / sig[:, None]
-        w = base * np.where(u <= HUBER_C, 1.0, HUBER_C / np.maximum(u, 1e-300))
-        na, nb = _wls(x, y, w)
-        ok = np.isfinite(na) & np.isfinite(nb)
-        na, nb = np.where(ok, na, a), np.where(ok, nb, b)
-        done = _converged(a, b, na, nb)
-        a, b = na, nb
-        if done:
-            break
-    for _ in range(BISQUARE_ITERS):
-        r = (y - a[:, None] - b[:, None] * x) / scale
-        u = r / (sig[:, None] * BISQUARE_C)
-        w = base * np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
-        na, nb = _wls(x, y, w)
-        ok = np.isfinite(na) & np.isfinite(nb) & ((w > 0).sum(1) >= 2)
-        na, nb = np.where(ok, na, a), np.where(ok, nb, b)
-        done = _converged(a, b, na, nb)
-        a, b = na, nb
-        if done:
-            break
-    return a, b, w
-
-
-def _converged(a, b, na, nb, tol: float = 1e-9) -> bool:
-    return bool(np.all(np.abs(na - a) <= tol * (np.abs(a) + np.abs(b) + 1e-12))
-                and np.all(np.abs(nb - b) <= tol * (np.abs(b) + 1e-12)))
-
-
-@dataclass
-class Samples:
-    """One group's raw samples, sorted by payload size."""
-
-    bytes: np.ndarray  # (n,) int
-    ms: np.ndarray  # (n,) float
-    sizes: np.ndarray = field(init=False)  # distinct sizes, ascending
-    slices: list[slice] = field(init=False)  # samples of each size
-
-    def __post_init__(self):
-        order = np.argsort(self.bytes, kind="stable")
-        self.bytes, self.ms = self.bytes[order], self.ms[order]
-        self.sizes, starts = np.unique(self.bytes, return_index=True)
-        ends = list(starts[1:]) + [len(self.bytes)]
-        self.slices = [slice(int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
-
-    @property
-    def x(self) -> np.ndarray:  # GB, so the slope is ms per GB and the rate 1000/slope
-        return self.bytes / GB
-
-    def size_scale(self) -> np.ndarray:
-        """Per-sample robust spread of its own size (floored at 1% of the size's median)."""
-        return _size_scales(self.ms[None], self.slices)[0][0]
-
-    def subset(self, lo: int, hi: int) -> Samples:
-        """The samples of sizes[lo:hi]."""
-        s = slice(self.slices[lo].start, self.slices[hi - 1].stop)
-        return Samples(self.bytes[s].copy(), self.ms[s].copy())
-
-
-def _size_scales(y: np.ndarray, slices: list[slice]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For (B, n) samples: per-sample scale (B, n), per-size scale (B, K), medians (B, K).
-
-    A size's scale is its MAD (normal-consistent), floored at 1% of its median.
-    """
-    per_sample = np.empty_like(y)
-    k_scale, k_med = [], []
-    for sl in slices:
-        v = y[:, sl]
-        med = np.median(v, axis=1)
-        mad = 1.4826 * np.median(np.abs(v - med[:, None]), axis=1)
-        sc = np.maximum(np.maximum(mad, MIN_REL_SCALE * np.abs(med)), 1e-6)
-        per_sample[:, sl] = sc[:, None]
-        k_scale.append(sc)
-        k_med.append(med)
-    return per_sample, np.stack(k_scale, axis=1), np.stack(k_med, axis=1)
-
-
-def _median_start(x: np.ndarray, ymed: np.ndarray, wsize: np.ndarray):
-    """Line through per-size medians (weighted by n/scale^2): a start no outlier can move."""
-    return _wls(x, ymed, wsize)
-
-
-@dataclass
-class LineResult:
-    setup_ms: float
-    ms_per_gb: float
-    setup_ci: tuple[float, float] | None = None
-    slope_ci: tuple[float, float] | None = None
-    weights: np.ndarray | None = None
-    boot: np.ndarray | None = None  # (B, 2): setup_ms, ms_per_gb
-
-    @property
-    def effective_gb_s(self) -> float | None:
-        return 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
-
-    def rate_ci(self) -> tuple[float | None, float | None] | None:
-        if self.slope_ci is None:
-            return None
-        lo_s, hi_s = self.slope_ci
-        hi = 1000.0 / lo_s if lo_s > 0 else None  # a slope interval reaching 0: no upper bound
-        lo = 1000.0 / hi_s if hi_s > 0 else None
-        return lo, hi
-
-    def predict(self, nbytes) -> np.ndarray:
-        return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB
-
-
-def fit_line(s: Samples, n_boot: int = 1000, seed: int = 0) -> LineResult:
-    """Robust fit of ms = setup + slope x GB, with a size-stratified bootstrap."""
-    if len(s.sizes) < 2:
-        raise ValueError("a line needs at least two distinct sizes")
-    x, y = s.x, s.ms
-    xs = s.sizes / GB
-    counts = np.array([sl.stop - sl.start for sl in s.slices], dtype=float)
-    scale, kscale, ymed = _size_scales(y[None], s.slices)
-    a0, b0 = _median_start(xs[None], ymed, counts / kscale**2)
-    a, b, w = _robust_line(x[None], y[None], scale, a0, b0)
-    res = LineResult(float(a[0]), float(b[0]), weights=w[0])
-    if n_boot <= 0:
-        return res
-    rng = np.random.default_rng(seed)
-    n = len(y)
-    chunk = max(1, min(n_boot, BOOT_CHUNK_ELEMS // max(n, 1)))
-    draws = []
-    done = 0
-    while done < n_boot:
-        nb = min(chunk, n_boot - done)
-        idx = np.concatenate(
-            [sl.start + rng.integers(0, sl.stop - sl.start, size=(nb, sl.stop - sl.start))
-             for sl in s.slices], axis=1)
-        yb = y[idx]
-        # Each resample estimates its own size scales: their variability is part of the fit's.
-        sb, ksb, ymb = _size_scales(yb, s.slices)
-        ba0, bb0 = _median_start(np.broadcast_to(xs, ymb.shape), ymb, counts / ksb**2)
-        ba, bb, _ = _robust_line(np.broadcast_to(x, yb.shape), yb, sb, ba0, bb0)
-        draws.append(np.stack([ba, bb], axis=1))
-        done += nb
-    boot = np.concatenate(draws)
-    boot = boot[np.all(np.isfinite(boot), axis=1)]
-    res.boot = boot
-    if len(boot):
-        lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
-        res.setup_ci = (float(lo[0]), float(hi[0]))
-        res.slope_ci = (float(lo[1]), float(hi[1]))
-    return res
-
-
-def r_squared(y: np.ndarray, yhat: np.ndarray) -> float | None:
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
-    if ss_tot <= 0:
-        return None
-    return 1.0 - float(np.sum((y - yhat) ** 2)) / ss_tot
-
-
-def _rel_misfit(s: Samples, line: LineResult) -> np.ndarray:
-    med = np.array([np.median(s.ms[sl]) for sl in s.slices])
-    return (med - line.predict(s.sizes)) / np.maximum(np.abs(med), 1e-9)
-
-
-# ---------------------------------------------------------------------------
-# grouping and the per-group fit
-
-
-def _key_value(rec: dict, key: str):
-    v = rec.get(key)
-    if isinstance(v, list):
-        return tuple(json.dumps(x, sort_keys=True) if isinstance(x, (dict, list)) else x
-                     for x in v)
-    if isinstance(v, dict):  # not expected in a key field, but must not break grouping
-        return json.dumps(v, sort_keys=True)
-    return v
-
-
-def group_key(rec: dict, keys: Sequence[str]) -> tuple:
-    return tuple(_key_value(rec, k) for k in keys)
-
-
-def _jsonable(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
-def group_label(group: dict) -> str:
-    parts = []
-    for k, v in group.items():
-        if v is None:
-            continue
-        if isinstance(v, (list, tuple)):
-            v = ",".join(map(str, v))
-        parts.append(f"{k}={v}")
-    return " ".join(parts)
-
-
-def _samples_of(rec: dict, where: str) -> tuple[int, list[float]]:
-    nbytes = rec.get("bytes")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-        raise UsageError(f"{where}: 'bytes' must be a positive integer, got {nbytes!r}")
-    samples = rec.get("samples_ms")
-    if not isinstance(samples, list):
-        raise UsageError(f"{where}: 'samples_ms' must be a list of milliseconds")
-    out = []
-    for v in samples:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise UsageError(f"{where}: 'samples_ms' holds {v!r}, not a non-negative time in ms")
-        out.append(float(v))
-    return nbytes, out
+POOR_FIT_SE = 3.0
+LACK_OF_FIT_P = 0.01
+LACK_OF_FIT_MIN_REL = 0.005  # ... and a scatter beyond sampling of at least 0.5% of a median
+DRAW_DIGITS = 6
 
 
 def _warn(code: str, message: str) -> dict:
@@ -304,17 +69,77 @@ def _pair(p) -> list | None:
     return None if p is None else [_r(p[0]), _r(p[1])]
 
 
-def _line_json(line: LineResult, s: Samples) -> dict:
+def _fmt(v, spec: str = ".5g") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+# ---------------------------------------------------------------------------
+# per-size rows and line records
+
+
+def _quantile_or_none(v: np.ndarray, q: float) -> float | None:
+    """The q-quantile only where n supports it (a p99 of 20 samples is about their maximum)."""
+    return _r(float(np.percentile(v, 100 * q))) if len(v) >= min_samples_for(q) else None
+
+
+def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
+    rows = []
+    for k, nbytes in enumerate(s.sizes):
+        v = s.of_size(k)
+        m = meta[int(nbytes)]
+        p50 = float(np.percentile(v, 50))
+        rows.append({
+            "bytes": int(nbytes),
+            "prompt_tokens": sorted(m["prompt_tokens"]) or None,
+            "models": sorted(m["models"]) or None,
+            "n": int(len(v)),
+            "p50_ms": _r(p50),
+            "p95_ms": _quantile_or_none(v, 0.95),
+            "p99_ms": _quantile_or_none(v, 0.99),
+            "mean_ms": _r(float(v.mean())),
+            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 > 0 else None,
+        })
+    return rows
+
+
+def _lof_json(line: LineFit) -> dict | None:
+    lof = line.lof
+    if lof is None:
+        return None
+    return {"q": _r(lof.q, 5), "df": lof.df, "p_value": _r(lof.p_value, 4),
+            "size_scatter_rel": _r(lof.size_scatter_rel, 4), "scatter_from": lof.scatter_from}
+
+
+def line_json(line: LineFit, sizes: np.ndarray) -> dict:
+    draws = None
+    if line.draws is not None:
+        draws = {"columns": ["setup_ms", "ms_per_gb"],
+                 "values": [[_r(a, DRAW_DIGITS), _r(b, DRAW_DIGITS)] for a, b in line.draws]}
     return {
         "setup_ms": _r(line.setup_ms),
-        "setup_ms_ci95": _pair(line.setup_ci),
+        "setup_ms_ci95": _pair(line.setup_ci()),
         "effective_gb_s": _r(line.effective_gb_s),
         "effective_gb_s_ci95": _pair(line.rate_ci()),
-        "bytes_min": int(s.sizes[0]),
-        "bytes_max": int(s.sizes[-1]),
-        "n_sizes": len(s.sizes),
-        "n_samples": len(s.ms),
+        "ms_per_gb": _r(line.ms_per_gb),
+        "no_interval": line.no_interval,
+        "lack_of_fit": _lof_json(line),
+        "bytes_min": int(sizes[0]),
+        "bytes_max": int(sizes[-1]),
+        "n_sizes": len(sizes),
+        "draws": draws,
     }
+
+
+def _add_residuals(rows: list[dict], line: LineFit) -> None:
+    for row, rel in zip(rows, line.residual_rel(), strict=True):
+        fitted = float(line.predict(row["bytes"]))
+        row["fitted_ms"] = _r(fitted)
+        row["residual_ms"] = _r(row["p50_ms"] - fitted)
+        row["residual_rel"] = _r(float(rel), 4)
+
+
+# ---------------------------------------------------------------------------
+# the per-group fit
 
 
 @dataclass
@@ -322,134 +147,60 @@ class GroupFit:
     """Everything fitted for one group; `record` is what goes into the JSON file."""
 
     record: dict
-    samples: Samples
-    line: LineResult | None = None
-    regimes: tuple[LineResult, LineResult, int, Samples, Samples] | None = None
+    samples: GroupSamples
+    line: LineFit | None = None
+    regimes: TwoRegimes | None = None
 
 
-def _two_regimes(s: Samples, one: LineResult, n_boot: int, seed: int):
-    """Segmented fit: one line below a break size, another above it, when that is warranted."""
-    k = len(s.sizes)
-    if k < 5:  # two lines through 2 + 2 sizes fit any four medians exactly: no evidence
-        return None
-    med = np.array([np.median(s.ms[sl]) for sl in s.slices])
-    scale = s.size_scale()
-    se = np.array([1.2533 * scale[sl.start] / math.sqrt(sl.stop - sl.start) for sl in s.slices])
-    resid = med - one.predict(s.sizes)
-    rel = resid / np.maximum(np.abs(med), 1e-9)
-    material = (np.abs(rel) > TWO_REGIME_MIN_REL) & (np.abs(resid) > TWO_REGIME_MIN_SE * se)
-    if not material.any():
-        return None
-    sse_one = float(np.sum(rel**2))
-    best = None
-    for j in range(2, k - 1):  # small = sizes[:j], large = sizes[j:], two sizes at least each
-        lo, hi = s.subset(0, j), s.subset(j, k)
-        fl, fh = fit_line(lo, n_boot=0), fit_line(hi, n_boot=0)
-        sse = float(np.sum(_rel_misfit(lo, fl) ** 2) + np.sum(_rel_misfit(hi, fh) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, j)
-    if best is None or best[0] * TWO_REGIME_GAIN > sse_one:
-        return None
-    j = best[1]
-    lo, hi = s.subset(0, j), s.subset(j, k)
-    fl, fh = fit_line(lo, n_boot, seed), fit_line(hi, n_boot, seed + 1)
-    # The break: where the two lines cross, if that lies between the neighbouring sizes;
-    # otherwise the geometric middle of the gap.
-    a, b = int(s.sizes[j - 1]), int(s.sizes[j])
-    brk = math.sqrt(a * b)
-    dslope = fl.ms_per_gb - fh.ms_per_gb
-    if dslope != 0:
-        cross = (fh.setup_ms - fl.setup_ms) / dslope * GB
-        if a <= cross <= b:
-            brk = cross
-    return fl, fh, int(round(brk)), lo, hi, sse_one / max(best[0], 1e-300)
+def _resampling(s: GroupSamples, why_not: str | None, n_draws: int) -> dict:
+    kinds = [s.stratum_kind[int(st)] for st in s.stratum]
+    return {"n_rounds": kinds.count("rounds"), "n_blocks": kinds.count("blocks"),
+            "unit": " and ".join(sorted({"round" if k == "rounds" else "(record, size) block"
+                                         for k in kinds})),
+            "n_draws": 0 if why_not else n_draws, "none_because": why_not}
 
 
-def fit_group(group: dict, records: list[dict], n_boot: int, seed: int,
-              line_rate: float | None) -> GroupFit:
-    label = group_label(group)
-    warnings: list[dict] = []
-    bytes_list: list[int] = []
-    ms_list: list[float] = []
-    meta: dict[int, dict] = {}
-    sources: list[str] = []
-    n_wrong = n_empty = 0
-    models: list[str] = []
-    for i, rec in enumerate(records):
-        src = rec.get("_source", "?")
-        if src not in sources:
-            sources.append(src)
-        wrong = rec.get("wrong")
-        if wrong:  # a run that received wrong elements measured nothing worth fitting
-            n_wrong += 1
-            continue
-        nbytes, samples = _samples_of(rec, f"{src}: record {i + 1} of group [{label}]")
-        if not samples:
-            n_empty += 1
-            continue
-        bytes_list += [nbytes] * len(samples)
-        ms_list += samples
-        m = meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})
-        if rec.get("prompt_tokens") is not None:
-            m["prompt_tokens"].add(rec["prompt_tokens"])
-        model = rec.get("model")
-        name = model.get("name") if isinstance(model, dict) else None
-        if name:
-            m["models"].add(str(name))
-            if name not in models:
-                models.append(str(name))
-    if not ms_list:
-        why = []
-        if n_wrong:
-            why.append(f"{n_wrong} with wrong received elements")
-        if n_empty:
-            why.append(f"{n_empty} without samples")
-        raise UsageError(f"group [{label}] is empty: no usable samples in {len(records)} "
-                         f"record(s) ({', '.join(why) or 'none'})")
-    if n_wrong:
-        warnings.append(_warn("excluded_wrong", f"excluded {n_wrong} record(s) whose received "
-                              "bytes were wrong: those runs measured nothing"))
-    if n_empty:
-        warnings.append(_warn("excluded_empty", f"excluded {n_empty} record(s) without samples"))
+def _empty_group_error(group: Group, c: Collected) -> UsageError:
+    why = [f"{c.n_wrong} with wrong received elements"] if c.n_wrong else []
+    why += [f"{c.n_empty} without samples"] if c.n_empty else []
+    return UsageError(f"group [{group.label}] is empty: no usable samples in "
+                      f"{len(group.records)} record(s) ({', '.join(why) or 'none'})")
 
-    s = Samples(np.array(bytes_list, dtype=np.int64), np.array(ms_list, dtype=float))
-    sizes_json = []
-    for nbytes, sl in zip(s.sizes, s.slices, strict=True):
-        v = s.ms[sl]
-        m = meta[int(nbytes)]
-        p50 = float(np.percentile(v, 50))
-        sizes_json.append({
-            "bytes": int(nbytes),
-            "prompt_tokens": sorted(m["prompt_tokens"]) or None,
-            "models": sorted(m["models"]) or None,
-            "n": int(len(v)),
-            "p50_ms": _r(p50),
-            "p95_ms": _r(float(np.percentile(v, 95))),
-            "p99_ms": _r(float(np.percentile(v, 99))),
-            "mean_ms": _r(float(v.mean())),
-            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 > 0 else None,
-        })
-    out = {
-        "group": {k: _jsonable(v) for k, v in group.items()},
-        "label": label,
-        "setup_ms": None,
-        "setup_ms_ci95": None,
-        "effective_gb_s": None,
-        "effective_gb_s_ci95": None,
-        "r2": None,
-        "r2_inliers": None,
-        "n_samples": int(len(s.ms)),
-        "n_sizes": int(len(s.sizes)),
-        "n_records": len(records),
-        "n_outliers": None,
-        "bytes_min": int(s.sizes[0]),
-        "bytes_max": int(s.sizes[-1]),
-        "models": models or None,
-        "sizes": sizes_json,
-        "two_regimes": None,
-        "warnings": warnings,
-        "sources": sources,
+
+def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
+    s = c.samples
+    models = sorted({m for d in c.meta.values() for m in d["models"]})
+    return {
+        "group": dict(group.fields), "label": group.label, "spec": group.spec,
+        "spec_id": group.spec_id, "fit_as_link": True,
+        "setup_ms": None, "setup_ms_ci95": None, "effective_gb_s": None,
+        "effective_gb_s_ci95": None, "ms_per_gb": None, "no_interval": None,
+        "lack_of_fit": None, "draws": None, "resampling": None,
+        "n_samples": int(len(s.ms)), "n_sizes": int(len(s.sizes)),
+        "n_records": len(group.records), "orders": c.orders,
+        "bytes_min": int(s.sizes[0]), "bytes_max": int(s.sizes[-1]),
+        "models": models or None, "sizes": size_rows(s, c.meta), "two_regimes": None,
+        "warnings": warnings, "sources": c.sources,
     }
+
+
+def _exclusion_warnings(c: Collected) -> list[dict]:
+    out = []
+    if c.n_wrong:
+        out.append(_warn("excluded_wrong", f"excluded {c.n_wrong} record(s) whose received "
+                         "bytes were wrong: those runs measured nothing"))
+    if c.n_empty:
+        out.append(_warn("excluded_empty", f"excluded {c.n_empty} record(s) without samples"))
+    return out
+
+
+def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> GroupFit:
+    c = collect(group)
+    if c.samples is None:
+        raise _empty_group_error(group, c)
+    s = c.samples
+    warnings = _exclusion_warnings(c)
+    out = _base_record(group, c, warnings)
     gf = GroupFit(out, s)
     if len(s.sizes) < 2:
         warnings.append(_warn("fewer_than_two_sizes",
@@ -457,91 +208,128 @@ def fit_group(group: dict, records: list[dict], n_boot: int, seed: int,
                               "cannot be separated; measure at least two sizes (e.g. --bytes "
                               "with a list) and fit again"))
         return gf
-
-    line = fit_line(s, n_boot, seed)
+    rng = np.random.default_rng(seed)
+    med, n, w = size_summary(s)
+    iid_var = iid_median_var(s, med, n)
+    why_not = interval_refusal(s)
+    mdraws = None if why_not else bootstrap_medians(s, med, n_boot, rng)
+    source = "within-size samples, taken as independent" if why_not else "unit bootstrap"
+    line = fit_line(s.x, med, w, mdraws=mdraws, iid_var=iid_var, no_interval=why_not,
+                    scatter_from=source, rng=rng)
     gf.line = line
-    out.update({k: v for k, v in _line_json(line, s).items()
-                if k in ("setup_ms", "setup_ms_ci95", "effective_gb_s", "effective_gb_s_ci95")})
-    yhat = line.predict(s.bytes)
-    line_scale = s.size_scale()
-    out["r2"] = _r(r_squared(s.ms, yhat))
-    if line.weights is not None and np.any(line.weights <= 0):
-        keep = line.weights > 0
-        out["r2_inliers"] = _r(r_squared(s.ms[keep], yhat[keep]))
+    out.update({k: v for k, v in line_json(line, s.sizes).items() if k in out})
+    out["resampling"] = _resampling(s, why_not, 0 if mdraws is None else len(mdraws))
+    _add_residuals(out["sizes"], line)
+    se = np.sqrt(np.diag(np.cov(mdraws.T))) if mdraws is not None else np.sqrt(iid_var)
+    warnings += line_warnings(line, line_rate) + lof_warnings(line, out["sizes"])
+    gf.regimes = find_two_regimes(s.sizes, line, w, se, mdraws=mdraws, iid_var=iid_var,
+                                  scatter_from=source, rng=rng)
+    if gf.regimes is not None:
+        out["two_regimes"] = regimes_json(gf.regimes, s.sizes)
+        warnings += regime_warnings(gf.regimes, line_rate)
     else:
-        out["r2_inliers"] = out["r2"]
-    out["n_outliers"] = int(np.sum(line.weights <= 0)) if line.weights is not None else None
-    for row, sl in zip(sizes_json, s.slices, strict=True):
-        fitted = float(line.predict(row["bytes"]))
-        med = float(np.median(s.ms[sl]))
-        row["fitted_ms"] = _r(fitted)
-        row["residual_ms"] = _r(med - fitted)
-        row["residual_rel"] = _r((med - fitted) / med) if med > 0 else None
+        warnings += poor_fit_warnings(out["sizes"], se)
+    return gf
 
+
+def regimes_json(tr: TwoRegimes, sizes: np.ndarray) -> dict:
+    j = tr.split
+    return {
+        "break_bytes": tr.break_bytes,
+        "break_between_bytes": [int(sizes[j - 1]), int(sizes[j])],
+        "break_ci95_bytes": None if tr.break_ci is None else list(tr.break_ci),
+        "break_gap_share": _r(tr.split_share, 3),
+        "bic_one_line": _r(tr.bic_one, 5),
+        "bic_two_lines": _r(tr.bic_two, 5),
+        "small": line_json(tr.small, sizes[:j]),
+        "large": line_json(tr.large, sizes[j:]),
+    }
+
+
+# ---------------------------------------------------------------------------
+# warnings
+
+
+def _rate_above(rate: float | None, line_rate: float | None, what: str) -> list[dict]:
+    if line_rate is None or rate is None or rate <= line_rate:
+        return []
+    return [_warn("rate_above_line_rate",
+                  f"{what}fitted {rate:.4g} GB/s exceeds the declared line rate {line_rate:g} "
+                  "GB/s: a measurement bug (timing launch instead of completion, bytes counted "
+                  "twice, a different path), not a result")]
+
+
+def line_warnings(line: LineFit, line_rate: float | None) -> list[dict]:
+    out = []
+    if line.no_interval:
+        out.append(_warn("no_interval", f"no interval: {line.no_interval}"))
     if line.ms_per_gb <= 0:
-        warnings.append(_warn("no_rate", "time does not grow with bytes: no effective rate "
-                              "can be fitted (are the sizes far too small, or the timer wrong?)"))
+        out.append(_warn("no_rate", "time does not grow with bytes: no effective rate can be "
+                         "fitted (are the sizes far too small, or the timer wrong?)"))
+    sci = line.setup_ci()
     if line.setup_ms < 0:
-        warnings.append(_warn("negative_intercept",
-                              f"setup_ms {line.setup_ms:.4g} is negative: not a physical setup "
-                              "cost (a token-bucket burst, a two-regime link or too few small "
-                              "sizes); plan uses 0"))
-    elif line.setup_ci is not None and line.setup_ci[0] <= 0:
-        warnings.append(_warn("intercept_not_distinguishable_from_zero",
-                              f"setup_ms 95% interval [{line.setup_ci[0]:.4g}, "
-                              f"{line.setup_ci[1]:.4g}] includes 0: setup is not resolved by "
-                              "these sizes (add smaller payloads)"))
-    rate = line.effective_gb_s
-    if line_rate is not None and rate is not None and rate > line_rate:
-        warnings.append(_warn("rate_above_line_rate",
-                              f"fitted {rate:.4g} GB/s exceeds the declared line rate "
-                              f"{line_rate:g} GB/s: a measurement bug (timing launch instead of "
-                              "completion, bytes counted twice, a different path), not a result"))
-    rci = line.rate_ci()
+        out.append(_warn("negative_intercept",
+                         f"setup_ms {line.setup_ms:.4g} is negative: not a physical setup cost "
+                         "(a token-bucket burst, a two-regime link or too few small sizes); "
+                         "plan uses 0"))
+    elif sci is not None and sci[0] <= 0:
+        out.append(_warn("intercept_not_distinguishable_from_zero",
+                         f"setup_ms 95% interval [{sci[0]:.4g}, {sci[1]:.4g}] includes 0: setup "
+                         "is not resolved by these sizes (add smaller payloads)"))
+    rate, rci = line.effective_gb_s, line.rate_ci()
+    out += _rate_above(rate, line_rate, "")
     if rate is not None and rci is not None and (
             rci[0] is None or rci[1] is None or rci[1] - rci[0] > 0.5 * rate):
         hi = "unbounded" if rci[1] is None else f"{rci[1]:.4g}"
-        warnings.append(_warn("wide_interval",
-                              f"the rate's 95% interval [{_fmt(rci[0], '.4g')}, {hi}] GB/s is "
-                              "wider than half the estimate: too few iterations, a noisy host, "
-                              "or sizes too close together"))
-    reg = _two_regimes(s, line, n_boot, seed)
-    if reg is not None:
-        fl, fh, brk, lo, hi, gain = reg
-        gf.regimes = (fl, fh, brk, lo, hi)
-        out["two_regimes"] = {
-            "break_bytes": brk,
-            "break_between_bytes": [int(lo.sizes[-1]), int(hi.sizes[0])],
-            "misfit_reduction": _r(gain, 4),
-            "small": _line_json(fl, lo),
-            "large": _line_json(fh, hi),
-        }
-        sr, lr = fl.effective_gb_s, fh.effective_gb_s
-        warnings.append(_warn("two_regimes",
-                              f"residuals show two regimes with a break near {fmt_bytes(brk)}: "
-                              f"below it setup {fl.setup_ms:.4g} ms at "
-                              f"{'n/a' if sr is None else f'{sr:.4g}'} GB/s, above it setup "
-                              f"{fh.setup_ms:.4g} ms at {'n/a' if lr is None else f'{lr:.4g}'} "
-                              "GB/s; plan uses the regime its payload falls in"))
-        for name, f in (("small", fl), ("large", fh)):
-            r = f.effective_gb_s
-            if line_rate is not None and r is not None and r > line_rate:
-                warnings.append(_warn("rate_above_line_rate",
-                                      f"{name}-message regime: fitted {r:.4g} GB/s exceeds the "
-                                      f"declared line rate {line_rate:g} GB/s: a measurement bug"))
-    if reg is None:
-        bad = [row for row, sl in zip(sizes_json, s.slices, strict=True)
-               if row["residual_rel"] is not None and abs(row["residual_rel"]) > POOR_FIT_REL
-               and abs(row["residual_ms"]) > TWO_REGIME_MIN_SE * 1.2533 * float(
-                   line_scale[sl.start]) / math.sqrt(sl.stop - sl.start)]
-        if bad:
-            worst = max(bad, key=lambda r: abs(r["residual_rel"]))
-            warnings.append(_warn("poor_fit",
-                                  f"{len(bad)} of {len(s.sizes)} sizes have a median off the line "
-                                  f"by more than {100 * POOR_FIT_REL:g}% (worst {worst['bytes']:,} "
-                                  f"B: {100 * worst['residual_rel']:+.1f}%): the line does not "
-                                  "describe this link well; see the residuals"))
-    return gf
+        out.append(_warn("wide_interval",
+                         f"the rate's 95% interval [{_fmt(rci[0], '.4g')}, {hi}] GB/s is wider "
+                         "than half the estimate: too few rounds or sizes, a noisy host, or "
+                         "sizes too close together"))
+    return out
+
+
+def lof_warnings(line: LineFit, rows: list[dict]) -> list[dict]:
+    lof = line.lof
+    if lof is None:
+        return [_warn("lack_of_fit_untestable", "two sizes: a line always passes through two "
+                      "medians, so a bad fit cannot be seen; measure at least four sizes")]
+    if lof.p_value >= LACK_OF_FIT_P or lof.size_scatter_rel < LACK_OF_FIT_MIN_REL:
+        return []
+    worst = max(rows, key=lambda r: abs(r["residual_rel"] or 0))
+    return [_warn("lack_of_fit",
+                  f"the per-size medians miss the line by more than their sampling allows "
+                  f"(Q {lof.q:.3g} on {lof.df} df, p {lof.p_value:.2g}; sampling from "
+                  f"{lof.scatter_from}): about {100 * lof.size_scatter_rel:.2g}% per size "
+                  f"beyond it, worst {worst['bytes']:,} B at {100 * worst['residual_rel']:+.1f}%"
+                  "; the interval includes this scatter")]
+
+
+def poor_fit_warnings(rows: list[dict], se: np.ndarray) -> list[dict]:
+    bad = [r for r, e in zip(rows, se, strict=True)
+           if abs(r["residual_rel"]) > POOR_FIT_REL and abs(r["residual_ms"]) > POOR_FIT_SE * e]
+    if not bad:
+        return []
+    worst = max(bad, key=lambda r: abs(r["residual_rel"]))
+    return [_warn("poor_fit",
+                  f"{len(bad)} of {len(rows)} sizes have a median off the line by more than "
+                  f"{100 * POOR_FIT_REL:g}% (worst {worst['bytes']:,} B: "
+                  f"{100 * worst['residual_rel']:+.1f}%): the line does not describe this link "
+                  "well; see the residuals")]
+
+
+def regime_warnings(tr: TwoRegimes, line_rate: float | None) -> list[dict]:
+    fl, fh = tr.small, tr.large
+    sr, lr = fl.effective_gb_s, fh.effective_gb_s
+    ci = "" if tr.break_ci is None else (f" (95% interval {fmt_bytes(tr.break_ci[0])} .. "
+                                         f"{fmt_bytes(tr.break_ci[1])})")
+    out = [_warn("two_regimes",
+                 f"BIC prefers two lines (BIC {tr.bic_two:.3g} vs {tr.bic_one:.3g}), break near "
+                 f"{fmt_bytes(tr.break_bytes)}{ci}: below it setup {fl.setup_ms:.4g} ms at "
+                 f"{_fmt(sr, '.4g')} GB/s, above it setup {fh.setup_ms:.4g} ms at "
+                 f"{_fmt(lr, '.4g')} GB/s; plan uses the regime its payload falls in")]
+    out += _rate_above(sr, line_rate, "small-message regime: ")
+    out += _rate_above(lr, line_rate, "large-message regime: ")
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -568,33 +356,45 @@ def matches(group: dict, where: dict[str, str]) -> bool:
     return all(_as_text(group.get(k)) == v for k, v in where.items())
 
 
-def group_records(records: list[dict]) -> tuple[list[str], dict[tuple, list[dict]]]:
-    keys = list(GROUP_KEYS) + [k for k in OPTIONAL_GROUP_KEYS if any(k in r for r in records)]
-    groups: dict[tuple, list[dict]] = {}
-    for rec in records:
-        groups.setdefault(group_key(rec, keys), []).append(rec)
-    return keys, groups
+def _check_where(groups: list[Group], where: dict[str, str]) -> list[Group]:
+    keys = sorted({k for g in groups for k in g.fields})
+    unknown = [k for k in where if k not in keys]
+    if unknown:
+        raise UsageError(f"--where: unknown key {unknown[0]!r}; group keys are {', '.join(keys)}")
+    chosen = [g for g in groups if matches(g.fields, where)]
+    if not chosen:
+        labels = "; ".join(g.label for g in groups)
+        raise UsageError(f"no group matches --where {' '.join(f'{k}={v}' for k, v in where.items())}"
+                         f" (groups: {labels})")
+    return chosen
 
 
 def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
                 n_boot: int = 1000, seed: int = 0,
-                line_rate: float | None = None) -> list[GroupFit]:
-    keys, groups = group_records(records)
-    where = where or {}
-    unknown = [k for k in where if k not in keys]
-    if unknown:
-        raise UsageError(f"--where: unknown key {unknown[0]!r}; group keys are {', '.join(keys)}")
-    fits = []
-    for gk, recs in groups.items():
-        group = dict(zip(keys, gk, strict=True))
-        if not matches(group, where):
+                line_rate: float | None = None,
+                expect_link: str | None = None) -> tuple[list[GroupFit], list[dict]]:
+    """Fit every link group; return the fits and the groups skipped as not a link."""
+    chosen = _check_where(group_records(records), where or {})
+    fits, skipped = [], []
+    for g in chosen:
+        why = group_not_link(g)
+        if why:
+            skipped.append({"label": g.label, "group": dict(g.fields), "spec_id": g.spec_id,
+                            "reason": why, "n_records": len(g.records)})
             continue
-        fits.append(fit_group(group, recs, n_boot, seed, line_rate))
+        fits.append(fit_group(g, n_boot, seed, line_rate))
+        mismatch = linkpath.mismatch(g.records, expect_link) if expect_link else None
+        if mismatch:  # the path the transport reported is not the declared link
+            fits[-1].record["warnings"].append(_warn("link_mismatch", mismatch))
     if not fits:
-        labels = "; ".join(group_label(dict(zip(keys, gk, strict=True))) for gk in groups)
-        raise UsageError(f"no group matches --where {' '.join(f'{k}={v}' for k, v in where.items())}"
-                         f" (groups: {labels})")
-    return fits
+        raise UsageError("nothing to fit: no group is a link (" + "; ".join(
+            f"[{s['label']}]: {s['reason']}" for s in skipped) + ")")
+    return fits, skipped
+
+
+def skipped_note(skipped: list[dict]) -> str:
+    return (f"skipped {len(skipped)} group(s) that are not a link: "
+            + "; ".join(f"[{s['label']}] ({s['reason']})" for s in skipped))
 
 
 def default_out(first_input: Path) -> Path:
@@ -610,29 +410,54 @@ def default_out(first_input: Path) -> Path:
     return path
 
 
-def fit_document(fits: list[GroupFit], inputs: list[str], n_boot: int, seed: int,
-                 line_rate: float | None) -> dict:
+METHOD = {
+    "estimator": "weighted least squares through the per-size medians (weights n / scale^2, "
+                 "scale = MAD, at least 1% of the median)",
+    "interval": "95% percentile of joint draws: rounds (or per-size (record, size) blocks) "
+                "resampled with all their samples, plus a per-size scatter drawn from the "
+                "generalized pivot Q(tau^2) = chi^2_(K-2)",
+    "lack_of_fit": "Q = e' (M S M')^+ e of the median residuals against the medians' sampling "
+                   "covariance S; chi-square with K-2 df",
+    "regimes": "two lines when BIC (K medians, 3 vs 6 parameters) prefers them and a single "
+               "line misses some median by > 5% and 3 SE; break interval from the draws",
+    "samples": "raw per-iteration samples_ms of records without wrong elements; cold "
+               "(first-transfer) times are not samples",
+}
+
+
+def fit_document(fits: list[GroupFit], skipped: list[dict], inputs: list[str], n_boot: int,
+                 seed: int, line_rate: float | None) -> dict:
     return {
         "schema": SCHEMA_FIT,
         "created": utc_stamp(),
         "model_formula": "time_ms = setup_ms + bytes / (effective_gb_s * 1e9) * 1000",
-        "method": {
-            "estimator": "Huber IRLS (c=1.345) from the per-size medians, then Tukey bisquare "
-                         "(c=4.685); residuals standardized by each size's MAD (at least 1% of "
-                         "its median)",
-            "bootstrap": {"resamples": n_boot, "seed": seed, "scheme": "samples resampled "
-                          "within each size", "interval": "95% percentile"},
-            "samples": "raw per-iteration samples_ms of records without wrong elements; "
-                       "cold (first-transfer) times are not samples",
-        },
+        "method": {**METHOD, "resamples": n_boot, "seed": seed},
         "line_rate_gb_s": line_rate,
         "inputs": inputs,
         "groups": [f.record for f in fits],
+        "skipped": skipped,
     }
 
 
-def _fmt(v, spec: str = ".5g") -> str:
-    return "n/a" if v is None else format(v, spec)
+def dumps(doc: dict) -> str:
+    """Indented JSON, except that each draws array stays on one line (1000 pairs per line)."""
+    compact: list[str] = []
+
+    def mark(v):
+        if isinstance(v, dict):
+            return {k: (_marker(compact, x) if k == "draws" and x else mark(x))
+                    for k, x in v.items()}
+        return [mark(x) for x in v] if isinstance(v, list) else v
+
+    text = json.dumps(mark(doc), indent=2)
+    for i, c in enumerate(compact):
+        text = text.replace(f'"@draws{i}@"', c, 1)
+    return text
+
+
+def _marker(store: list[str], value) -> str:
+    store.append(json.dumps(value, separators=(",", ":")))
+    return f"@draws{len(store) - 1}@"
 
 
 def _ci(p, spec: str = ".5g") -> str:
@@ -642,36 +467,58 @@ def _ci(p, spec: str = ".5g") -> str:
     return f"95% CI [{_fmt(lo, spec)}, {'unbounded' if hi is None else format(hi, spec)}]"
 
 
+def _pct(row: dict, key: str, q: float) -> str:
+    v = row[key]
+    return f"n<{min_samples_for(q)}" if v is None else f"{v:.4f}"
+
+
+def _group_lines(g: dict) -> list[str]:
+    rs = g["resampling"] or {}
+    units = (f"{rs.get('n_rounds', 0)} rounds" if rs.get("n_rounds") else
+             f"{rs.get('n_blocks', 0)} blocks")
+    lines = [f"    {g['n_sizes']} size(s) {fmt_bytes(g['bytes_min'])} .. "
+             f"{fmt_bytes(g['bytes_max'])}, {g['n_samples']} samples in {units}"
+             + (f", spec {g['spec_id']}" if g.get("spec_id") else ""),
+             f"    setup_ms         {_fmt(g['setup_ms'], '>10.4g')}  {_ci(g['setup_ms_ci95'], '.4g')}",
+             f"    effective GB/s   {_fmt(g['effective_gb_s'], '>10.5g')}  "
+             f"{_ci(g['effective_gb_s_ci95'])}"]
+    if g["setup_ms_ci95"] is not None:  # (no interval: the no_interval warning says why)
+        lines.append(f"    interval: {rs['n_draws']} draws resampling {rs['unit']}s, plus "
+                     "size-level scatter")
+    lof = g.get("lack_of_fit")
+    if lof:
+        lines.append(f"    lack of fit: Q {lof['q']:.3g} on {lof['df']} df, p {lof['p_value']:.3g}; "
+                     f"size-level scatter beyond sampling {100 * lof['size_scatter_rel']:.2g}% "
+                     "of a median")
+    tr = g.get("two_regimes")
+    for name in ("small", "large") if tr else ():
+        t = tr[name]
+        lines.append(f"    {name:<5} regime ({fmt_bytes(t['bytes_min'])} .. "
+                     f"{fmt_bytes(t['bytes_max'])}): setup {_fmt(t['setup_ms'], '.4g')} ms, "
+                     f"{_fmt(t['effective_gb_s'], '.5g')} GB/s {_ci(t['effective_gb_s_ci95'])}")
+    return lines
+
+
+def _size_lines(g: dict) -> list[str]:
+    lines = [f"    {'bytes':>14} {'n':>5} {'p50 ms':>10} {'p95 ms':>10} {'p99 ms':>10} "
+             f"{'fitted ms':>10} {'resid %':>8} {'p50 GB/s':>10}"]
+    for row in g["sizes"]:
+        rel = row.get("residual_rel")
+        lines.append(f"    {row['bytes']:>14,} {row['n']:>5} {_fmt(row['p50_ms'], '>10.4f')} "
+                     f"{_pct(row, 'p95_ms', 0.95):>10} {_pct(row, 'p99_ms', 0.99):>10} "
+                     f"{_fmt(row.get('fitted_ms'), '>10.4f')} "
+                     f"{'n/a' if rel is None else format(100 * rel, '>8.2f')} "
+                     f"{_fmt(row['end_to_end_gb_s'], '>10.4g')}")
+    return lines
+
+
 def format_table(doc: dict) -> str:
     lines = [f"kvbench fit: {len(doc['groups'])} group(s); time_ms = setup_ms + bytes / "
-             "(GB/s x 1e9) x 1000, robust fit to raw samples"]
+             "(GB/s x 1e9) x 1000 through the per-size medians; percentiles need n >= "
+             f"{min_samples_for(0.95)} (p95), {min_samples_for(0.99)} (p99)"]
     for i, g in enumerate(doc["groups"], 1):
-        lines.append("")
-        lines.append(f"[{i}] {g['label']}")
-        lines.append(f"    {g['n_sizes']} size(s) {fmt_bytes(g['bytes_min'])} .. "
-                     f"{fmt_bytes(g['bytes_max'])}, {g['n_samples']} samples, "
-                     f"R^2 {_fmt(g['r2'], '.4f')} (without outliers {_fmt(g['r2_inliers'], '.4f')}), "
-                     f"outliers {_fmt(g['n_outliers'], 'd')}")
-        lines.append(f"    setup_ms         {_fmt(g['setup_ms'], '>10.4g')}  {_ci(g['setup_ms_ci95'], '.4g')}")
-        lines.append(f"    effective GB/s   {_fmt(g['effective_gb_s'], '>10.5g')}  "
-                     f"{_ci(g['effective_gb_s_ci95'])}")
-        tr = g.get("two_regimes")
-        if tr:
-            for name in ("small", "large"):
-                t = tr[name]
-                lines.append(f"    {name:<5} regime ({fmt_bytes(t['bytes_min'])} .. "
-                             f"{fmt_bytes(t['bytes_max'])}): setup {_fmt(t['setup_ms'], '.4g')} ms, "
-                             f"{_fmt(t['effective_gb_s'], '.5g')} GB/s")
-        lines.append(f"    {'bytes':>14} {'n':>5} {'p50 ms':>10} {'p99 ms':>10} "
-                     f"{'fitted ms':>10} {'resid %':>8} {'p50 GB/s':>10}")
-        for row in g["sizes"]:
-            rel = row.get("residual_rel")
-            lines.append(f"    {row['bytes']:>14,} {row['n']:>5} {_fmt(row['p50_ms'], '>10.4f')} "
-                         f"{_fmt(row['p99_ms'], '>10.4f')} {_fmt(row.get('fitted_ms'), '>10.4f')} "
-                         f"{'n/a' if rel is None else format(100 * rel, '>8.2f')} "
-                         f"{_fmt(row['end_to_end_gb_s'], '>10.4g')}")
-        for w in g["warnings"]:
-            lines.append(f"    warning ({w['code']}): {w['message']}")
+        lines += ["", f"[{i}] {g['label']}"] + _group_lines(g) + _size_lines(g)
+        lines += [f"    warning ({w['code']}): {w['message']}" for w in g["warnings"]]
     return "\n".join(lines)
 
 
@@ -682,15 +529,17 @@ examples:
   python -m kvbench.fit run.jsonl --out run.fit.json --plot run.fit.png
 
 Rates are decimal GB/s (1e9 bytes per second); a 100 Gbit/s NIC is 12.5 GB/s.
+Groups that are not a link (compute included, zero bytes, sharded isolated) are skipped
+with a note naming them.
 """
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="kvbench fit",
-        description="Fit time_ms = setup_ms + bytes / (effective_gb_s x 1e9) x 1000 to the raw "
-                    "samples of p2p results,\none fit per transport/pattern/layout/... group, "
-                    "with bootstrap 95% intervals.",
+        description="Fit time_ms = setup_ms + bytes / (effective_gb_s x 1e9) x 1000 through the "
+                    "per-size medians of p2p results,\none fit per measured spec, with 95% "
+                    "intervals from resampling rounds (or blocks) and joint draws for plan.",
         epilog=_EPILOG,
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.jsonl", help="p2p result files")
@@ -700,6 +549,9 @@ def build_parser() -> ArgumentParser:
                    "line and band, and GB/s vs size (needs matplotlib: the 'plot' extra)")
     p.add_argument("--line-rate-gbps", metavar="GB/s", help="declared line rate in decimal GB/s; "
                    "a fitted rate above it is flagged as a measurement bug")
+    p.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
+                   help="the link the bytes should take (nvlink, rdma, tcp, ...): warn "
+                   "(link_mismatch) when the path a transport reported says otherwise")
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="fit only groups whose KEY equals VALUE (repeatable; lists as a,b)")
     p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
@@ -715,19 +567,19 @@ def _check_new(path: Path, what: str) -> None:
         raise UsageError(f"{what}: directory {path.parent} does not exist")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    line_rate = None
-    if args.line_rate_gbps is not None:
-        try:
-            line_rate = float(args.line_rate_gbps)
-        except ValueError:
-            raise UsageError(f"--line-rate-gbps must be a number, got {args.line_rate_gbps!r}") from None
-        if not (line_rate > 0 and math.isfinite(line_rate)):
-            raise UsageError(f"--line-rate-gbps must be positive, got {args.line_rate_gbps}")
-    if args.bootstrap < 20:
-        raise UsageError(f"--bootstrap must be at least 20 resamples, got {args.bootstrap}")
-    where = parse_where(args.where)
+def _line_rate(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        raise UsageError(f"--line-rate-gbps must be a number, got {text!r}") from None
+    if not (rate > 0 and math.isfinite(rate)):
+        raise UsageError(f"--line-rate-gbps must be positive, got {text}")
+    return rate
+
+
+def _paths(args) -> tuple[list[str], Path, Path | None]:
     inputs = [str(p) for p in args.results]
     for p in inputs:
         if Path(p).is_dir():
@@ -740,18 +592,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvbench import report
 
         report.require_matplotlib()
+    return inputs, out, plot
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    line_rate = _line_rate(args.line_rate_gbps)
+    if args.bootstrap < 100:
+        raise UsageError(f"--bootstrap must be at least 100 resamples, got {args.bootstrap}")
+    where = parse_where(args.where)
+    inputs, out, plot = _paths(args)
     records = load_records(inputs, schemas={SCHEMA_P2P})
     if not records:
         raise UsageError(f"no records in {', '.join(inputs)}")
-    fits = fit_records(records, where=where, n_boot=args.bootstrap, seed=args.seed,
-                       line_rate=line_rate)
-    doc = fit_document(fits, inputs, args.bootstrap, args.seed, line_rate)
+    fits, skipped = fit_records(records, where=where, n_boot=args.bootstrap, seed=args.seed,
+                                line_rate=line_rate, expect_link=args.expect_link)
+    doc = fit_document(fits, skipped, inputs, args.bootstrap, args.seed, line_rate)
     png = None
     if plot is not None:
+        from kvbench import report
+
         png = report.plot_fits(fits)  # rendered before anything is written
-    write_new_file(out, json.dumps(doc, indent=2) + "\n")
+    write_new_file(out, dumps(doc) + "\n")
     if png is not None:
         write_new_file(plot, png)
+    if skipped:  # one line, on stderr: what was not fitted and why
+        print(f"kvbench fit: note: {skipped_note(skipped)}", file=sys.stderr)
     print(format_table(doc))
     print(f"\nwrote {out}" + (f" and {plot}" if plot else ""))
     return 0

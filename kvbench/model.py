@@ -12,7 +12,6 @@ Run `python -m kvbench.model --help`.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -22,13 +21,18 @@ from pathlib import Path
 from kvbench.cli import (
     ArgumentParser,
     UsageError,
+    arg_int,
     non_negative_float,
     parse_positive_floats,
     parse_positive_ints,
-    read_text,
     run_main,
 )
+from kvbench.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
 from kvbench.units import GiB, MiB, transfer_ms
+
+MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
+MAX_BUDGET_MS = 1e9
+MAX_TP = 65_536
 
 # ---------------------------------------------------------------------------
 # dtypes
@@ -164,64 +168,40 @@ PRESETS: dict[str, ModelSpec] = {
 DEFAULT_MODEL = "seed-70b-gqa"
 
 
-def _get_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
-    value = cfg.get(key, default)
-    if value is None:
-        raise UsageError(f"{path}: missing {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(f"{path}: {key} must be a positive integer, got {value!r}")
-    return value
-
-
 def load_hf_config(path: str | Path) -> ModelSpec:
-    """Read a local Hugging Face config.json into a ModelSpec (no network access)."""
+    """Read a local Hugging Face config.json into a ModelSpec (no network access).
+
+    The file goes through kvbench.schema (bounded JSON, typed fields, physical bounds), so
+    a malformed value is one line naming the key, never a traceback or a wrong size.
+    """
+    from kvbench.schema.hf_config import load_hf_config_file
+
+    cfg, raw = load_hf_config_file(path)
     p = Path(path)
-    text = read_text(p, missing="model config not found")
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{p}: expected a JSON object")
-    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg, **cfg["text_config"]}  # multimodal configs nest the language model
-    layers = _get_int(cfg, "num_hidden_layers", str(p))
-    heads = _get_int(cfg, "num_attention_heads", str(p))
-    kv_heads = _get_int(cfg, "num_key_value_heads", str(p), default=heads)
-    hidden = cfg.get("hidden_size") or 0
-    head_dim = cfg.get("head_dim")
-    if head_dim is None:
-        if not hidden or hidden % heads:
-            raise UsageError(f"{p}: no head_dim and hidden_size not divisible by num_attention_heads")
-        head_dim = hidden // heads
-    head_dim = _get_int({"head_dim": head_dim}, "head_dim", str(p))
-    name = cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or p.stem
-    common = dict(num_attention_heads=heads, hidden_size=int(hidden),
-                  intermediate_size=int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 0),
-                  source=str(p))
-    if cfg.get("kv_lora_rank"):
-        return ModelSpec(str(name), layers, 1, 0, "mla",
-                         kv_lora_rank=_get_int(cfg, "kv_lora_rank", str(p)),
-                         qk_rope_head_dim=_get_int(cfg, "qk_rope_head_dim", str(p)), **common)
-    window, sliding = _sliding_window(cfg, layers)
-    kind = "mha" if kv_heads == heads else "gqa"
-    return ModelSpec(str(name), layers, kv_heads, head_dim, kind, sliding_window=window,
-                     sliding_layers=sliding, **common)
+    name = cfg.name_or_path or cfg.model_type or p.parent.name or p.stem
+    common = dict(num_attention_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size or 0,
+                  intermediate_size=cfg.intermediate_size or cfg.ffn_dim or 0, source=str(p))
+    if cfg.is_mla:
+        return ModelSpec(str(name), cfg.num_hidden_layers, 1, 0, "mla", kv_lora_rank=cfg.kv_lora_rank,
+                         qk_rope_head_dim=cfg.qk_rope_head_dim, **common)
+    window, sliding = _sliding_window(cfg)
+    kind = "mha" if cfg.kv_heads == cfg.num_attention_heads else "gqa"
+    return ModelSpec(str(name), cfg.num_hidden_layers, cfg.kv_heads, cfg.resolved_head_dim, kind,
+                     sliding_window=window, sliding_layers=sliding, **common)
 
 
-def _sliding_window(cfg: dict, layers: int) -> tuple[int | None, int]:
+def _sliding_window(cfg) -> tuple[int | None, int]:
     """How many layers keep only a window, from the several ways configs say it."""
-    window = cfg.get("sliding_window")
-    if not window or cfg.get("use_sliding_window") is False:
+    window, layers = cfg.sliding_window, cfg.num_hidden_layers
+    if not window or cfg.use_sliding_window is False:
         return None, 0
-    if isinstance(cfg.get("layer_types"), list):  # newer configs: one entry per layer
-        return int(window), sum(1 for t in cfg["layer_types"] if "sliding" in str(t))
-    if cfg.get("max_window_layers") is not None and "use_sliding_window" in cfg:
-        return int(window), max(0, layers - int(cfg["max_window_layers"]))  # Qwen2 style
-    pattern = cfg.get("sliding_window_pattern")
-    if isinstance(pattern, int) and pattern > 0:  # Gemma style: every Nth layer is global
-        return int(window), layers - layers // pattern
-    return int(window), layers
+    if cfg.layer_types is not None:  # newer configs: one entry per layer
+        return window, sum(1 for t in cfg.layer_types if "sliding" in t)
+    if cfg.max_window_layers is not None and cfg.use_sliding_window is not None:
+        return window, max(0, layers - cfg.max_window_layers)  # Qwen2 style
+    if cfg.sliding_window_pattern:  # Gemma style: every Nth layer is global
+        return window, layers - layers // cfg.sliding_window_pattern
+    return window, layers
 
 
 def resolve_model(name: str | None = None, config: str | None = None) -> ModelSpec:
@@ -262,6 +242,11 @@ class KVSizing:
             raise UsageError("prompt tokens must be positive")
         if self.tp <= 0:
             raise UsageError("tensor-parallel size must be positive")
+        if self.tokens > MAX_TOKENS:
+            raise UsageError(f"prompt tokens must be at most {MAX_TOKENS:,}, got {self.tokens:,}")
+        if self.kv_bytes > MAX_BYTES:
+            raise UsageError(f"{self.tokens:,} tokens of {self.model.name} are {self.kv_bytes:.3e} bytes of "
+                             f"KV, more than 2^53 B (9 PB): not a payload kvbench can size exactly")
 
     @property
     def stored_tokens(self) -> int:
@@ -475,14 +460,15 @@ def build_parser() -> ArgumentParser:
                    help="sustained effective link rates in decimal GB/s (default 100,25,10)")
     p.add_argument("--setup-ms", default="1.0", help="per-handoff setup cost in ms (default 1.0)")
     p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
-    p.add_argument("--short-prompt-tokens", type=int, default=300,
+    p.add_argument("--short-prompt-tokens", type=arg_int(1, MAX_TOKENS), default=300,
                    help="prompt length of the short-prompt case (default 300), at the slowest link")
     p.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
                    help="FP8/INT8 scale overhead (default none)")
     p.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
-    p.add_argument("--block-size", type=int, default=None,
+    p.add_argument("--block-size", type=arg_int(1, MAX_TOKENS), default=None,
                    help="paged block size in tokens: allocation is rounded up to whole blocks")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: report bytes per rank")
+    p.add_argument("--tp", type=arg_int(1, MAX_TP), default=1,
+                   help="tensor-parallel size: report bytes per rank")
     p.add_argument("--format", choices=("json", "table"), default="json")
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
@@ -518,14 +504,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model = resolve_model(args.model, args.model_config)
     dtype = get_dtype(args.dtype)
-    tokens = parse_positive_ints(args.prompt_tokens, "--prompt-tokens") if args.prompt_tokens else [2000]
-    links = parse_positive_floats(args.links_gbps, "--links-gbps")
-    setup = non_negative_float(args.setup_ms, "--setup-ms")
-    budget = parse_positive_floats(args.budget_ms, "--budget-ms")[0]
-    if args.short_prompt_tokens <= 0:
-        raise UsageError("--short-prompt-tokens must be positive")
-    if args.block_size is not None and args.block_size <= 0:
-        raise UsageError("--block-size must be positive")
+    tokens = ([2000] if args.prompt_tokens is None
+              else parse_positive_ints(args.prompt_tokens, "--prompt-tokens", MAX_TOKENS))
+    links = parse_positive_floats(args.links_gbps, "--links-gbps", MIN_GBPS, MAX_GBPS)
+    setup = non_negative_float(args.setup_ms, "--setup-ms", MAX_SETUP_MS)
+    budget = parse_positive_floats(args.budget_ms, "--budget-ms", hi=MAX_BUDGET_MS)[0]
+    if args.out:
+        from kvbench.results import check_new_file
+
+        check_new_file(args.out)
     results = [
         transfer_model(TransferModelArgs(model, dtype, t, links, setup, budget,
                                          args.short_prompt_tokens, args.scale_mode,
@@ -533,10 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in tokens
     ]
     payload = results[0] if args.prompt_tokens is None else results
-    text = json.dumps(payload, indent=2)
-    if args.out:
-        from kvbench.results import write_new_file
+    from kvbench.results import dumps_json, write_new_file
 
+    text = dumps_json(payload)
+    if args.out:
         write_new_file(Path(args.out), text + "\n")
     print(format_table(results) if args.format == "table" else text)
     return 0

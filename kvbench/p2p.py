@@ -23,6 +23,7 @@ from kvbench.baseline import LABELS, baseline_gbps
 from kvbench.cli import EXIT_USAGE, ArgumentParser, UsageError, parse_positive_ints
 from kvbench.devices import make_device
 from kvbench.engine import Engine, close_links
+from kvbench.gpu_select import select_local_gpu
 from kvbench.harness import (
     LoopResult,
     LoopSettings,
@@ -103,6 +104,9 @@ def build_parser(rank: int = 0) -> ArgumentParser:
                           + ", ".join(f"{n} ({c.description})" for n, c in transports.available().items()))
     how.add_argument("--pattern", default="sequential",
                      help="comma-separated handoff patterns: " + ", ".join(patterns.available()))
+    how.add_argument("--allow-shared-gpu", action="store_true",
+                     help="let two ranks of a node use one GPU (refused by default: a handoff "
+                          "inside one device measures no link)")
     how.add_argument("--granularity", choices=("whole", "layer", "block"), default="whole",
                      help="one packed message, one per layer tensor, or one per paged block")
     timing = p.add_argument_group("timing")
@@ -249,21 +253,6 @@ def mem_available_bytes() -> int | None:
     except OSError:
         pass
     return None
-
-
-def select_local_gpu(comm) -> int:
-    """One GPU per rank on a node: the rank's index among the ranks sharing its host.
-
-    Without this every rank would use GPU 0 and an 'NVLink' run would be a copy within
-    one device. Works for mpirun and srun alike (no launcher variables needed)."""
-    import torch
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    index = local.Get_rank() % torch.cuda.device_count()
-    local.Free()
-    torch.cuda.set_device(index)
-    return index
 
 
 def agree(comm, error: str | None) -> str | None:
@@ -421,11 +410,14 @@ def run(argv: Sequence[str] | None, comm) -> int:
     if error:
         return usage_exit(rank, error)
     hosts = comm.allgather(os.uname().nodename)
-    if device == "cuda":
-        select_local_gpu(comm)
+    gpus = None
+    if device == "cuda":  # one GPU per rank, by node-local rank; refuses two ranks on one GPU
+        gpus, error = select_local_gpu(comm, args.allow_shared_gpu)
+        if error:
+            return usage_exit(rank, error)
     dev = make_device(device)
     try:
-        return _run(args, argv, comm, hosts, dev, model, dtype, tcls, pclasses, points)
+        return _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points)
     finally:
         dev.close()
 
@@ -436,7 +428,7 @@ def usage_exit(rank: int, error: str) -> int:
     return EXIT_USAGE
 
 
-def _run(args, argv, comm, hosts, dev, model, dtype, tcls, pclasses, points) -> int:
+def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points) -> int:
     rank, world = comm.Get_rank(), comm.Get_size()
     settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
     progress = Progress(enabled=rank == 0 and not args.quiet)
@@ -478,6 +470,7 @@ def _run(args, argv, comm, hosts, dev, model, dtype, tcls, pclasses, points) -> 
         "model": None if raw else {"name": model.name, **model.geometry()},
         "block_size": spec_common["block_size"],
         "world_size": world, "hosts": hosts,
+        "gpus": gpus,
         "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
         "transport_open_ms": open_ms,
         "run_id": run_id, "order": order, "clock": ctx.clock.as_dict(),

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from kvbench.cli import (
     ArgumentParser,
     UsageError,
@@ -32,7 +34,8 @@ from kvbench.cli import (
     read_text,
     run_main,
 )
-from kvbench.fit import SCHEMA_FIT, matches, parse_where
+from kvbench.fit import SCHEMA_FIT, SCHEMA_FIT_V1, matches, min_samples_for, parse_where
+from kvbench.fit_data import not_link_reason
 from kvbench.model import (
     DEFAULT_MODEL,
     DTYPES,
@@ -67,29 +70,35 @@ class Link:
     sizes: list[dict] = field(default_factory=list)
     two_regimes: dict | None = None
     fit_warnings: list[str] = field(default_factory=list)
+    draws: np.ndarray | None = None  # (B, 2) joint draws of (setup_ms, ms_per_gb) from the fit
+    no_band: str | None = None  # why there are no draws
 
-    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str], list | None, list | None]:
-        """The link cost for this payload: the right regime, setup never negative."""
+    def _regime(self, kv_bytes: int) -> tuple[str, dict | None]:
+        tr = self.two_regimes
+        if not tr:
+            return "single", None
+        regime = "large" if kv_bytes >= tr["break_bytes"] else "small"
+        part = tr[regime]
+        return (regime, part) if part.get("effective_gb_s") else ("single", None)
+
+    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str], list | None,
+                                                  list | None]:
+        """The link cost for this payload: the right regime, setup never negative; with that
+        regime's setup and rate intervals (marginal: for a band use `band`)."""
         notes: list[str] = []
         rate, setup = self.effective_gb_s, self.setup_ms
         s_ci, r_ci = self.setup_ci95, self.rate_ci95
-        regime = "single"
-        tr = self.two_regimes
-        if tr:
-            regime = "large" if kv_bytes >= tr["break_bytes"] else "small"
-            part = tr[regime]
-            if part.get("effective_gb_s"):
-                rate, setup = part["effective_gb_s"], part["setup_ms"]
-                s_ci, r_ci = part.get("setup_ms_ci95"), part.get("effective_gb_s_ci95")
-                notes.append(f"two regimes: used the {regime}-message fit "
-                             f"(break near {tr['break_bytes']:,} B)")
-            else:
-                regime = "single"
+        regime, part = self._regime(kv_bytes)
+        if part is not None:
+            rate, setup = part["effective_gb_s"], part["setup_ms"]
+            s_ci, r_ci = part.get("setup_ms_ci95"), part.get("effective_gb_s_ci95")
+            notes.append(f"two regimes: used the {regime}-message fit "
+                         f"(break near {self.two_regimes['break_bytes']:,} B)")
         if setup is not None and setup < 0:
             notes.append(f"fitted setup {setup:.4g} ms is negative; used 0")
             setup = 0.0
-        lo = int(tr[regime]["bytes_min"]) if tr and regime != "single" else None
-        hi = int(tr[regime]["bytes_max"]) if tr and regime != "single" else None
+        lo = int(part["bytes_min"]) if part else None
+        hi = int(part["bytes_max"]) if part else None
         if self.source == "fit" and self.sizes:
             lo = lo if lo is not None else min(int(r["bytes"]) for r in self.sizes)
             hi = hi if hi is not None else max(int(r["bytes"]) for r in self.sizes)
@@ -98,11 +107,30 @@ class Link:
                              "extrapolated")
         return LinkCost(rate, setup, self.includes_setup), regime, notes, s_ci, r_ci
 
+    def band(self, kv_bytes: int) -> list[float] | None:
+        """95% band of the handoff floor at this payload from the fit's joint draws of
+        (setup, slope): each draw's floor (its setup used as 0 when negative, like the point
+        estimate's), then the 2.5 and 97.5 percentiles. None without draws."""
+        _, part = self._regime(kv_bytes)
+        draws = _draws(part.get("draws")) if part is not None else self.draws
+        if draws is None or not len(draws):
+            return None
+        floor = np.maximum(draws[:, 0], 0.0) + draws[:, 1] * kv_bytes / 1e9
+        lo, hi = np.percentile(floor, [2.5, 97.5])
+        return [_r(float(lo)), _r(float(hi))]
+
     def measured(self, kv_bytes: int) -> dict | None:
         for row in self.sizes:
             if int(row["bytes"]) == kv_bytes:
                 return row
         return None
+
+
+def _draws(d: dict | None) -> np.ndarray | None:
+    if not d or not d.get("values"):
+        return None
+    arr = np.asarray(d["values"], dtype=float)
+    return arr[np.all(np.isfinite(arr), axis=1)]
 
 
 def load_fit(path: str) -> dict:
@@ -116,15 +144,37 @@ def load_fit(path: str) -> dict:
     if not isinstance(doc, dict):
         raise UsageError(f"{p}: expected a JSON object written by kvbench fit")
     schema = doc.get("schema")
-    if schema != SCHEMA_FIT:
-        raise UsageError(f"{p}: unknown fit schema {schema!r} (this kvbench reads {SCHEMA_FIT})")
+    if schema not in (SCHEMA_FIT, SCHEMA_FIT_V1):
+        raise UsageError(f"{p}: unknown fit schema {schema!r} (this kvbench reads {SCHEMA_FIT} "
+                         f"and {SCHEMA_FIT_V1})")
     if not isinstance(doc.get("groups"), list):
         raise UsageError(f"{p}: no 'groups' list")
     return doc
 
 
-def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
-    doc = load_fit(path)
+def _group_not_link(g: dict) -> str | None:
+    """A kvbench.fit/1 file fitted every group; the link rules of kvbench fit apply here too."""
+    if g.get("fit_as_link") is False:
+        return "not a link"
+    return not_link_reason({k: v for k, v in (g.get("group") or {}).items() if k != "bytes"})
+
+
+def _link_of(g: dict, schema: str) -> Link:
+    draws = _draws(g.get("draws"))
+    why = None
+    if draws is None:
+        why = (g.get("no_interval") or "no joint draws") if schema == SCHEMA_FIT else \
+            f"{schema} fit file has no joint draws: run kvbench fit again for a band"
+    return Link(
+        label=str(g.get("label")), source="fit", effective_gb_s=float(g["effective_gb_s"]),
+        setup_ms=float(g.get("setup_ms") or 0.0), group=g.get("group"),
+        setup_ci95=g.get("setup_ms_ci95"), rate_ci95=g.get("effective_gb_s_ci95"),
+        sizes=list(g.get("sizes") or []), two_regimes=g.get("two_regimes"),
+        fit_warnings=[w.get("code", "?") for w in g.get("warnings", [])], draws=draws,
+        no_band=why)
+
+
+def _chosen_groups(doc: dict, path: str, where: dict[str, str]) -> list[dict]:
     groups = doc["groups"]
     if not groups:
         raise UsageError(f"{path}: the fit holds no groups")
@@ -137,24 +187,29 @@ def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
         raise UsageError(f"no group in {path} matches "
                          f"{' '.join(f'{k}={v}' for k, v in where.items())} (groups: "
                          + "; ".join(str(g.get("label")) for g in groups) + ")")
-    links, unusable = [], []
-    for g in chosen:
-        rate = g.get("effective_gb_s")
-        if not isinstance(rate, (int, float)) or not rate > 0:
-            codes = ", ".join(w.get("code", "?") for w in g.get("warnings", [])) or "no rate"
-            unusable.append(f"[{g.get('label')}] ({codes})")
+    return chosen
+
+
+def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
+    """Every matching group that is a link with a fitted rate; the rest named in one note."""
+    doc = load_fit(path)
+    links, skipped = [], [f"[{s.get('label')}] ({s.get('reason')})"
+                          for s in doc.get("skipped") or []
+                          if not where or matches(s.get("group") or {}, where)]
+    for g in _chosen_groups(doc, path, where):
+        rate, why = g.get("effective_gb_s"), _group_not_link(g)
+        if why is None and not (isinstance(rate, (int, float)) and rate > 0):
+            why = "no fitted rate: " + (", ".join(w.get("code", "?") for w in g.get("warnings", []))
+                                        or "no rate")
+        if why:
+            skipped.append(f"[{g.get('label')}] ({why})")
             continue
-        links.append(Link(
-            label=str(g.get("label")), source="fit", effective_gb_s=float(rate),
-            setup_ms=float(g.get("setup_ms") or 0.0), group=g.get("group"),
-            setup_ci95=g.get("setup_ms_ci95"), rate_ci95=g.get("effective_gb_s_ci95"),
-            sizes=list(g.get("sizes") or []), two_regimes=g.get("two_regimes"),
-            fit_warnings=[w.get("code", "?") for w in g.get("warnings", [])]))
+        links.append(_link_of(g, doc["schema"]))
     if not links:
-        raise UsageError(f"no matching group in {path} has a fitted rate: {'; '.join(unusable)}")
-    if unusable:
-        print(f"kvbench plan: note: skipped group(s) without a fitted rate: {'; '.join(unusable)}",
-              file=sys.stderr)
+        raise UsageError(f"no matching group in {path} is a link with a fitted rate: "
+                         f"{'; '.join(skipped)}")
+    if skipped:
+        print(f"kvbench plan: note: skipped group(s): {'; '.join(skipped)}", file=sys.stderr)
     return links
 
 
@@ -201,21 +256,15 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
-def _bounds(kv: int, s_ci, r_ci) -> list | None:
-    """Floor from the interval ends (low setup + high rate .. high setup + low rate)."""
-    if not s_ci or not r_ci or None in s_ci:
-        return None
-    lo = max(s_ci[0], 0.0) + (kv / (r_ci[1] * 1e9) * 1000 if r_ci[1] else 0.0)
-    hi = max(s_ci[1], 0.0) + (kv / (r_ci[0] * 1e9) * 1000 if r_ci[0] else math.inf)
-    return [_r(lo), _r(hi)]
-
-
 def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> list[dict]:
     rows = []
     for link in links:
         for sz in sizings:
             kv = sz.kv_bytes
-            cost, regime, notes, s_ci, r_ci = link.for_payload(kv)
+            cost, regime, notes, _, _ = link.for_payload(kv)
+            band = link.band(kv) if link.source == "fit" else None
+            if link.source == "fit" and band is None:
+                notes = notes + [f"no band: {link.no_band}"]
             bw, floor = cost.handoff_floor(kv)
             m = link.measured(kv)
             rows.append({
@@ -229,11 +278,11 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> l
                 "setup_ms": None if cost.includes_setup else _r(cost.setup_ms),
                 "bandwidth_floor_ms": _r(bw),
                 "handoff_floor_ms": _r(floor),
-                "handoff_floor_ms_bounds": _bounds(kv, s_ci, r_ci),
+                "handoff_floor_ms_band95": band,
                 "budget_ms": budget_ms,
                 "within_budget": floor <= budget_ms,
                 "measured_p50_ms": m["p50_ms"] if m else None,
-                "measured_p99_ms": m["p99_ms"] if m else None,
+                "measured_p99_ms": m["p99_ms"] if m and m["n"] >= min_samples_for(0.99) else None,
                 "measured_n": m["n"] if m else None,
                 "regime": regime,
                 "fit_warnings": link.fit_warnings,
@@ -246,26 +295,45 @@ def _f(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _band_text(band) -> str:
+    return "-" if not band else f"{band[0]:.4f}..{band[1]:.4f}"
+
+
+def _p99_text(r: dict) -> str:
+    if r["measured_p99_ms"] is None and r["measured_n"]:
+        return f"n<{min_samples_for(0.99)}"
+    return _f(r["measured_p99_ms"], ".4f")
+
+
+def _plan_row_line(r: dict) -> str:
+    setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
+    return (f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {r['effective_gb_s']:>9.4g} "
+            f"{setup:>9} {r['bandwidth_floor_ms']:>12.4f} {r['handoff_floor_ms']:>11.4f} "
+            f"{_band_text(r['handoff_floor_ms_band95']):>19} "
+            f"{'ok' if r['within_budget'] else 'OVER':>7} "
+            f"{_f(r['measured_p50_ms'], '.4f'):>9} {_p99_text(r):>9} "
+            f"{_f(r['measured_n'], 'd'):>5}")
+
+
 def format_plan_table(doc: dict) -> str:
+    """One block per link; a note every row of a link shares is printed once under its header."""
     lines = [f"kvbench plan: {doc['model']} {doc['dtype']}, budget {doc['budget_ms']:g} ms; "
-             "handoff_floor_ms = setup_ms + bandwidth_floor_ms (a lower bound)"]
-    last = None
+             "handoff_floor_ms = setup_ms + bandwidth_floor_ms (a lower bound); 95% band from "
+             "the fit's joint draws"]
+    by_link: dict[str, list[dict]] = {}
     for r in doc["rows"]:
-        if r["link"] != last:
-            last = r["link"]
-            lines.append("")
-            lines.append(f"link: {r['link']}" + (f"  [fit warnings: {', '.join(r['fit_warnings'])}]"
-                                                 if r["fit_warnings"] else ""))
-            lines.append(f"  {'tokens':>7} {'KV bytes':>15} {'GB/s':>9} {'setup ms':>9} "
-                         f"{'bw floor ms':>12} {'handoff ms':>11} {'budget':>7} "
-                         f"{'meas p50':>9} {'meas p99':>9}")
-        setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
-        lines.append(f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {r['effective_gb_s']:>9.4g} "
-                     f"{setup:>9} {r['bandwidth_floor_ms']:>12.4f} {r['handoff_floor_ms']:>11.4f} "
-                     f"{'ok' if r['within_budget'] else 'OVER':>7} "
-                     f"{_f(r['measured_p50_ms'], '.4f'):>9} {_f(r['measured_p99_ms'], '.4f'):>9}")
-        for n in r["notes"]:
-            lines.append(f"      note: {n}")
+        by_link.setdefault(r["link"], []).append(r)
+    for link, rows in by_link.items():
+        common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows)]
+        warn = rows[0]["fit_warnings"]
+        lines += ["", f"link: {link}" + (f"  [fit warnings: {', '.join(warn)}]" if warn else "")]
+        lines += [f"  note: {n}" for n in common]
+        lines.append(f"  {'tokens':>7} {'KV bytes':>15} {'GB/s':>9} {'setup ms':>9} "
+                     f"{'bw floor ms':>12} {'handoff ms':>11} {'95% band ms':>19} "
+                     f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
+        for r in rows:
+            lines.append(_plan_row_line(r))
+            lines += [f"      note: {n}" for n in r["notes"] if n not in common]
     return "\n".join(lines)
 
 
@@ -484,12 +552,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "route":
         return route_main(argv[1:])
+    if argv and argv[0] == "export":  # kvbench/export.py: the fit in planning tools' words
+        from kvbench.export import main as export_main
+
+        return export_main(argv[1:])
     return plan_main(argv)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    prog = "kvbench plan route" if argv[:1] == ["route"] else "kvbench plan"
+    prog = {"route": "kvbench plan route", "export": "kvbench plan export"}.get(argv[0] if argv else "",
+                                                                                "kvbench plan")
     return run_main(prog, main, argv)
 
 

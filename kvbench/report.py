@@ -1,8 +1,9 @@
 """Plots of fitted handoff measurements (matplotlib, from the `plot` extra).
 
-One row per group: time against bytes with every raw sample, the fitted line and its
-bootstrap 95% band; and the end-to-end GB/s of each sample against payload size, with
-the curve the fitted model implies and its asymptote (the effective rate).
+One row per group: time against bytes with every raw sample, each size's median, the fitted
+line and its 95% band from the joint draws (and two regimes with the break's interval when
+found); and the end-to-end GB/s of each sample against payload size, with the curve the fitted
+model implies and its asymptote (the effective rate).
 """
 
 from __future__ import annotations
@@ -33,6 +34,74 @@ def _size_ticks(ax, sizes) -> None:
     ax.minorticks_off()
 
 
+def _samples_panels(ax_t, ax_r, s) -> None:
+    """Every raw sample (time and bytes/time) and each size's median."""
+    ax_t.scatter(s.bytes, s.ms, s=12, alpha=0.45, color="tab:blue", label="samples", zorder=2)
+    gbs = np.divide(s.bytes / GB, s.ms / 1000.0, out=np.full(len(s.ms), np.nan), where=s.ms > 0)
+    ax_r.scatter(s.bytes, gbs, s=12, alpha=0.45, color="tab:blue",
+                 label="samples (bytes / time)", zorder=2)
+    p50 = np.array([np.median(s.of_size(k)) for k in range(len(s.sizes))])
+    ax_t.plot(s.sizes, p50, "o", mfc="none", mec="k", ms=7, label="median per size", zorder=4)
+    ax_r.plot(s.sizes, s.sizes / GB / (p50 / 1000.0), "o", mfc="none", mec="k", ms=7,
+              label="median per size", zorder=4)
+
+
+def _line_panels(ax_t, ax_r, line, grid) -> None:
+    pred = line.predict(grid)
+    rate = line.effective_gb_s
+    lab = (f"fit: {line.setup_ms:.3g} ms + bytes / {rate:.4g} GB/s" if rate
+           else "fit (no positive rate)")
+    ax_t.plot(grid, pred, color="tab:orange", lw=2, label=lab, zorder=5)
+    if line.draws is not None and len(line.draws):
+        band = line.draws[:, :1] + line.draws[:, 1:] * grid[None, :] / GB
+        lo, hi = np.percentile(band, [2.5, 97.5], axis=0)
+        ax_t.fill_between(grid, lo, hi, color="tab:orange", alpha=0.25,
+                          label="95% band (joint draws)", zorder=1)
+    if rate:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            curve = grid / GB / (pred / 1000.0)
+        ax_r.plot(grid, np.where(pred > 0, curve, np.nan), color="tab:orange", lw=2,
+                  label="model: bytes / (setup + bytes / rate)", zorder=5)
+        ax_r.axhline(rate, color="tab:orange", ls="--", lw=1.2,
+                     label=f"effective rate {rate:.4g} GB/s")
+
+
+def _regime_panels(ax_t, ax_r, gf) -> None:
+    tr = gf.regimes
+    sizes = gf.samples.sizes
+    for f, sub, color, name in ((tr.small, sizes[:tr.split], "tab:green", "small"),
+                                (tr.large, sizes[tr.split:], "tab:purple", "large")):
+        g = np.geomspace(sub[0], sub[-1], 50)
+        ax_t.plot(g, f.predict(g), ls="--", color=color, lw=1.5,
+                  label=f"{name} regime: {f.setup_ms:.3g} ms, "
+                        f"{(f.effective_gb_s or float('nan')):.4g} GB/s")
+    for ax in (ax_t, ax_r):
+        ax.axvline(tr.break_bytes, color="grey", ls=":", lw=1)
+        if tr.break_ci is not None:
+            ax.axvspan(*tr.break_ci, color="grey", alpha=0.12, label="break 95% interval")
+
+
+def _dress(ax_t, ax_r, gf) -> None:
+    rec, s = gf.record, gf.samples
+    if any(w["code"] == "rate_above_line_rate" for w in rec["warnings"]):
+        ax_r.set_title("fitted rate exceeds the declared line rate", color="tab:red", fontsize=9)
+    for ax in (ax_t, ax_r):
+        ax.set_xscale("log")
+        ax.grid(True, which="major", alpha=0.3)
+        _size_ticks(ax, s.sizes)
+        ax.set_xlabel("payload (bytes, binary units)")
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("handoff time (ms)")
+    ax_r.set_ylabel("end-to-end rate (decimal GB/s)")
+    ax_r.set_ylim(bottom=0)
+    ax_t.legend(fontsize=7, loc="upper left")
+    ax_r.legend(fontsize=7, loc="best", framealpha=0.85)
+    lof = rec.get("lack_of_fit")
+    fit_q = (f", lack of fit p {lof['p_value']:.2g}" if lof else "")
+    ax_t.set_title(f"{textwrap.fill(rec['label'], 95)}\n{rec['n_samples']} samples, "
+                   f"{rec['n_sizes']} sizes{fit_q}", fontsize=9, loc="left")
+
+
 def plot_fits(fits, title: str | None = None) -> bytes:
     """PNG bytes for up to MAX_GROUPS GroupFit objects (kvbench.fit)."""
     import matplotlib
@@ -43,77 +112,13 @@ def plot_fits(fits, title: str | None = None) -> bytes:
     fits = list(fits)[:MAX_GROUPS]
     fig, axes = plt.subplots(len(fits), 2, figsize=(12, 4.4 * len(fits)), squeeze=False)
     for (ax_t, ax_r), gf in zip(axes, fits, strict=True):
-        s, rec, line = gf.samples, gf.record, gf.line
-        outlier = np.zeros(len(s.ms), dtype=bool)
-        if line is not None and line.weights is not None:
-            outlier = line.weights <= 0
-        ax_t.scatter(s.bytes[~outlier], s.ms[~outlier], s=12, alpha=0.45, color="tab:blue",
-                     label="samples", zorder=2)
-        if outlier.any():
-            ax_t.scatter(s.bytes[outlier], s.ms[outlier], s=22, marker="x", color="tab:red",
-                         label=f"outliers (weight 0): {int(outlier.sum())}", zorder=3)
-        gbs = np.divide(s.bytes / GB, s.ms / 1000.0, out=np.full(len(s.ms), np.nan),
-                        where=s.ms > 0)
-        ax_r.scatter(s.bytes[~outlier], gbs[~outlier], s=12, alpha=0.45, color="tab:blue",
-                     label="samples (bytes / time)", zorder=2)
-        if outlier.any():
-            ax_r.scatter(s.bytes[outlier], gbs[outlier], s=22, marker="x", color="tab:red",
-                         label="outliers (weight 0)", zorder=3)
-        p50 = np.array([np.median(s.ms[sl]) for sl in s.slices])
-        ax_t.plot(s.sizes, p50, "o", mfc="none", mec="k", ms=7, label="p50 per size", zorder=4)
-        ax_r.plot(s.sizes, s.sizes / GB / (p50 / 1000.0), "o", mfc="none", mec="k", ms=7,
-                  label="p50 per size", zorder=4)
-        grid = np.geomspace(s.sizes[0], s.sizes[-1], 200)
-        if line is not None:
-            pred = line.predict(grid)
-            rate = line.effective_gb_s
-            lab = (f"fit: {line.setup_ms:.3g} ms + bytes / {rate:.4g} GB/s" if rate
-                   else "fit (no positive rate)")
-            ax_t.plot(grid, pred, color="tab:orange", lw=2, label=lab, zorder=5)
-            if line.boot is not None and len(line.boot):
-                band = line.boot[:, :1] + line.boot[:, 1:] * grid[None, :] / GB
-                lo, hi = np.percentile(band, [2.5, 97.5], axis=0)
-                ax_t.fill_between(grid, lo, hi, color="tab:orange", alpha=0.25,
-                                  label="bootstrap 95% band", zorder=1)
-            if rate:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    curve = grid / GB / (pred / 1000.0)
-                ax_r.plot(grid, np.where(pred > 0, curve, np.nan), color="tab:orange", lw=2,
-                          label="model: bytes / (setup + bytes / rate)", zorder=5)
-                ax_r.axhline(rate, color="tab:orange", ls="--", lw=1.2,
-                             label=f"effective rate {rate:.4g} GB/s")
+        _samples_panels(ax_t, ax_r, gf.samples)
+        if gf.line is not None:
+            sizes = gf.samples.sizes
+            _line_panels(ax_t, ax_r, gf.line, np.geomspace(sizes[0], sizes[-1], 200))
         if gf.regimes is not None:
-            fl, fh, brk, lo_s, hi_s = gf.regimes
-            for f, sub, color, name in ((fl, lo_s, "tab:green", "small"),
-                                        (fh, hi_s, "tab:purple", "large")):
-                g = np.geomspace(sub.sizes[0], sub.sizes[-1], 50)
-                ax_t.plot(g, f.predict(g), ls="--", color=color, lw=1.5,
-                          label=f"{name} regime: {f.setup_ms:.3g} ms, "
-                                f"{(f.effective_gb_s or float('nan')):.4g} GB/s")
-            for ax in (ax_t, ax_r):
-                ax.axvline(brk, color="grey", ls=":", lw=1)
-        doc_rate = None
-        for w in rec["warnings"]:
-            if w["code"] == "rate_above_line_rate":
-                doc_rate = w
-        if doc_rate is not None:
-            ax_r.set_title("fitted rate exceeds the declared line rate", color="tab:red",
-                           fontsize=9)
-        for ax in (ax_t, ax_r):
-            ax.set_xscale("log")
-            ax.grid(True, which="major", alpha=0.3)
-            _size_ticks(ax, s.sizes)
-            ax.set_xlabel("payload (bytes, binary units)")
-        ax_t.set_yscale("log")
-        ax_t.set_ylabel("handoff time (ms)")
-        ax_r.set_ylabel("end-to-end rate (decimal GB/s)")
-        ax_r.set_ylim(bottom=0)
-        ax_t.legend(fontsize=7, loc="upper left")
-        ax_r.legend(fontsize=7, loc="best", framealpha=0.85)
-        label = textwrap.fill(rec["label"], 95)
-        r2 = rec.get("r2")
-        ax_t.set_title(f"{label}\n{rec['n_samples']} samples, {rec['n_sizes']} sizes"
-                       + (f", R² {r2:.4f}" if r2 is not None else ""), fontsize=9, loc="left")
+            _regime_panels(ax_t, ax_r, gf)
+        _dress(ax_t, ax_r, gf)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

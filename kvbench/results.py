@@ -7,11 +7,15 @@ never replaced.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
+import math
 import os
 import platform
+import secrets
 import socket
 import tempfile
 import time
@@ -19,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
-from kvbench.cli import UsageError, read_text
+from kvbench.cli import OutputIOError, UsageError
 
 SCHEMA_P2P = "kvbench.p2p/1"
 KNOWN_SCHEMAS = {SCHEMA_P2P}
@@ -27,39 +31,199 @@ ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISI
                 "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
 # Secrets have no place in a results file even if someone exported them under these prefixes.
 _REDACT = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+# errno values that mean "this path cannot be written" (the user's to fix: exit 2); any other
+# OSError while writing is the system's (disk full, I/O error: exit 3)
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
+                errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EXDEV}
 
 
 def utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def write_new_file(path: Path, content: str | bytes) -> Path:
-    """Write text or bytes to path atomically; refuse to replace an existing file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def dumps_json(obj, indent: int | None = 2) -> str:
+    """The one JSON encoder of every file kvbench writes: NaN and infinities are refused.
+
+    A non-finite number in an output is a missing bound somewhere upstream; it is reported
+    with its key path instead of being written as `Infinity`, which is not JSON.
+    """
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False,
+                          separators=None if indent is not None else (",", ":"))
+    except ValueError:
+        raise UsageError(f"refusing to write a non-finite number at {_nonfinite_path(obj) or '?'} "
+                         "(an input or flag without a bound; please report it)") from None
+
+
+def _nonfinite_path(obj, path: str = "") -> str | None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "(top level)"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _nonfinite_path(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def os_error(path: Path, exc: OSError, doing: str = "write") -> UsageError:
+    """One line naming the path and the reason; exit 2 for a bad path, 3 for an I/O failure."""
+    cls = UsageError if exc.errno in _PATH_ERRNOS else OutputIOError
+    return cls(f"cannot {doing} {path}: {exc.strerror or exc}")
+
+
+def check_destination(directory: str | Path) -> Path:
+    """Prove, before any measurement, that files can be created in directory.
+
+    Creates the directory if needed, then creates and removes a probe file in it. Commands
+    call this first so a bad --out costs a second, not a whole measurement.
+    """
+    d = Path(directory)
+    try:
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"cannot write into {d}: not a directory")
+        d.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvbench-probe.", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise os_error(d, exc, "write into") from None
+    return d
+
+
+def check_new_file(path: str | Path) -> Path:
+    """check_destination for a file's folder, plus: the file must not exist yet."""
+    p = Path(path)
+    if p.exists() or p.is_symlink():
+        raise UsageError(f"refusing to overwrite existing file {p}")
+    check_destination(p.parent)
+    return p
+
+
+def _write_temp(path: Path, content: str | bytes) -> str:
+    """content in a fresh temp file beside path, flushed to disk; returns the temp's name."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as fh:
-            fh.write(content)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content if isinstance(content, bytes) else content.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # atomic, and fails if path exists
-        except FileExistsError:
-            raise UsageError(f"refusing to overwrite existing file {path}") from None
-    finally:
+    except BaseException:
         os.unlink(tmp)
-    return path
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot sync a directory; the files themselves are synced
+    finally:
+        os.close(fd)
+
+
+def write_files(files: Sequence[tuple[str | Path, str | bytes]]) -> list[Path]:
+    """Write several new files so that all of them appear or none (a group commit).
+
+    Every file is first written to a temp file beside its target and synced; only then are
+    the temps linked to their names (os.link: atomic, and fails if the name exists). If a
+    link fails, the names already linked are removed again. No temp file is left behind.
+    """
+    targets = [Path(p) for p, _ in files]
+    temps: list[tuple[str, Path]] = []
+    linked: list[Path] = []
+    current = targets[0] if targets else Path(".")
+    try:
+        for (_, content), path in zip(files, targets, strict=True):
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temps.append((_write_temp(path, content), path))
+        for tmp, path in temps:
+            current = path
+            os.link(tmp, path)
+            linked.append(path)
+        for d in {p.parent for p in targets}:
+            _fsync_dir(d)
+    except FileExistsError:
+        _unlink_all(linked)
+        raise UsageError(f"refusing to overwrite existing file {current}") from None
+    except OSError as exc:
+        _unlink_all(linked)
+        raise os_error(current, exc) from None
+    except BaseException:
+        _unlink_all(linked)
+        raise
+    finally:
+        _unlink_all([Path(t) for t, _ in temps])
+    return targets
+
+
+def _unlink_all(paths: Sequence[Path]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def new_file_stream(path: str | Path):
+    """A text file written over time (e.g. a scrape) that appears at path only when complete.
+
+    Yields a handle on a temp file beside path; on a clean exit the temp is synced and
+    linked to path (refusing an existing file); on any exit the temp is removed.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)
+        _fsync_dir(path.parent)
+    except FileExistsError:
+        raise UsageError(f"refusing to overwrite existing file {path}") from None
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    finally:
+        _unlink_all([Path(tmp)])
+
+
+def write_new_file(path: Path, content: str | bytes) -> Path:
+    """Write text or bytes to path atomically; refuse to replace an existing file."""
+    return write_files([(path, content)])[0]
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str | Path, flag: str = "--plot") -> str:
+    """matplotlib's savefig format for a plot file, from its suffix; anything else is refused."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise UsageError(f"{flag} {path}: use a .png, .svg or .pdf file name")
+    return fmt
 
 
 def fresh_stem(out_dir: Path, prefix: str, suffixes: Sequence[str]) -> Path:
-    """out_dir/prefix-<UTC stamp>[-N] such that no file with any of suffixes exists."""
-    base = Path(out_dir) / f"{prefix}-{utc_stamp()}"
-    stem, n = base, 0
-    while any(stem.with_name(stem.name + s).exists() for s in suffixes):
-        n += 1
-        stem = base.with_name(f"{base.name}-{n}")
-    return stem
+    """out_dir/prefix-<UTC stamp>-<6 random hex digits>, with no file of any suffix there yet.
+
+    The random part keeps concurrent writers apart (six runs started in the same second on
+    a shared folder get six names); write_records retries if a name is taken meanwhile.
+    """
+    while True:
+        stem = Path(out_dir) / f"{prefix}-{utc_stamp()}-{secrets.token_hex(3)}"
+        if not any(stem.with_name(stem.name + s).exists() for s in suffixes):
+            return stem
 
 
 def _csv_cell(value):
@@ -83,34 +247,47 @@ def records_to_csv(records: Sequence[dict]) -> str:
     return buf.getvalue()
 
 
-def write_records(out_dir: Path, records: Sequence[dict], prefix: str) -> tuple[Path, Path]:
-    """Write records as a new <prefix>-<stamp>.jsonl plus its .csv twin."""
-    stem = fresh_stem(Path(out_dir), prefix, (".jsonl", ".csv"))
-    jsonl = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
-    jpath = write_new_file(stem.with_name(stem.name + ".jsonl"), jsonl)
-    cpath = write_new_file(stem.with_name(stem.name + ".csv"), records_to_csv(records))
-    return jpath, cpath
+def write_records(out_dir: Path, records: Sequence[dict], prefix: str,
+                  extra: Sequence[tuple[str, str | bytes]] = ()) -> tuple[Path, Path]:
+    """Write records as a new <prefix>-<stamp>-<random>.jsonl plus its .csv twin, together.
+
+    extra: more (suffix, content) files of the same run committed in the same group.
+    """
+    jsonl = "".join(dumps_json(r, indent=None) + "\n" for r in records)
+    csv_text = records_to_csv(records)
+    suffixes = (".jsonl", ".csv", *(s for s, _ in extra))
+    for _ in range(5):  # a name taken between fresh_stem and the link: take another
+        stem = fresh_stem(Path(out_dir), prefix, suffixes)
+        contents = (jsonl, csv_text, *(c for _, c in extra))
+        files = [(stem.with_name(stem.name + s), c) for s, c in zip(suffixes, contents, strict=True)]
+        try:
+            paths = write_files(files)
+        except UsageError as exc:
+            if not str(exc).startswith("refusing to overwrite"):
+                raise
+            continue
+        return paths[0], paths[1]
+    raise UsageError(f"could not find a free file name in {out_dir}")
 
 
 def load_records(paths: Iterable[str | Path], schemas: Iterable[str] = KNOWN_SCHEMAS) -> list[dict]:
-    """Read JSONL records, each tagged with the file it came from; bad input is a UsageError."""
+    """Read JSONL records, each tagged with the file it came from; bad input is a UsageError.
+
+    Lines are read one at a time through kvbench.schema's bounded JSON reader (nesting,
+    huge integers, NaN/Infinity and duplicate keys refused with FILE:LINE).
+    """
+    from kvbench.schema.read import iter_jsonl
+
     allowed = set(schemas)
     out: list[dict] = []
     for path in paths:
         p = Path(path)
-        lines = read_text(p).splitlines()
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+        for where, rec in iter_jsonl(p, "results file", missing="no such file"):
             if not isinstance(rec, dict):
-                raise UsageError(f"{p}:{lineno}: expected a JSON object")
+                raise UsageError(f"{where}: expected a JSON object")
             schema = rec.get("schema")
             if schema not in allowed:
-                raise UsageError(f"{p}:{lineno}: unknown schema {schema!r} "
+                raise UsageError(f"{where}: unknown schema {schema!r} "
                                  f"(this kvbench reads {', '.join(sorted(allowed))})")
             rec["_source"] = str(p)
             out.append(rec)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvbench.fit_data import spec_id
 from tests.conftest import run_cli
 
 GB = 1e9
@@ -63,6 +64,31 @@ def synthetic(sizes, setup_ms, gb_s, *, n=40, noise=0.03, outliers=0.06, seed=0,
     return out
 
 
+SPEC = {"transport": "gloo", "transport_options": {}, "pattern": "sequential", "variant": None,
+        "granularity": "whole", "layout": "raw", "block_size": None, "dtype": None,
+        "device": "cpu", "pack_kernel": None, "model": None, "compute": None,
+        "layer_poll": None, "world": {"size": 2, "prefill_ranks": [0], "decode_ranks": [1]},
+        "hosts": ["node-a", "node-a"]}
+
+
+def rounds_records(sizes, setup_ms, gb_s, *, rounds=20, noise=0.02, round_shift=0.02, seed=0,
+                   run_id="run-a", time_fn=None, spec=None, **overrides) -> list[dict]:
+    """Records of one p2p run in interleaved rounds, with the fields CONTRACTS.md section 1
+    adds: each round's load (round_shift) is shared by every size timed in it."""
+    rng = np.random.default_rng(seed)
+    spec = dict(SPEC if spec is None else spec)
+    shift = rng.normal(0, round_shift, rounds)
+    out = []
+    for b in sizes:
+        t = time_fn(b) if time_fn else setup_ms + b / (gb_s * GB) * 1000
+        s = t * np.exp(shift + rng.normal(0, noise, rounds))
+        out.append(p2p_record(b, s, spec=spec, spec_id=spec_id(spec), run_id=run_id,
+                              order="rounds", sample_rounds=list(range(rounds)),
+                              fit_as_link=True, not_link_reason=None, n_samples=rounds,
+                              **overrides))
+    return out
+
+
 def write_jsonl(path: Path, records) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
@@ -79,11 +105,15 @@ def fit(tmp_path: Path, records, *args: str, name="run.jsonl", boot=300) -> tupl
 SIZES = [1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
 
 
+def codes(g: dict) -> list[str]:
+    return [w["code"] for w in g["warnings"]]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_recovers_known_setup_and_rate_within_intervals(tmp_path, seed):
     setup, rate = 0.8, 2.5
-    doc, _ = fit(tmp_path, synthetic(SIZES, setup, rate, seed=seed), boot=1000)
-    assert doc["schema"] == "kvbench.fit/1"
+    doc, stdout = fit(tmp_path, rounds_records(SIZES, setup, rate, seed=seed), boot=1000)
+    assert doc["schema"] == "kvbench.fit/2"
     (g,) = doc["groups"]
     lo, hi = g["setup_ms_ci95"]
     assert lo <= setup <= hi, g
@@ -91,16 +121,35 @@ def test_recovers_known_setup_and_rate_within_intervals(tmp_path, seed):
     assert lo <= rate <= hi, g
     assert g["setup_ms"] == pytest.approx(setup, rel=0.03)
     assert g["effective_gb_s"] == pytest.approx(rate, rel=0.02)
-    assert g["n_samples"] == 5 * 40 and g["n_sizes"] == 5
+    assert g["n_samples"] == 5 * 20 and g["n_sizes"] == 5
+    assert g["resampling"]["n_rounds"] == 20 and g["resampling"]["unit"] == "round"
     assert g["bytes_min"] == SIZES[0] and g["bytes_max"] == SIZES[-1]
-    assert g["n_outliers"] > 0
-    assert g["r2_inliers"] > 0.99
-    assert [w["code"] for w in g["warnings"]] == []
+    assert g["spec"] == SPEC and g["spec_id"] == spec_id(SPEC)
+    assert g["lack_of_fit"]["df"] == 3 and g["lack_of_fit"]["p_value"] > 0.01
+    assert codes(g) == []
+    assert "r2" not in g and "r2_inliers" not in g
+    assert "interval: 1000 draws resampling rounds" in stdout
 
 
-def test_outliers_do_not_drag_the_fit(tmp_path):
+def test_intervals_are_percentiles_of_the_saved_joint_draws(tmp_path):
+    doc, _ = fit(tmp_path, rounds_records(SIZES, 0.8, 2.5, seed=4), boot=500)
+    (g,) = doc["groups"]
+    d = np.array(g["draws"]["values"])
+    assert g["draws"]["columns"] == ["setup_ms", "ms_per_gb"] and d.shape == (500, 2)
+    assert np.percentile(d[:, 0], [2.5, 97.5]) == pytest.approx(g["setup_ms_ci95"], rel=1e-4)
+    slope = np.percentile(d[:, 1], [97.5, 2.5])
+    assert 1000 / slope == pytest.approx(g["effective_gb_s_ci95"], rel=1e-4)
+    # a band from the joint draws is narrower than one from the two intervals' ends
+    x = (1 << 22) / GB
+    lo, hi = np.percentile(d[:, 0] + d[:, 1] * x, [2.5, 97.5])
+    s_lo, s_hi = g["setup_ms_ci95"]
+    m_lo, m_hi = np.percentile(d[:, 1], [2.5, 97.5])
+    assert s_lo + m_lo * x < lo < hi < s_hi + m_hi * x
+
+
+def test_stalls_do_not_drag_the_fit(tmp_path):
     # Heavy stalls on the largest size: least squares on the samples is pulled far off,
-    # the robust fit is not.
+    # the line through the medians is not.
     recs = synthetic(SIZES, 0.5, 4.0, seed=7, outliers=0.0)
     big = recs[-1]["samples_ms"]
     for i in range(0, 40, 6):
@@ -113,7 +162,6 @@ def test_outliers_do_not_drag_the_fit(tmp_path):
     assert abs(ols_rate / 4.0 - 1) > 0.3  # least squares is dragged
     assert g["effective_gb_s"] == pytest.approx(4.0, rel=0.02)
     assert g["setup_ms"] == pytest.approx(0.5, rel=0.05)
-    assert g["n_outliers"] == 7
 
 
 def test_sizes_table_and_stdout_table(tmp_path):
@@ -122,9 +170,10 @@ def test_sizes_table_and_stdout_table(tmp_path):
     (g,) = doc["groups"]
     for row, rec in zip(g["sizes"], recs, strict=True):
         assert row["bytes"] == rec["bytes"]
-        assert row["n"] == len(rec["samples_ms"])
+        assert row["n"] == len(rec["samples_ms"]) == 40
         assert row["p50_ms"] == pytest.approx(np.percentile(rec["samples_ms"], 50), rel=1e-5)
-        assert row["p99_ms"] == pytest.approx(np.percentile(rec["samples_ms"], 99), rel=1e-5)
+        assert row["p95_ms"] == pytest.approx(np.percentile(rec["samples_ms"], 95), rel=1e-5)
+        assert row["p99_ms"] is None  # 40 samples cannot support a p99
         assert row["fitted_ms"] == pytest.approx(g["setup_ms"] + row["bytes"] / (
             g["effective_gb_s"] * GB) * 1000, rel=1e-4)
         assert row["residual_ms"] == pytest.approx(row["p50_ms"] - row["fitted_ms"], abs=1e-5)
@@ -132,7 +181,17 @@ def test_sizes_table_and_stdout_table(tmp_path):
     assert doc["inputs"] == [str(tmp_path / "run.jsonl")]
     assert "effective GB/s" in stdout and f"{g['effective_gb_s']:.5g}" in stdout
     assert "transport=gloo" in stdout and "1,048,576" in stdout
+    assert "n<100" in stdout and "p99 ms" in stdout
     assert "wrote " in stdout
+
+
+@pytest.mark.parametrize("n, p95, p99", [(19, False, False), (20, True, False),
+                                         (100, True, True)])
+def test_percentiles_only_where_the_sample_count_supports_them(tmp_path, n, p95, p99):
+    doc, _ = fit(tmp_path, synthetic(SIZES[:2], 0.3, 1.0, n=n, seed=5))
+    for row in doc["groups"][0]["sizes"]:
+        assert row["n"] == n
+        assert (row["p95_ms"] is not None) is p95 and (row["p99_ms"] is not None) is p99
 
 
 def test_groups_split_by_method_and_optional_keys(tmp_path):
@@ -157,14 +216,77 @@ def test_groups_split_by_method_and_optional_keys(tmp_path):
     assert [g["group"]["transport"] for g in only] == ["mpi"]
 
 
-def test_fewer_than_two_sizes_is_warned_not_fitted(tmp_path):
-    doc, stdout = fit(tmp_path, synthetic([1 << 20], 0.2, 3.0))
+def test_the_spec_is_the_group_key_and_replicates_merge(tmp_path):
+    cuda = {**SPEC, "pack_kernel": "cuda"}
+    recs = (rounds_records(SIZES, 0.5, 2.0, seed=1, run_id="a")
+            + rounds_records(SIZES, 0.5, 2.0, seed=2, run_id="b")  # a replicate: merged
+            + rounds_records(SIZES, 0.2, 6.0, seed=3, run_id="c", spec=cuda))
+    doc, _ = fit(tmp_path, recs)
+    by_kernel = {g["group"]["pack_kernel"]: g for g in doc["groups"]}
+    assert set(by_kernel) == {None, "cuda"}  # one option apart: never pooled
+    assert by_kernel[None]["resampling"]["n_rounds"] == 40
+    assert by_kernel[None]["n_records"] == 10 and by_kernel["cuda"]["n_records"] == 5
+    assert by_kernel["cuda"]["spec_id"] == spec_id(cuda) != by_kernel[None]["spec_id"]
+    assert by_kernel["cuda"]["effective_gb_s"] == pytest.approx(6.0, rel=0.03)
+    assert by_kernel[None]["group"]["world.size"] == 2
+    res = run_cli("kvbench.fit", str(tmp_path / "run.jsonl"), "--where", "pack_kernel=cuda",
+                  "--out", str(tmp_path / "cuda.json"))
+    assert res.returncode == 0, res.stderr
+    (only,) = json.loads((tmp_path / "cuda.json").read_text())["groups"]
+    assert only["spec"]["pack_kernel"] == "cuda"
+
+
+def test_one_run_in_blocks_gives_no_interval_and_says_why(tmp_path):
+    doc, stdout = fit(tmp_path, synthetic(SIZES, 0.8, 2.5, seed=1))
     (g,) = doc["groups"]
-    assert g["n_sizes"] == 1
-    assert g["setup_ms"] is None and g["effective_gb_s"] is None
-    assert [w["code"] for w in g["warnings"]] == ["fewer_than_two_sizes"]
-    assert "fewer_than_two_sizes" in stdout
-    assert g["sizes"][0]["end_to_end_gb_s"] > 0  # the end-to-end number is still there
+    assert g["setup_ms"] == pytest.approx(0.8, rel=0.05)
+    assert g["setup_ms_ci95"] is None and g["effective_gb_s_ci95"] is None and g["draws"] is None
+    assert "1 back-to-back block(s)" in g["no_interval"] and "--order rounds" in g["no_interval"]
+    assert "no_interval" in codes(g)
+    assert g["resampling"]["n_blocks"] == 5 and g["resampling"]["n_draws"] == 0
+    # the lack-of-fit test still runs, against the within-size scatter
+    assert g["lack_of_fit"]["scatter_from"].startswith("within-size samples")
+    assert "no interval: 1 back-to-back block(s)" in stdout
+
+
+def test_three_runs_in_blocks_give_an_interval(tmp_path):
+    recs = [r for seed in (1, 2, 3) for r in synthetic(SIZES, 0.8, 2.5, seed=seed)]
+    doc, stdout = fit(tmp_path, recs)
+    (g,) = doc["groups"]
+    assert g["resampling"]["n_blocks"] == 15 and g["resampling"]["unit"] == "(record, size) block"
+    lo, hi = g["effective_gb_s_ci95"]
+    assert lo <= 2.5 <= hi
+
+
+def test_too_few_rounds_give_no_interval(tmp_path):
+    doc, _ = fit(tmp_path, rounds_records(SIZES, 0.8, 2.5, rounds=8))
+    (g,) = doc["groups"]
+    assert g["effective_gb_s_ci95"] is None
+    assert g["no_interval"].startswith("only 8 round(s)")
+
+
+def test_lack_of_fit_is_flagged_and_widens_the_interval(tmp_path):
+    # The same link, but each size's median planted 6% off the line in alternating directions:
+    # a per-size effect no number of rounds averages away.
+    bump = {b: (1.06 if i % 2 else 0.94) for i, b in enumerate(SIZES)}
+
+    def bent(b):
+        return (0.8 + b / 2.5e9 * 1e3) * bump[b]
+
+    straight, _ = fit(tmp_path, rounds_records(SIZES, 0.8, 2.5, seed=3), name="straight.jsonl")
+    planted, stdout = fit(tmp_path, rounds_records(SIZES, 0, 0, seed=3, time_fn=bent),
+                          name="bent.jsonl")
+    (s,), (p,) = straight["groups"], planted["groups"]
+    assert "lack_of_fit" not in codes(s) and s["lack_of_fit"]["p_value"] > 0.01
+    assert "lack_of_fit" in codes(p) and p["lack_of_fit"]["p_value"] < 1e-6
+    assert p["lack_of_fit"]["size_scatter_rel"] > 0.03
+    assert max(abs(r["residual_rel"]) for r in p["sizes"]) > 0.04
+    width = {k: g["effective_gb_s_ci95"][1] - g["effective_gb_s_ci95"][0]
+             for k, g in (("s", s), ("p", p))}
+    assert width["p"] > 3 * width["s"]
+    lo, hi = p["effective_gb_s_ci95"]
+    assert lo <= 2.5 <= hi  # the wider interval still holds the link's rate
+    assert "lack of fit: Q" in stdout
 
 
 def test_negative_intercept_is_warned(tmp_path):
@@ -172,44 +294,51 @@ def test_negative_intercept_is_warned(tmp_path):
     doc, _ = fit(tmp_path, synthetic(SIZES[1:], -0.3, 2.0, seed=5, noise=0.01))
     (g,) = doc["groups"]
     assert g["setup_ms"] < 0
-    assert "negative_intercept" in [w["code"] for w in g["warnings"]]
+    assert "negative_intercept" in codes(g)
 
 
 def test_intercept_indistinguishable_from_zero_is_warned(tmp_path):
     # Large payloads only: a 0.2 ms setup is lost in the noise of 8..33 ms transfers.
-    doc, _ = fit(tmp_path, synthetic([1 << 24, 1 << 25, 1 << 26], 0.2, 2.0, seed=9, noise=0.05),
-                 boot=1000)
+    doc, _ = fit(tmp_path, rounds_records([1 << 24, 1 << 25, 1 << 26], 0.2, 2.0, seed=9,
+                                          noise=0.05), boot=1000)
     (g,) = doc["groups"]
     lo, hi = g["setup_ms_ci95"]
-    assert g["setup_ms"] > 0 and lo <= 0 <= hi
-    assert "intercept_not_distinguishable_from_zero" in [w["code"] for w in g["warnings"]]
+    assert lo <= 0 <= hi
+    assert {"negative_intercept", "intercept_not_distinguishable_from_zero"} & set(codes(g))
 
 
-def test_two_regimes_are_found_with_both_fits_and_break(tmp_path):
-    # Eager small messages: 0.02 ms + bytes at 1 GB/s; large: 0.5 ms + bytes at 5 GB/s.
+def _eager_then_rendezvous(b):
+    """Small messages: 0.02 ms + bytes at 1 GB/s; large: 0.5 ms + bytes at 5 GB/s (the lines
+    cross at 600,000 B)."""
+    return 0.02 + b / 1e9 * 1e3 if b < 600_000 else 0.5 + b / 5e9 * 1e3
+
+
+def test_two_regimes_are_found_with_both_fits_and_the_break_interval(tmp_path):
     sizes = [1 << k for k in range(12, 27, 2)]
-
-    def t(b):
-        return 0.02 + b / 1e9 * 1e3 if b < 600_000 else 0.5 + b / 5e9 * 1e3
-
-    doc, stdout = fit(tmp_path, synthetic(sizes, 0, 0, seed=8, time_fn=t, n=30), boot=1000)
+    doc, stdout = fit(tmp_path, rounds_records(sizes, 0, 0, seed=8, time_fn=_eager_then_rendezvous),
+                      boot=1000)
     (g,) = doc["groups"]
     tr = g["two_regimes"]
     assert tr is not None, g["warnings"]
-    assert "two_regimes" in [w["code"] for w in g["warnings"]]
+    assert "two_regimes" in codes(g)
+    assert tr["bic_two_lines"] < tr["bic_one_line"]
     assert tr["break_between_bytes"] == [1 << 18, 1 << 20]
-    assert (1 << 18) <= tr["break_bytes"] <= (1 << 20)
+    lo, hi = tr["break_ci95_bytes"]
+    assert (1 << 18) <= lo <= 600_000 <= hi <= (1 << 20)
+    assert tr["break_gap_share"] > 0.9
     assert tr["small"]["effective_gb_s"] == pytest.approx(1.0, rel=0.05)
     assert tr["large"]["effective_gb_s"] == pytest.approx(5.0, rel=0.03)
     assert tr["large"]["setup_ms"] == pytest.approx(0.5, rel=0.1)
     lo, hi = tr["large"]["effective_gb_s_ci95"]
     assert lo <= 5.0 <= hi
+    assert len(tr["large"]["draws"]["values"]) == 1000
     assert "small regime" in stdout and "large regime" in stdout
 
 
-def test_no_two_regimes_on_one_line(tmp_path):
+@pytest.mark.parametrize("seed", [9, 10, 11])
+def test_no_two_regimes_on_one_line(tmp_path, seed):
     sizes = [1 << k for k in range(12, 27, 2)]
-    doc, _ = fit(tmp_path, synthetic(sizes, 0.3, 5.0, seed=9))
+    doc, _ = fit(tmp_path, rounds_records(sizes, 0.3, 5.0, seed=seed, noise=0.05))
     assert doc["groups"][0]["two_regimes"] is None
 
 
@@ -218,10 +347,51 @@ def test_rate_above_declared_line_rate_is_a_bug(tmp_path):
     doc, stdout = fit(tmp_path, recs, "--line-rate-gbps", "12.5")
     (g,) = doc["groups"]
     assert doc["line_rate_gb_s"] == 12.5
-    assert "rate_above_line_rate" in [w["code"] for w in g["warnings"]]
+    assert "rate_above_line_rate" in codes(g)
     assert "measurement bug" in stdout
     doc, _ = fit(tmp_path, recs, "--line-rate-gbps", "25", name="again.jsonl")
-    assert "rate_above_line_rate" not in [w["code"] for w in doc["groups"][0]["warnings"]]
+    assert "rate_above_line_rate" not in codes(doc["groups"][0])
+
+
+def _layerwise(variant):
+    """Records as a legacy layerwise run writes them (no fit_as_link field)."""
+    extra = {"variant": variant} if variant else {}
+    seed = {"compute": 1, "xfer": 2, "seq": 3, None: 4}[variant]
+    recs = synthetic(SIZES[:3], 0.2, 3.0, seed=seed, pattern="layerwise", **extra)
+    if variant == "compute":
+        for r in recs:
+            r["bytes"] = 0
+    return recs
+
+
+def test_groups_that_are_not_links_are_skipped_with_a_note(tmp_path):
+    """A folder with sequential, layerwise and sharded runs: the links are fitted, the rest named."""
+    recs = (synthetic(SIZES[:3], 0.2, 3.0, seed=1)
+            + _layerwise("compute") + _layerwise("xfer") + _layerwise("seq") + _layerwise(None)
+            + synthetic(SIZES[:3], 0.2, 1.0, seed=2, pattern="sharded", variant="isolated", tp=2)
+            + synthetic(SIZES[:3], 0.2, 1.8, seed=3, pattern="sharded", variant="contended", tp=2)
+            + rounds_records(SIZES[:3], 0.2, 3.0, spec={**SPEC, "pattern": "layerwise"}))
+    for r in recs[-3:]:  # a new record that declares itself not a link
+        r.update(fit_as_link=False, not_link_reason="layerwise total includes compute")
+    src = write_jsonl(tmp_path / "folder.jsonl", recs)
+    out = tmp_path / "folder.fit.json"
+    res = run_cli("kvbench.fit", str(src), "--out", str(out), "--bootstrap", "200")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    fitted = {(g["group"]["pattern"], g["group"].get("variant")) for g in doc["groups"]}
+    assert fitted == {("sequential", None), ("layerwise", "xfer"), ("layerwise", "seq"),
+                      ("sharded", "contended")}
+    reasons = {s["label"]: s["reason"] for s in doc["skipped"]}
+    assert len(reasons) == 4
+    assert any("zero bytes" in r for r in reasons.values())
+    assert any("isolated" in r and "never observed" in r for r in reasons.values())
+    assert "layerwise total includes compute" in reasons.values()
+    note = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(note) == 1 and note[0].startswith("kvbench fit: note: skipped 4 group(s)")
+    # nothing but non-links: one line, exit 2
+    (tmp_path / "alone").mkdir()
+    only = write_jsonl(tmp_path / "alone" / "compute.jsonl", _layerwise("compute"))
+    assert "nothing to fit: no group is a link" in _bad(tmp_path / "alone", str(only))
 
 
 def test_records_with_wrong_bytes_are_excluded(tmp_path):
@@ -306,6 +476,17 @@ def test_bad_input_malformed_samples_and_where(tmp_path):
                                                              "transport=nccl")
     assert "unknown key 'colour'" in _bad(tmp_path, str(ok), "--where", "colour=red")
     assert "--line-rate-gbps" in _bad(tmp_path, str(ok), "--line-rate-gbps", "fast")
+
+
+def test_bad_input_rounds_without_their_round_numbers(tmp_path):
+    recs = rounds_records(SIZES[:2], 0.1, 1.0)
+    recs[1]["sample_rounds"] = recs[1]["sample_rounds"][:-1]
+    p = write_jsonl(tmp_path / "short.jsonl", recs)
+    assert "one round number" in _bad(tmp_path, str(p))
+    recs = rounds_records(SIZES[:2], 0.1, 1.0)
+    recs[0]["order"] = "spiral"
+    p = write_jsonl(tmp_path / "spiral.jsonl", recs)
+    assert "unknown order 'spiral'" in _bad(tmp_path, str(p))
 
 
 def test_four_bent_sizes_are_a_poor_fit_not_two_regimes(tmp_path):

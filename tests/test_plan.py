@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kvbench.model import PRESETS
 from kvbench.route import LinkCost, breakeven, decide, interference_at
 from tests.conftest import run_cli
-from tests.test_fit import p2p_record, synthetic, write_jsonl
+from tests.test_fit import SPEC, p2p_record, rounds_records, synthetic, write_jsonl
 
 LLAMA8B = PRESETS["llama-3.1-8b"]
 BPT_8B = 131_072  # 32 layers x 8 kv heads x 128 x 2 (K,V) x 2 bytes
@@ -40,14 +41,15 @@ def make_fit(tmp_path, records, name="run", *args: str) -> str:
 
 
 def kv_records(tokens, setup, gb_s, seed=0, **kw):
-    """Records as a p2p run with --sizes would write them: payloads are exact KV sizes."""
+    """Records as a p2p run with --sizes would write them (interleaved rounds): payloads are
+    exact KV sizes."""
     model = {"name": LLAMA8B.name, **LLAMA8B.geometry()}
-    out = []
-    for i, t in enumerate(tokens):
-        (rec,) = synthetic([t * BPT_8B], setup, gb_s, seed=seed + i, layout="contiguous",
-                           dtype="bf16", model=model, prompt_tokens=t, **kw)
-        out.append(rec)
-    return out
+    spec = {**SPEC, "layout": "contiguous", "dtype": "bf16", "model": LLAMA8B.name}
+    recs = rounds_records([t * BPT_8B for t in tokens], setup, gb_s, seed=seed, spec=spec,
+                          layout="contiguous", dtype="bf16", model=model, **kw)
+    for rec, t in zip(recs, tokens, strict=True):
+        rec["prompt_tokens"] = t
+    return recs
 
 
 # ---------------------------------------------------------------------------
@@ -110,13 +112,14 @@ def test_plan_from_fit_with_measured_beside_floor(tmp_path):
             r["kv_bytes"] / (g["effective_gb_s"] * 1e9) * 1000, rel=1e-6)
         assert r["handoff_floor_ms"] == pytest.approx(r["setup_ms"] + r["bandwidth_floor_ms"],
                                                       abs=2e-6)
-        lo, hi = r["handoff_floor_ms_bounds"]
+        lo, hi = r["handoff_floor_ms_band95"]
         assert lo <= r["handoff_floor_ms"] <= hi
         assert r["within_budget"] is (r["handoff_floor_ms"] <= 20)
     assert r64["kv_bytes"] == 64 * BPT_8B
     size64 = next(s for s in g["sizes"] if s["bytes"] == 64 * BPT_8B)
-    assert r64["measured_p50_ms"] == size64["p50_ms"] and r64["measured_p99_ms"] == size64["p99_ms"]
-    assert r64["measured_n"] == 40
+    assert r64["measured_p50_ms"] == size64["p50_ms"]
+    assert r64["measured_p99_ms"] is None  # 20 samples cannot support a p99
+    assert r64["measured_n"] == 20
     assert r64["handoff_floor_ms"] == pytest.approx(0.5 + 64 * BPT_8B / 5e9 * 1e3, rel=0.02)
     assert r2000["measured_p50_ms"] is None  # never measured: no number invented
     assert r2000["within_budget"] is False  # 262 MB at 5 GB/s is 52 ms
@@ -125,6 +128,66 @@ def test_plan_from_fit_with_measured_beside_floor(tmp_path):
     res = run_cli("kvbench.plan", "--fit", fitted, "--model", "llama-3.1-8b",
                   "--prompt-tokens", "64", "--format", "table")
     assert res.returncode == 0 and f"{size64['p50_ms']:.4f}" in res.stdout
+    lo, hi = r64["handoff_floor_ms_band95"]
+    assert f"{lo:.4f}..{hi:.4f}" in res.stdout and "n<100" in res.stdout
+
+
+def test_band_comes_from_the_joint_draws(tmp_path):
+    fitted = make_fit(tmp_path, kv_records([16, 64, 256, 1024], 0.5, 5.0, seed=4))
+    (g,) = json.loads(open(fitted).read())["groups"]
+    draws = np.array(g["draws"]["values"])
+    out = run_json("--fit", fitted, "--model", "llama-3.1-8b", "--prompt-tokens", "200")
+    (r,) = out["rows"]
+    floor = np.maximum(draws[:, 0], 0) + draws[:, 1] * r["kv_bytes"] / 1e9
+    assert r["handoff_floor_ms_band95"] == pytest.approx(np.percentile(floor, [2.5, 97.5]),
+                                                         rel=1e-5)
+    # the old band joined the ends of two marginal intervals: wider than the joint one
+    s_lo, s_hi = g["setup_ms_ci95"]
+    r_lo, r_hi = g["effective_gb_s_ci95"]
+    ends = (s_lo + r["kv_bytes"] / (r_hi * 1e9) * 1e3, s_hi + r["kv_bytes"] / (r_lo * 1e9) * 1e3)
+    lo, hi = r["handoff_floor_ms_band95"]
+    assert ends[0] < lo < hi < ends[1]
+
+
+def test_no_band_without_draws_and_says_why(tmp_path):
+    fitted = make_fit(tmp_path, synthetic([1 << 20, 1 << 22, 1 << 24], 0.2, 2.0, seed=2))
+    (r,) = run_json("--fit", fitted, "--prompt-tokens", "100")["rows"]
+    assert r["handoff_floor_ms_band95"] is None
+    assert any(n.startswith("no band: 1 back-to-back block(s)") for n in r["notes"])
+
+
+def test_plan_reads_a_fit1_file_and_skips_groups_that_are_not_links(tmp_path):
+    fitted = make_fit(tmp_path, kv_records([16, 64, 256, 1024], 0.5, 5.0, seed=3))
+    doc = json.loads(open(fitted).read())
+    (g,) = doc["groups"]
+    old = {**g, "group": {"transport": "gloo", "pattern": "sequential"}, "label": "seq"}
+    old.pop("draws")
+    compute = {**old, "group": {"transport": "gloo", "pattern": "layerwise",
+                                "variant": "compute"}, "label": "layerwise compute"}
+    isolated = {**old, "group": {"transport": "gloo", "pattern": "sharded",
+                                 "variant": "isolated"}, "label": "sharded isolated"}
+    v1 = tmp_path / "v1.fit.json"
+    v1.write_text(json.dumps({"schema": "kvbench.fit/1", "groups": [old, compute, isolated]}))
+    res = run_cli("kvbench.plan", "--fit", str(v1), "--prompt-tokens", "100")
+    assert res.returncode == 0, res.stderr
+    (r,) = json.loads(res.stdout)["rows"]
+    assert r["link"] == "seq" and r["handoff_floor_ms_band95"] is None
+    assert any("kvbench.fit/1 fit file has no joint draws" in n for n in r["notes"])
+    (note,) = res.stderr.strip().splitlines()
+    assert "[layerwise compute] (layerwise variant 'compute' includes the sender's compute)" in note
+    assert "[sharded isolated] (sharded isolated: bytes summed over edges" in note
+
+
+def test_plan_names_the_groups_fit_skipped(tmp_path):
+    recs = kv_records([16, 64, 256], 0.5, 5.0) + synthetic(
+        [1 << 20, 1 << 22], 0.1, 1.0, pattern="sharded", variant="isolated")
+    fitted = make_fit(tmp_path, recs)
+    res = run_cli("kvbench.plan", "--fit", fitted, "--model", "llama-3.1-8b",
+                  "--prompt-tokens", "64")
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["rows"]) == 1
+    (note,) = res.stderr.strip().splitlines()
+    assert note.startswith("kvbench plan: note: skipped group(s): [") and "isolated" in note
 
 
 def test_plan_uses_the_regime_the_payload_falls_in(tmp_path):
@@ -262,8 +325,8 @@ def test_bad_fit_files(tmp_path):
     notjson.write_text("{nope")
     assert "not valid JSON" in bad("--fit", str(notjson))
     future = tmp_path / "future.json"
-    future.write_text(json.dumps({"schema": "kvbench.fit/2", "groups": []}))
-    assert "unknown fit schema 'kvbench.fit/2'" in bad("--fit", str(future))
+    future.write_text(json.dumps({"schema": "kvbench.fit/9", "groups": []}))
+    assert "unknown fit schema 'kvbench.fit/9'" in bad("--fit", str(future))
     records = tmp_path / "records.jsonl"
     write_jsonl(records, [p2p_record(1 << 20, [1.0])])
     assert "unknown fit schema 'kvbench.p2p/1'" in bad("--fit", str(records))
@@ -276,10 +339,10 @@ def test_no_matching_group_and_group_without_rate(tmp_path):
     assert "unknown key" in bad("--fit", fitted, "--where", "colour=red")
     single = make_fit(tmp_path, synthetic([1 << 20], 0.1, 2.0), name="single")
     msg = bad("--fit", single)
-    assert "has a fitted rate" in msg and "fewer_than_two_sizes" in msg
+    assert "is a link with a fitted rate" in msg and "fewer_than_two_sizes" in msg
     msg = bad("route", "--fit", single, "--prompt-tokens", "300", "--local-interference-ms", "2",
               "--itl-p95-ms", "35", "--itl-target-ms", "50", prog="kvbench plan route")
-    assert "has a fitted rate" in msg
+    assert "is a link with a fitted rate" in msg
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -332,7 +332,7 @@ def small_plan(tmp_path, **changes) -> str:
 
     plan = yaml.safe_load((ROOT / "examples" / "pd-benchmark-plan.yaml").read_text())
     plan["comparison"].update(offered_rates_rps=[2, 4], warmup_requests=4, duration_seconds=10,
-                              output_tokens_minimum_for_tpot=8)
+                              output_tokens_minimum_for_tpot=8, cache_state="cold")
     for key, value in changes.items():
         plan["comparison"][key] = value
     path = tmp_path / "plan.yaml"
@@ -352,7 +352,8 @@ def test_analysis_driven_by_a_plan(tmp_path):
     assert out["inputs"]["plan"] == plan
     assert out["equal_budget"]["total_gpus"] == 8 and out["equal_budget"]["gpus"] == \
         {"aggregated": 8, "disaggregated": 8}
-    assert out["untested"] == [{"deployment": "disaggregated", "offered_rate_rps": 4.0}]
+    assert out["untested"] == [{"cache_state": "cold", "deployment": "disaggregated",
+                                "offered_rate_rps": 4.0}]
     for g in out["groups"]:
         assert g["counts"]["warmup_excluded"] == 4
         # the last request (2 rps), the last two (4 rps) finish after the declared 10 s
@@ -378,6 +379,40 @@ def test_records_must_match_the_plan(tmp_path, capsys, mutate, message):
     assert err.strip() == f"kvbench slo: error: {f}:7: {message}"
 
 
+@pytest.mark.parametrize("state, message", [
+    (None, "the plan runs every rate once per cache state (cold, warm): the record must say which "
+           "(cache_state; convert-vllm --cache-state)"),
+    ("lukewarm", "cache state 'lukewarm' is not in the plan's cache_state (cold, warm)"),
+])
+def test_records_must_carry_one_of_the_plans_cache_states(tmp_path, capsys, state, message):
+    plan = small_plan(tmp_path, cache_state=["cold", "warm"])
+    rows = [{**req(i, rate=2.0), "cache_state": "cold"} for i in range(10)]
+    rows[6]["cache_state"] = state
+    if state is None:
+        del rows[6]["cache_state"]
+    f = write_jsonl(tmp_path / "p.jsonl", rows)
+    rc, out, err = slo_inproc(capsys, "analyze", f, "--plan", plan)
+    assert rc == 2 and err.strip() == f"kvbench slo: error: {f}:7: {message}"
+
+
+def test_each_cache_state_is_its_own_run_with_its_own_capacity(tmp_path):
+    plan = small_plan(tmp_path, cache_state=["cold", "warm"])
+    rows = []
+    for state, slow in (("cold", 9000.0), ("warm", 300.0)):  # cold misses TTFT after warm-up
+        for rate in (2.0, 4.0):
+            n = 4 + int(10 * rate)
+            rows += [{**req(i, rate=rate, ttft=slow if i >= 4 else 300.0), "cache_state": state}
+                     for i in range(n)]
+    f = write_jsonl(tmp_path / "p.jsonl", rows)
+    out = slo_json(f, "--plan", plan)
+    assert [(g["cache_state"], g["offered_rate_rps"], g["passed"]) for g in out["groups"]] == \
+        [("cold", 2.0, False), ("cold", 4.0, False), ("warm", 2.0, True), ("warm", 4.0, True)]
+    assert [(c["cache_state"], c["status"]) for c in out["capacity"]] == \
+        [("cold", "below_lowest"), ("warm", "not_reached")]
+    assert len(out["untested"]) == 4 and {u["deployment"] for u in out["untested"]} == {"disaggregated"}
+    assert [v["cache_state"] for v in out["verdicts"]] == ["cold", "warm"]
+
+
 def test_limit_flags_conflict_with_a_plan(tmp_path, capsys):
     plan = small_plan(tmp_path)
     f = write_jsonl(tmp_path / "p.jsonl", [req(0, rate=2.0)])
@@ -397,17 +432,17 @@ def _bad(i: int, **fields) -> dict:
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", ":3: not valid JSON"),
-    (json.dumps(_bad(2, actual_send_ms=-1.0)), ":3: negative time actual_send_ms=-1.0"),
-    (json.dumps(_bad(2, chunk_times_ms=[2400.0, 2390.0])), ":3: chunk_times_ms is not monotonic: [1]=2390.0 < [0]=2400.0"),
-    (json.dumps(_bad(2, status="cancelled")), ":3: unknown status 'cancelled' (expected ok, error, rejected, timeout)"),
+    (json.dumps(_bad(2, actual_send_ms=-1.0)), ":3: actual_send_ms: must be >= 0, got -1.0"),
+    (json.dumps(_bad(2, chunk_times_ms=[2400.0, 2390.0])), ":3: chunk_times_ms: not monotonic: [1]=2390.0 < [0]=2400.0"),
+    (json.dumps(_bad(2, status="cancelled")), ":3: status: must be 'ok', 'error', 'rejected' or 'timeout', got 'cancelled'"),
     (json.dumps(_bad(2, first_token_ms=5.0)), ":3: first_token_ms=5.0 differs from chunk_times_ms[0]"),
     (json.dumps(_bad(2, chunk_times_ms=[1.0])), ":3: first token at 1.0 ms is before the send at 2000.5 ms"),
-    (json.dumps(_bad(2, ttft_ms=3.0)), ":3: unknown field 'ttft_ms'"),
-    (json.dumps(_bad(2, schema="kvbench.p2p/1")), ":3: schema must be 'kvbench.slo.request/1'"),
-    (json.dumps(_bad(2, offered_rate_rps=0)), ":3: offered_rate_rps must be positive"),
+    (json.dumps(_bad(2, ttft_ms=3.0)), ":3: ttft_ms: unknown key (put free-form data under 'meta')"),
+    (json.dumps(_bad(2, schema="kvbench.p2p/1")), ":3: schema: must be 'kvbench.slo.request/1', got 'kvbench.p2p/1'"),
+    (json.dumps(_bad(2, offered_rate_rps=0)), ":3: offered_rate_rps: must be > 0, got 0"),
     (json.dumps(_bad(2, output_tokens=3)), ":3: chunk_tokens add up to 16, output_tokens is 3"),
     (json.dumps(_bad(1)), ":3: duplicate request_id 'aggregated-1-1' for aggregated at 1 rps (first at"),
-    (json.dumps({k: v for k, v in _bad(2).items() if k != "status"}), ":3: missing status"),
+    (json.dumps({k: v for k, v in _bad(2).items() if k != "status"}), ":3: status: missing"),
 ])
 def test_bad_records_are_one_line_with_file_and_line(tmp_path, capsys, line, message):
     f = tmp_path / "bad.jsonl"

@@ -130,7 +130,7 @@ def test_client_concurrency_cap_is_noted(tmp_path, capsys):
      (), "no start_times, ttfts, itls, output_lens, errors: run vllm bench serve with --save-result --save-detailed"),
     (vllm_result(ramp_up_strategy="linear"), (), "a ramp-up run (linear) has no single offered rate"),
     (vllm_result(itls=[[0.01]] * 5), (), "itls must be a list of 6 entries, one per request"),
-    (vllm_result(ttfts=[0.25, -0.1, 0, 0, 0, 0.2]), (), "request 1: ttft/itl value -0.1 is not a non-negative number"),
+    (vllm_result(ttfts=[0.25, -0.1, 0, 0, 0, 0.2]), (), "ttfts[1]: must be >= 0, got -0.1"),
 ])
 def test_bad_vllm_files_are_one_line(tmp_path, capsys, doc, args, message):
     src = write(tmp_path / "v.json", doc)
@@ -157,3 +157,12 @@ def test_not_json_and_never_overwrite(tmp_path, capsys):
     existing.write_text("keep")
     rc, _, err = convert_inproc(capsys, src, "--deployment", "a", "--out", str(existing))
     assert rc == 2 and "refusing to overwrite existing file" in err and existing.read_text() == "keep"
+
+
+def test_cache_state_is_written_into_every_record(tmp_path, capsys):
+    src = write(tmp_path / "r.json", vllm_result())
+    rc, out, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", "warm")
+    assert rc == 0, err
+    assert {json.loads(x)["cache_state"] for x in out.splitlines()} == {"warm"}
+    rc, _, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", " ")
+    assert rc == 2 and "--cache-state must not be empty" in err

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, parse_positive_floats, run_main
-from kvbench.results import write_new_file
+from kvbench.cli import (
+    ArgumentParser,
+    UsageError,
+    arg_float,
+    arg_int,
+    parse_positive_floats,
+    run_main,
+)
+from kvbench.results import check_new_file, dumps_json, new_file_stream, write_files, write_new_file
+from kvbench.schema.types import MAX_RATE_RPS, MAX_SECONDS, MAX_TOKENS
 from kvbench.slo import synth
+from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
+from kvbench.slo.engines import ENGINES, all_known_families, load_mapping
 from kvbench.slo.gates import (
     DEFAULT_SEND_LAG_P99_MAX_MS,
     DENOMINATORS,
@@ -20,8 +29,9 @@ from kvbench.slo.gates import (
     analyze,
 )
 from kvbench.slo.plan import Plan, load_plan
-from kvbench.slo.records import dumps_jsonl, load_records, record_to_json
+from kvbench.slo.records import dumps_jsonl, iter_records, record_to_json
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
+from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 from kvbench.slo.vllm import convert_vllm
 
 SCHEMA_REPORT = "kvbench.slo.report/1"
@@ -34,6 +44,9 @@ examples:
   kvbench slo synth cohort --out cohort.jsonl
   kvbench slo analyze cohort.jsonl --ttft-max-ms 2000 --tpot-max-ms 50 \\
       --denominator all_offered_after_warmup --attainment-min 0.95
+  kvbench slo scrape prefill=http://127.0.0.1:18011/metrics decode=http://127.0.0.1:18012/metrics \\
+      --interval 1 --duration 120 --out run.metrics.jsonl
+  kvbench slo analyze disagg-4.jsonl --plan PLAN.yaml --metrics run.metrics.jsonl --fit link.fit.json
 
 Record format, every output field and the vLLM/AIPerf name mapping: docs/slo.md
 """
@@ -42,6 +55,13 @@ Record format, every output field and the vLLM/AIPerf name mapping: docs/slo.md
 _PLAN_FLAGS = ("ttft_max_ms", "tpot_max_ms", "max_itl_ms", "deadline_s", "min_tokens_for_tpot",
                "numerator", "denominator", "attainment_min", "error_rate_max", "warmup_requests",
                "duration_s", "no_queue_check")
+
+
+_LIMIT_MS = arg_float(0.0, 1e9, lo_open=True)  # per-request limits, ms
+_SECONDS = arg_float(0.0, MAX_SECONDS, lo_open=True)
+_RATE = arg_float(0.0, MAX_RATE_RPS, lo_open=True)
+_WARMUP = arg_int(0, 10**9)
+MAX_SYNTH_REQUESTS = 2_000_000  # synth keeps one (deployment, rate) run in memory at a time
 
 
 def _fraction(text: str) -> float:
@@ -65,24 +85,37 @@ def build_parser() -> ArgumentParser:
     a = sub.add_parser("analyze", help="analyze per-request records (JSONL)", prog="kvbench slo analyze",
                        description="Per deployment and offered rate: latency percentiles, attainment of "
                                    "successful and of all offered requests, gates; then capacity and verdict.")
-    a.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
+    a.add_argument("records", nargs="*", metavar="RECORDS.jsonl",
+                   help="per-request records (may be left out when --metrics is given)")
     a.add_argument("--plan", metavar="PLAN.yaml", help="take limits, gates, warm-up and window from a plan")
-    a.add_argument("--ttft-max-ms", type=float, help="per-request TTFT limit in ms")
-    a.add_argument("--tpot-max-ms", type=float, help="per-request TPOT limit in ms")
-    a.add_argument("--max-itl-ms", type=float, help="per-request limit on the largest chunk gap in ms")
-    a.add_argument("--deadline-s", type=float, help="per-request end-to-end deadline in seconds")
-    a.add_argument("--min-tokens-for-tpot", type=int, help="TPOT applies from this many output tokens (default 2)")
+    a.add_argument("--ttft-max-ms", type=_LIMIT_MS, help="per-request TTFT limit in ms")
+    a.add_argument("--tpot-max-ms", type=_LIMIT_MS, help="per-request TPOT limit in ms")
+    a.add_argument("--max-itl-ms", type=_LIMIT_MS, help="per-request limit on the largest chunk gap in ms")
+    a.add_argument("--deadline-s", type=_SECONDS, help="per-request end-to-end deadline in seconds")
+    a.add_argument("--min-tokens-for-tpot", type=arg_int(2, MAX_TOKENS),
+                   help="TPOT applies from this many output tokens (default 2)")
     a.add_argument("--numerator", choices=list(NUMERATORS), help="default requests_meeting_all_limits")
     a.add_argument("--denominator", choices=list(DENOMINATORS),
                    help="which attainment the gate uses (both are always reported); required without --plan")
     a.add_argument("--attainment-min", type=_fraction, help="gate: minimum attainment, fraction (0.95 = 95%%)")
     a.add_argument("--error-rate-max", type=_fraction, help="gate: maximum error rate, fraction")
-    a.add_argument("--warmup-requests", type=int, help="requests excluded at the start of each run (default 0)")
-    a.add_argument("--duration-s", type=float, help="declared measurement window in seconds "
+    a.add_argument("--warmup-requests", type=_WARMUP, help="requests excluded at the start of each run (default 0)")
+    a.add_argument("--duration-s", type=_SECONDS, help="declared measurement window in seconds "
                    "(default: first measured send to last finish)")
     a.add_argument("--no-queue-check", action="store_true", help="do not gate on queue stability")
-    a.add_argument("--send-lag-max-ms", type=float, default=DEFAULT_SEND_LAG_P99_MAX_MS,
+    a.add_argument("--send-lag-max-ms", type=_LIMIT_MS, default=DEFAULT_SEND_LAG_P99_MAX_MS,
                    help=f"gate: P99 client send lag in ms (default {DEFAULT_SEND_LAG_P99_MAX_MS:g})")
+    m = a.add_argument_group("engine metrics (from kvbench slo scrape)")
+    m.add_argument("--metrics", action="append", metavar="SCRAPE.jsonl", default=[],
+                   help="queue trends and KV-transfer distribution per role (repeatable)")
+    m.add_argument("--metrics-window-s", type=arg_float(1e-3, MAX_SECONDS), default=10.0,
+                   help="KV-transfer statistics per window of this many seconds (default 10)")
+    m.add_argument("--metrics-map", metavar="MAP.yaml", help="metric names of an engine kvbench does "
+                   "not know (docs/slo.md)")
+    m.add_argument("--fit", metavar="FITTED.json", help="kvbench fit output: show the fitted handoff "
+                   "model beside the engine's observed transfers")
+    m.add_argument("--where", action="append", metavar="KEY=VALUE",
+                   help="with --fit: pick the fit group (repeatable)")
     a.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     a.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (never overwrites)")
     a.add_argument("--plot", metavar="FILE", help="plot attainment and latency percentiles against "
@@ -96,9 +129,29 @@ def build_parser() -> ArgumentParser:
                        prog="kvbench slo convert-vllm")
     c.add_argument("result", metavar="RESULT.json")
     c.add_argument("--deployment", required=True, help="deployment name for every record")
-    c.add_argument("--offered-rate", type=float, help="offered rate in requests/s (default: the file's request_rate)")
-    c.add_argument("--index", type=int, help="which result of an --append-result file")
+    c.add_argument("--offered-rate", type=_RATE, help="offered rate in requests/s (default: the file's request_rate)")
+    c.add_argument("--index", type=arg_int(0, 10**6), help="which result of an --append-result file")
+    c.add_argument("--cache-state", metavar="STATE",
+                   help="the plan's cache state this run was made under (e.g. cold, warm)")
     c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
+
+    sc = sub.add_parser("scrape", help="record timestamped samples of engines' Prometheus /metrics",
+                        prog="kvbench slo scrape",
+                        description="Fetch every endpoint each --interval seconds for --duration seconds; "
+                                    "parse with prometheus-client;\nan endpoint that fails is recorded as "
+                                    "a gap and the run goes on. Output: docs/slo.md.")
+    sc.add_argument("endpoints", nargs="+", metavar="ROLE=URL",
+                    help="e.g. prefill=http://127.0.0.1:18011/metrics decode=http://127.0.0.1:18012/metrics")
+    sc.add_argument("--interval", type=arg_float(0.05, 3600.0), default=1.0, help="seconds between scrapes (default 1)")
+    sc.add_argument("--duration", type=_SECONDS, required=True, help="seconds to scrape")
+    sc.add_argument("--out", required=True, metavar="FILE.jsonl", help="never overwritten")
+    sc.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
+                    help="whose metric names to keep (default auto: every known engine's)")
+    sc.add_argument("--metrics-map", metavar="MAP.yaml", help="also keep this mapping file's metrics")
+    sc.add_argument("--all-metrics", action="store_true", help="keep every sample, not only those kvbench reads")
+    sc.add_argument("--deployment", help="label: the deployment scraped")
+    sc.add_argument("--offered-rate", type=_RATE, help="label: the offered rate in requests/s")
+    sc.add_argument("--cache-state", help="label: the plan's cache state of this run")
 
     s = sub.add_parser("synth", help="write synthetic records with known answers (no GPU needed)",
                        prog="kvbench slo synth")
@@ -107,9 +160,9 @@ def build_parser() -> ArgumentParser:
     s.add_argument("--out", required=True, metavar="FILE.jsonl")
     s.add_argument("--plan", metavar="PLAN.yaml", help="sweep: take rates, duration and warm-up from a plan")
     s.add_argument("--rates", default="1,2,3,4,5,6,7,8", help="sweep: offered rates in requests/s")
-    s.add_argument("--duration-s", type=float, default=120.0, help="sweep: seconds of traffic per rate")
-    s.add_argument("--warmup-requests", type=int, default=20)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--duration-s", type=_SECONDS, default=120.0, help="sweep: seconds of traffic per rate")
+    s.add_argument("--warmup-requests", type=_WARMUP, default=20)
+    s.add_argument("--seed", type=arg_int(0, 2**32 - 1), default=0)
     return p
 
 
@@ -119,10 +172,6 @@ def _criteria_from_flags(args) -> Criteria:
                          f"{'|'.join(DENOMINATORS)} (or give --plan)")
     if args.attainment_min is None:
         raise UsageError("declare the attainment gate: --attainment-min FRACTION (or give --plan)")
-    for name in ("ttft_max_ms", "tpot_max_ms", "max_itl_ms", "deadline_s", "duration_s"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
     return Criteria(
         denominator=args.denominator, slo_attainment_min=args.attainment_min,
         numerator=args.numerator or "requests_meeting_all_limits",
@@ -135,10 +184,14 @@ def _criteria_from_flags(args) -> Criteria:
         send_lag_p99_max_ms=args.send_lag_max_ms)
 
 
-def _check_against_plan(records, plan: Plan) -> list[dict]:
-    """Records must name the plan's deployments and rates; returns the plan's untested cells."""
-    tested = set()
-    for r in records:
+class _PlanCheck:
+    """Records must name the plan's deployments, rates and cache states; collects untested runs."""
+
+    def __init__(self, plan: Plan):
+        self.plan, self.tested = plan, set()
+
+    def __call__(self, r) -> None:
+        plan, states = self.plan, self.plan.cache_states
         if r.deployment not in plan.deployments:
             raise UsageError(f"{r.where}: deployment {r.deployment!r} is not in the plan "
                              f"({', '.join(plan.deployments)})")
@@ -146,45 +199,103 @@ def _check_against_plan(records, plan: Plan) -> list[dict]:
         if not match:
             raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
                              f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")
-        tested.add((r.deployment, match[0]))
-    return [{"deployment": d, "offered_rate_rps": x} for d in plan.deployments
-            for x in plan.offered_rates_rps if (d, x) not in tested]
+        state = r.cache_state
+        if state is None and len(states) > 1:
+            raise UsageError(f"{r.where}: the plan runs every rate once per cache state "
+                             f"({', '.join(states)}): the record must say which (cache_state; "
+                             "convert-vllm --cache-state)")
+        if state is not None and state not in states:
+            raise UsageError(f"{r.where}: cache state {state!r} is not in the plan's cache_state "
+                             f"({', '.join(states)})")
+        self.tested.add((state or states[0], r.deployment, match[0]))
+
+    def untested(self) -> list[dict]:
+        return [{"cache_state": c, "deployment": d, "offered_rate_rps": x} for c, d, x in self.plan.runs()
+                if (c, d, x) not in self.tested]
+
+
+def _checked(records, check):
+    for r in records:
+        check(r)
+        yield r
+
+
+def _client_report(args, plan: Plan | None) -> dict:
+    """The per-request part of the report (criteria, groups, capacity, verdict), streamed."""
+    if plan:
+        criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
+    else:
+        criteria = _criteria_from_flags(args)
+    check = _PlanCheck(plan) if plan else None
+    records = iter_records(args.records)
+    budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
+              else "equal budget not checked (no --plan)")
+    result = analyze(_checked(records, check) if check else records, criteria, budget)
+    return {"criteria": asdict(criteria),
+            "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
+                             if plan else None),
+            "untested": check.untested() if check else [],
+            **result}
+
+
+def _fit_link(args):
+    """The one fitted link to compare the engine's transfers with (through kvbench.plan.Link)."""
+    if not args.fit:
+        if args.where:
+            raise UsageError("--where selects a group of a --fit file")
+        return None
+    from kvbench.fit import parse_where
+    from kvbench.plan import links_from_fit
+
+    links = links_from_fit(args.fit, parse_where(args.where))
+    if len(links) > 1:
+        raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
+                         f"({'; '.join(link.label for link in links)})")
+    return links[0]
+
+
+def _engine_report(args, plan: Plan | None) -> tuple[list[dict] | None, list[str]]:
+    """Engine-metrics analyses (one per scrape file) and notes about what the plan asked for."""
+    notes = []
+    wanted = [g for g in ("scheduler", "kv_transfer") if plan and g in plan.metrics]
+    if wanted and not args.metrics:
+        notes.append(f"the plan asks for {' and '.join(wanted)} metrics: record them with "
+                     "`kvbench slo scrape` and pass --metrics FILE")
+    if not args.metrics:
+        if args.fit or args.metrics_map:
+            raise UsageError("--fit and --metrics-map apply to --metrics files")
+        return None, notes
+    mapping = load_mapping(args.metrics_map)[1] if args.metrics_map else None
+    link = _fit_link(args)
+    return [analyze_scrape(load_scrape(f), mapping, args.metrics_window_s, link) for f in args.metrics], notes
 
 
 def cmd_analyze(args, argv) -> int:
+    if not args.records and not args.metrics:
+        raise UsageError("give request records (RECORDS.jsonl), --metrics SCRAPE.jsonl, or both")
     if args.plan:
         given = [f"--{n.replace('_', '-')}" for n in _PLAN_FLAGS if getattr(args, n) not in (None, False)]
         if given:
             raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
                              "warm-up and window")
-        plan = load_plan(args.plan)
-        criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
-    else:
-        plan, criteria = None, _criteria_from_flags(args)
-    if not args.send_lag_max_ms > 0:
-        raise UsageError(f"--send-lag-max-ms must be positive, got {args.send_lag_max_ms:g}")
+    plan = load_plan(args.plan) if args.plan else None
     for target in (args.out, args.plot):  # refuse before the work, not after it
-        if target and Path(target).exists():
-            raise UsageError(f"refusing to overwrite existing file {target}")
+        if target:
+            check_new_file(target)
+    if args.plot and not args.records:
+        raise UsageError("--plot draws the per-request analysis: give RECORDS.jsonl")
     fmt = plot_format(Path(args.plot)) if args.plot else None
-    records = load_records(args.records)
-    untested = _check_against_plan(records, plan) if plan else []
-    budget = (f"at equal budget ({plan.total_gpus} GPUs each, checked by the plan)" if plan
-              else "equal budget not checked (no --plan)")
+    engine, notes = _engine_report(args, plan)
     report = {"schema": SCHEMA_REPORT, "command": ["kvbench", "slo", *argv],
-              "inputs": {"records": list(args.records), "plan": args.plan},
-              "criteria": asdict(criteria),
-              "equal_budget": ({"total_gpus": plan.total_gpus, "gpus": plan.gpus, "shapes": plan.shapes}
-                               if plan else None),
-              "untested": untested,
-              **analyze(records, criteria, budget)}
-    text = json.dumps(report, indent=2, allow_nan=False)
-    if args.plot:
-        data = render_plot(report, fmt)  # fails cleanly without matplotlib, before anything is written
-    if args.out:
-        write_new_file(Path(args.out), text + "\n")
-    if args.plot:
-        write_new_file(Path(args.plot), data)
+              "inputs": {"records": list(args.records), "plan": args.plan, "metrics": list(args.metrics),
+                         "fit": args.fit},
+              **(_client_report(args, plan) if args.records else {}),
+              "engine_metrics": engine, "notes": notes}
+    text = dumps_json(report)
+    files = [(args.out, text + "\n")] if args.out else []
+    if args.plot:  # rendered before anything is written; JSON and plot appear together or not at all
+        files.append((args.plot, render_plot(report, fmt)))
+    write_files(files)
     if args.format == "json":
         print(text)
     elif args.format == "markdown":
@@ -192,6 +303,38 @@ def cmd_analyze(args, argv) -> int:
     else:
         print(format_table(report))
     return 0
+
+
+def cmd_scrape(args, argv) -> int:
+    endpoints = [parse_endpoint(e) for e in args.endpoints]
+    roles = [e.role for e in endpoints]
+    dup = next((r for r in roles if roles.count(r) > 1), None)
+    if dup:
+        raise UsageError(f"role {dup!r} given twice: name each endpoint's role once "
+                         "(e.g. aggregated-0=URL aggregated-1=URL)")
+    if args.duration / args.interval > 1e6:
+        raise UsageError("--duration / --interval must be <= 1e6 scrapes")
+    check_new_file(args.out)
+    families = set(all_known_families() if args.engine == "auto" else
+                   {m.name for m in ENGINES[args.engine].values()})
+    if args.metrics_map:
+        families |= {m.name for m in load_mapping(args.metrics_map)[1].values()}
+
+    def keep(name: str) -> bool:
+        return args.all_metrics or family_of(name, families) is not None
+
+    from importlib.metadata import version
+
+    header = {"command": ["kvbench", "slo", *argv], "endpoints": [vars(e) for e in endpoints],
+              "interval_s": args.interval, "duration_s": args.duration, "engine": args.engine,
+              "deployment": args.deployment, "offered_rate_rps": args.offered_rate,
+              "cache_state": args.cache_state, "kept": "all" if args.all_metrics else sorted(families),
+              "parser": f"prometheus-client {version('prometheus-client')}"}
+    end = run_scrape(endpoints, args.interval, args.duration, Path(args.out), keep, header)
+    note = " (interrupted)" if end["interrupted"] else ""
+    print(f"{args.out}: {end['scrapes']} scrapes, {end['gaps']} gaps, {len(endpoints)} endpoint(s) "
+          f"over {end['t_s']:.1f} s{note}")
+    return 130 if end["interrupted"] else 0
 
 
 def cmd_validate(args) -> int:
@@ -203,11 +346,13 @@ def cmd_validate(args) -> int:
 def cmd_convert(args) -> int:
     if not args.deployment.strip():
         raise UsageError("--deployment must not be empty")
-    if args.offered_rate is not None and not args.offered_rate > 0:
-        raise UsageError(f"--offered-rate must be positive, got {args.offered_rate:g}")
-    if args.out and Path(args.out).exists():
-        raise UsageError(f"refusing to overwrite existing file {args.out}")
+    if args.cache_state is not None and not args.cache_state.strip():
+        raise UsageError("--cache-state must not be empty")
+    if args.out:
+        check_new_file(args.out)
     rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
+    if args.cache_state is not None:
+        rows = [{**r, "cache_state": args.cache_state} for r in rows]
     text = dumps_jsonl(rows)
     counts: dict[str, int] = {}
     for r in rows:
@@ -224,24 +369,37 @@ def cmd_convert(args) -> int:
     return 0
 
 
-def cmd_synth(args) -> int:
-    if Path(args.out).exists():
-        raise UsageError(f"refusing to overwrite existing file {args.out}")
-    if args.kind == "cohort":
-        records = synth.cohort()
+def _synth_inputs(args) -> tuple[tuple, float, int, tuple]:
+    """(rates, duration_s, warm-up requests, cache states) from --plan or the flags, bounded."""
+    if args.plan:
+        plan = load_plan(args.plan)
+        states = plan.cache_states if len(plan.cache_states) > 1 else (None,)
+        rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
+                                   plan.criteria.warmup_requests)
     else:
-        if args.plan:
-            plan = load_plan(args.plan)
-            rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
-                                       plan.criteria.warmup_requests)
-        else:
-            rates, duration, warmup = (parse_positive_floats(args.rates, "--rates"), args.duration_s,
-                                       args.warmup_requests)
-        if not duration > 0 or warmup < 0:
-            raise UsageError("--duration-s must be positive and --warmup-requests not negative")
-        records = synth.sweep(rates, duration, warmup, args.seed)
-    write_new_file(Path(args.out), dumps_jsonl(record_to_json(r, {"synthetic": True}) for r in records))
-    print(f"{args.out}: {len(records)} synthetic records ({args.kind})")
+        rates = tuple(parse_positive_floats(args.rates, "--rates", hi=MAX_RATE_RPS))
+        duration, warmup, states = args.duration_s, args.warmup_requests, (None,)
+    expected = len(states) * len(synth.TOY_SERVERS) * (sum(rates) * duration + warmup * len(rates))
+    if expected > MAX_SYNTH_REQUESTS:
+        raise UsageError(f"the sweep asks for about {expected:,.0f} requests (rates x duration x "
+                         f"deployments); synth writes at most {MAX_SYNTH_REQUESTS:,}")
+    return rates, duration, warmup, states
+
+
+def cmd_synth(args) -> int:
+    check_new_file(args.out)
+    if args.kind == "cohort":
+        groups = [synth.cohort()]
+    else:
+        rates, duration, warmup, states = _synth_inputs(args)
+        groups = ([replace(r, cache_state=state) for r in synth.sweep([rate], duration, warmup, args.seed + i)]
+                  for i, state in enumerate(states) for rate in rates)
+    n = 0
+    with new_file_stream(args.out) as fh:  # one run in memory at a time; the file appears when done
+        for records in groups:
+            fh.write(dumps_jsonl(record_to_json(r, {"synthetic": True}) for r in records))
+            n += len(records)
+    print(f"{args.out}: {n} synthetic records ({args.kind})")
     return 0
 
 
@@ -258,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_validate(args)
     if args.command == "convert-vllm":
         return cmd_convert(args)
+    if args.command == "scrape":
+        return cmd_scrape(args, argv)
     return cmd_synth(args)
 
 

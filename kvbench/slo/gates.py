@@ -9,14 +9,15 @@ offered after warm-up, and the gate uses the denominator the user declared.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from kvbench.cli import UsageError
-from kvbench.slo.metrics import PERCENTILE_METHOD, RequestMetrics, request_metrics, summarize
+from kvbench.slo.metrics import PERCENTILE_METHOD, RequestMetrics, summarize
 from kvbench.slo.records import STATUSES, RequestRecord
+from kvbench.slo.runs import OK, Run, to_runs
 
 NUMERATORS = {
     "requests_meeting_all_limits":
@@ -26,6 +27,13 @@ NUMERATORS = {
 DENOMINATORS = {
     "all_offered_after_warmup": "every request offered after warm-up: ok, error, rejected and timeout",
     "successful": "requests that completed with status ok after warm-up",
+}
+# the tutorial's wording (pd-benchmark-plan.yaml) of the same two choices
+NUMERATOR_SYNONYMS = {
+    "successful_requests_meeting_all_three_latency_conditions": "requests_meeting_all_limits",
+}
+DENOMINATOR_SYNONYMS = {
+    "all_offered_requests_after_warmup_including_rejections_and_timeouts": "all_offered_after_warmup",
 }
 
 # Queue stability: a stable queue completes what is offered and does not drift upward.
@@ -101,6 +109,7 @@ class GroupReport:
     error_rate_pct: float | None
     queue: dict
     gates: list[Gate] = field(default_factory=list)
+    cache_state: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -137,64 +146,82 @@ def request_failures(m: RequestMetrics, c: Criteria) -> list[str]:
     return fails
 
 
-def _in_flight_at_sends(all_recs: Sequence[RequestRecord], at: Sequence[float]) -> np.ndarray:
+def _limit_misses(a: dict, ok: np.ndarray, c: Criteria) -> dict[str, np.ndarray]:
+    """Per declared limit, which requests miss it (request_failures, for whole columns at once)."""
+    lim = c.limits()
+    out = {}
+    if "ttft" in lim:
+        out["ttft"] = ok & (a["ttft"] > lim["ttft"])
+    if "tpot" in lim:
+        out["tpot"] = ok & (a["tokens"] >= c.output_tokens_minimum_for_tpot) & (a["tpot"] > lim["tpot"])
+    if "max_itl" in lim:
+        out["max_itl"] = ok & (a["max_itl"] > lim["max_itl"])
+    if "deadline" in lim:
+        out["deadline"] = ok & (a["e2e"] > lim["deadline"])
+    return out  # NaN compares False: an undefined value never misses a limit
+
+
+def _in_flight_at_sends(send: np.ndarray, finish: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Requests sent before t and not finished by t, for each t (the request itself excluded)."""
-    sends = np.sort(np.array([r.actual_send_ms for r in all_recs]))
-    ends = np.sort(np.array([r.finish_ms for r in all_recs]))
-    zero = Counter(r.actual_send_ms for r in all_recs if r.finish_ms == r.actual_send_ms)
-    t = np.asarray(at, dtype=float)
-    started = np.searchsorted(sends, t, side="left")
-    finished = np.searchsorted(ends, t, side="right") - np.array([zero.get(x, 0) for x in t])
+    sends, ends = np.sort(send), np.sort(finish)
+    zero = np.sort(send[finish == send])  # requests over at the instant they were sent
+    started = np.searchsorted(sends, at, side="left")
+    finished = np.searchsorted(ends, at, side="right") - (
+        np.searchsorted(zero, at, side="right") - np.searchsorted(zero, at, side="left"))
     return np.maximum(started - finished, 0)
 
 
-def _thirds(values: Sequence) -> tuple[list, list]:
+def _thirds(values: Sequence) -> tuple:
     k = len(values) // 3
-    return list(values[:k]), list(values[len(values) - k:])
+    return values[:k], values[len(values) - k:]
 
 
-def _keeping_up(measured: Sequence[RequestMetrics]) -> dict:
+def _keeping_up(send: np.ndarray, finish: np.ndarray) -> dict:
     """Completions per second against sends per second over the same stretch of the run.
 
     Sends are counted over [first send, last send]; completions (any terminal status) over
     the same window shifted by the median latency, so a stable queue reads ~1.0 whatever its
     latency, one slow straggler moves it by one request, and a growing backlog reads < 1.
     """
-    sends = sorted(m.record.actual_send_ms for m in measured)
+    sends = np.sort(send)
     if len(sends) < MIN_REQUESTS_FOR_TREND or sends[-1] <= sends[0]:
         return {"offered_actual_rps": None, "achieved_rps": None, "achieved_over_offered": None,
                 "latency_shift_ms": None}
-    span_s = (sends[-1] - sends[0]) / 1000.0
-    shift = float(np.median([m.record.finish_ms - m.record.actual_send_ms for m in measured]))
+    span_s = float(sends[-1] - sends[0]) / 1000.0
+    shift = float(np.median(finish - send))
     lo, hi = sends[0] + shift, sends[-1] + shift
-    done = sum(1 for m in measured if lo <= m.record.finish_ms <= hi)
+    done = int(np.count_nonzero((finish >= lo) & (finish <= hi)))
     offered, achieved = (len(sends) - 1) / span_s, (done - 1) / span_s if done else 0.0
     return {"offered_actual_rps": offered, "achieved_rps": achieved,
             "achieved_over_offered": achieved / offered, "latency_shift_ms": shift}
 
 
-def _queue(group: Sequence[RequestRecord], measured: Sequence[RequestMetrics],
-           c: Criteria) -> tuple[dict, Gate]:
-    n = len(measured)
-    out: dict = {**_keeping_up(measured),
+def _trends(a: dict, meas: np.ndarray, out: dict) -> None:
+    """TTFT medians and mean in-flight requests, first vs last third of the measured sends."""
+    first, last = _thirds(meas)
+    f_ttft, l_ttft = a["ttft"][first], a["ttft"][last]
+    f_ttft, l_ttft = f_ttft[~np.isnan(f_ttft)], l_ttft[~np.isnan(l_ttft)]
+    if len(f_ttft) and len(l_ttft):
+        x, y = float(np.median(f_ttft)), float(np.median(l_ttft))
+        out["ttft_median_first_third_ms"], out["ttft_median_last_third_ms"] = x, y
+        if y > x * TREND_RATIO_MAX and y - x > TREND_MIN_TTFT_MS:
+            out["reasons"].append(f"TTFT median rose {x:.1f} -> {y:.1f} ms from the first to the last third")
+    flight = _in_flight_at_sends(a["send"], a["finish"], a["send"][meas])
+    fa, fb = _thirds(flight)
+    x, y = float(np.mean(fa)), float(np.mean(fb))
+    out["in_flight_mean_first_third"], out["in_flight_mean_last_third"] = x, y
+    if y > x * TREND_RATIO_MAX and y - x > TREND_MIN_IN_FLIGHT:
+        out["reasons"].append(f"in-flight requests rose {x:.1f} -> {y:.1f} from the first to the last third")
+
+
+def _queue(a: dict, meas: np.ndarray, c: Criteria) -> tuple[dict, Gate]:
+    n = len(meas)
+    out: dict = {**_keeping_up(a["send"][meas], a["finish"][meas]),
                  "ttft_median_first_third_ms": None, "ttft_median_last_third_ms": None,
                  "in_flight_mean_first_third": None, "in_flight_mean_last_third": None,
                  "growing": None, "reasons": []}
     if n >= MIN_REQUESTS_FOR_TREND:
-        first, last = _thirds(measured)
-        f_ttft = [m.ttft_ms for m in first if m.ttft_ms is not None]
-        l_ttft = [m.ttft_ms for m in last if m.ttft_ms is not None]
-        if f_ttft and l_ttft:
-            a, b = float(np.median(f_ttft)), float(np.median(l_ttft))
-            out["ttft_median_first_third_ms"], out["ttft_median_last_third_ms"] = a, b
-            if b > a * TREND_RATIO_MAX and b - a > TREND_MIN_TTFT_MS:
-                out["reasons"].append(f"TTFT median rose {a:.1f} -> {b:.1f} ms from the first to the last third")
-        flight = _in_flight_at_sends(group, [m.record.actual_send_ms for m in measured])
-        fa, fb = _thirds(flight)
-        a, b = float(np.mean(fa)), float(np.mean(fb))
-        out["in_flight_mean_first_third"], out["in_flight_mean_last_third"] = a, b
-        if b > a * TREND_RATIO_MAX and b - a > TREND_MIN_IN_FLIGHT:
-            out["reasons"].append(f"in-flight requests rose {a:.1f} -> {b:.1f} from the first to the last third")
+        _trends(a, meas, out)
     else:
         out["reasons"].append(f"too few requests after warm-up ({n}) to judge a trend")
     ratio = out["achieved_over_offered"]
@@ -215,67 +242,41 @@ def _queue(group: Sequence[RequestRecord], measured: Sequence[RequestMetrics],
     return out, gate
 
 
-def analyze_group(group: Sequence[RequestRecord], c: Criteria) -> GroupReport:
-    """Every number for one deployment at one offered rate."""
-    dep, rate = group[0].deployment, group[0].offered_rate_rps
-    ordered = sorted(group, key=lambda r: r.send_order_ms)  # stable: file order breaks ties
-    warm, rest = ordered[:c.warmup_requests], ordered[c.warmup_requests:]
-    measured = [request_metrics(r) for r in rest]
-    status = Counter(m.record.status for m in measured)
-    ok = [m for m in measured if m.record.status == "ok"]
-    fails = {id(m): request_failures(m, c) for m in ok}
-    good = [m for m in ok if not fails[id(m)]]
-    limit_counts = Counter(f for m in ok for f in fails[id(m)])
-    n, n_ok, n_good = len(measured), len(ok), len(good)
+def _window(a: dict, meas: np.ndarray, c: Criteria) -> tuple[dict, np.ndarray]:
+    """The measurement window (declared duration from the first measured send, else observed)
+    and which requests finished inside it."""
+    inside = np.zeros(len(a["send"]), dtype=bool)
+    if not len(meas):
+        return {"window_s": None, "source": "declared" if c.duration_s is not None else "observed",
+                "finished_after_window": 0, "sent_after_window": 0}, inside
+    t0 = float(a["send"][meas].min())
+    t1 = t0 + c.duration_s * 1000.0 if c.duration_s is not None else float(a["finish"][meas].max())
+    inside[meas] = a["finish"][meas] <= t1
+    return {"window_s": (t1 - t0) / 1000.0 if t1 > t0 else None,
+            "source": "declared" if c.duration_s is not None else "observed",
+            "finished_after_window": int(np.count_nonzero(a["finish"][meas] > t1)),
+            "sent_after_window": int(np.count_nonzero(a["send"][meas] > t1))}, inside
 
-    # window: declared duration from the first measured send, else everything observed
-    t0 = min((m.record.actual_send_ms for m in measured), default=None)
-    if t0 is None:
-        t1 = None
-    elif c.duration_s is not None:
-        t1 = t0 + c.duration_s * 1000.0
-    else:
-        t1 = max(m.record.finish_ms for m in measured)
-    window_s = (t1 - t0) / 1000.0 if t0 is not None and t1 > t0 else None
-    in_win = [m for m in measured if t1 is not None and m.record.finish_ms <= t1]
 
-    def per_s(count: float) -> float | None:
-        return count / window_s if window_s else None
+def _client(a: dict, meas: np.ndarray) -> tuple[dict, dict | None]:
+    sends = np.sort(a["send"][meas])
+    lags = a["send"][meas] - a["sched"][meas]
+    lag = summarize(lags) if len(meas) and not np.isnan(lags).any() else None
+    rate = (float((len(sends) - 1) / ((sends[-1] - sends[0]) / 1000.0))
+            if len(sends) >= 2 and sends[-1] > sends[0] else None)
+    return {"send_rate_rps": rate, "scheduled_send_known": lag is not None, "send_lag_ms": lag}, lag
 
-    ok_in = [m for m in in_win if m.record.status == "ok"]
-    throughput = {
-        "throughput_rps": per_s(len(ok_in)),
-        "output_tokens_per_s": per_s(sum(m.record.output_tokens for m in ok_in)),
-        "goodput_rps": per_s(sum(1 for m in ok_in if not fails[id(m)])),
-    }
-    window = {"window_s": window_s, "source": "declared" if c.duration_s is not None else "observed",
-              "finished_after_window": sum(1 for m in measured if t1 is not None and m.record.finish_ms > t1),
-              "sent_after_window": sum(1 for m in measured if t1 is not None and m.record.actual_send_ms > t1)}
 
-    sends = sorted(m.record.actual_send_ms for m in measured)
-    lags = [m.send_lag_ms for m in measured]
-    lag_known = bool(measured) and all(v is not None for v in lags)
-    lag = summarize([float(v) for v in lags]) if lag_known else None
-    client = {
-        "send_rate_rps": (len(sends) - 1) / ((sends[-1] - sends[0]) / 1000.0)
-        if len(sends) >= 2 and sends[-1] > sends[0] else None,
-        "scheduled_send_known": lag_known,
-        "send_lag_ms": lag,
-    }
-    counts = {"records": len(group), "warmup_excluded": len(warm), "offered_after_warmup": n,
-              **{s: status.get(s, 0) for s in STATUSES},
-              "meeting_limits": n_good,
-              "missed_limit": {k: limit_counts.get(k, 0) for k in c.limits()},
-              "tpot_not_applicable": sum(1 for m in ok if m.record.output_tokens < c.output_tokens_minimum_for_tpot)}
-    tpot_samples = [m.tpot_ms for m in ok
-                    if m.tpot_ms is not None and m.record.output_tokens >= c.output_tokens_minimum_for_tpot]
-    latency = {
-        "ttft": summarize([m.ttft_ms for m in ok]),
-        "tpot": summarize(tpot_samples),
-        "itl_per_chunk": summarize([g for m in ok for g in m.itls_ms]),
-        "max_itl_per_request": summarize([m.max_itl_ms for m in ok if m.max_itl_ms is not None]),
-        "e2e": summarize([m.e2e_ms for m in ok]),
-    }
+def _latency(a: dict, ok: np.ndarray, c: Criteria) -> dict:
+    gaps = a["gaps"][np.repeat(ok, a["n_gaps"])] if len(a["gaps"]) else a["gaps"]
+    tpot_ok = ok & (a["tokens"] >= c.output_tokens_minimum_for_tpot) & ~np.isnan(a["tpot"])
+    return {"ttft": summarize(a["ttft"][ok]), "tpot": summarize(a["tpot"][tpot_ok]),
+            "itl_per_chunk": summarize(gaps),
+            "max_itl_per_request": summarize(a["max_itl"][ok & ~np.isnan(a["max_itl"])]),
+            "e2e": summarize(a["e2e"][ok])}
+
+
+def _gates(n: int, n_ok: int, n_good: int, status: Counter, c: Criteria) -> tuple[list[Gate], dict, float | None]:
     of_ok, of_all = _pct(n_good, n_ok), _pct(n_good, n)
     declared = of_all if c.denominator == "all_offered_after_warmup" else of_ok
     attainment = {"numerator": c.numerator, "numerator_count": n_good,
@@ -284,7 +285,6 @@ def analyze_group(group: Sequence[RequestRecord], c: Criteria) -> GroupReport:
                   "declared_denominator": c.denominator, "declared_pct": declared,
                   "min_pct": None if c.slo_attainment_min is None else 100.0 * c.slo_attainment_min}
     error_rate = _pct(n - n_ok, n)
-
     gates = []
     if c.slo_attainment_min is None:
         gates.append(Gate("attainment", None, declared, None, "no minimum declared"))
@@ -303,26 +303,60 @@ def analyze_group(group: Sequence[RequestRecord], c: Criteria) -> GroupReport:
                           f"{status.get('rejected', 0)}, timeout {status.get('timeout', 0)}) = "
                           f"{error_rate:.1f}% vs maximum {100 * c.error_rate_max:g}%"
                           if n else "no requests after warm-up"))
-    queue, qgate = _queue(ordered, measured, c)
-    gates.append(qgate)
+    return gates, attainment, error_rate
+
+
+def _lag_gate(lag: dict | None, client: dict, rate: float, c: Criteria) -> Gate:
     if lag is None:
         sent = client["send_rate_rps"]
-        gates.append(Gate("client_send_lag", None, None, c.send_lag_p99_max_ms,
-                          "not evaluated: records carry no scheduled_send_ms (client sent "
-                          f"{'-' if sent is None else f'{sent:.3f}'} rps for {rate:g} offered)"))
-    else:
-        p99 = lag["p99_ms"]
-        gates.append(Gate("client_send_lag", p99 <= c.send_lag_p99_max_ms, p99, c.send_lag_p99_max_ms,
-                          f"P99 send lag {p99:.2f} ms vs maximum {c.send_lag_p99_max_ms:g} ms "
-                          "(a client behind its schedule did not offer the rate it claims)"))
-    return GroupReport(dep, rate, counts, client, window, throughput, latency, attainment,
-                       error_rate, queue, gates)
+        return Gate("client_send_lag", None, None, c.send_lag_p99_max_ms,
+                    "not evaluated: records carry no scheduled_send_ms (client sent "
+                    f"{'-' if sent is None else f'{sent:.3f}'} rps for {rate:g} offered)")
+    p99 = lag["p99_ms"]
+    return Gate("client_send_lag", p99 <= c.send_lag_p99_max_ms, p99, c.send_lag_p99_max_ms,
+                f"P99 send lag {p99:.2f} ms vs maximum {c.send_lag_p99_max_ms:g} ms "
+                "(a client behind its schedule did not offer the rate it claims)")
 
 
-def group_records(records: Sequence[RequestRecord]) -> dict[tuple[str, float], list[RequestRecord]]:
-    groups: dict[tuple[str, float], list[RequestRecord]] = defaultdict(list)
+def analyze_group(group: Run | Sequence[RequestRecord], c: Criteria) -> GroupReport:
+    """Every number for one deployment at one offered rate."""
+    run = group if isinstance(group, Run) else to_runs(group)[0][0]
+    a = run.arrays()
+    send_order = np.where(np.isnan(a["sched"]), a["send"], a["sched"])
+    meas = np.argsort(send_order, kind="stable")[c.warmup_requests:]  # file order breaks ties
+    measured = np.zeros(len(run), dtype=bool)
+    measured[meas] = True
+    ok = measured & (a["status"] == OK)
+    misses = _limit_misses(a, ok, c)
+    good = ok & ~np.logical_or.reduce([*misses.values(), np.zeros(len(run), dtype=bool)])
+    n, n_ok, n_good = len(meas), int(ok.sum()), int(good.sum())
+    status = Counter({s: int(np.count_nonzero(measured & (a["status"] == i))) for i, s in enumerate(STATUSES)})
+    window, inside = _window(a, meas, c)
+
+    def per_s(count: float) -> float | None:
+        return count / window["window_s"] if window["window_s"] else None
+
+    ok_in = inside & ok
+    throughput = {"throughput_rps": per_s(int(ok_in.sum())),
+                  "output_tokens_per_s": per_s(int(a["tokens"][ok_in].sum())),
+                  "goodput_rps": per_s(int((ok_in & good).sum()))}
+    client, lag = _client(a, meas)
+    counts = {"records": len(run), "warmup_excluded": len(run) - n, "offered_after_warmup": n,
+              **{s: status.get(s, 0) for s in STATUSES}, "meeting_limits": n_good,
+              "missed_limit": {k: int(v.sum()) for k, v in misses.items()},
+              "tpot_not_applicable": int((ok & (a["tokens"] < c.output_tokens_minimum_for_tpot)).sum())}
+    gates, attainment, error_rate = _gates(n, n_ok, n_good, status, c)
+    queue, qgate = _queue(a, meas, c)
+    gates += [qgate, _lag_gate(lag, client, run.offered_rate_rps, c)]
+    return GroupReport(run.deployment, run.offered_rate_rps, counts, client, window, throughput,
+                       _latency(a, ok, c), attainment, error_rate, queue, gates, run.cache_state)
+
+
+def group_records(records: Sequence[RequestRecord]) -> dict[tuple[str, str, float], list[RequestRecord]]:
+    """One group per (cache state, deployment, offered rate); no state sorts as ''."""
+    groups: dict[tuple[str, str, float], list[RequestRecord]] = defaultdict(list)
     for r in records:
-        groups[(r.deployment, r.offered_rate_rps)].append(r)
+        groups[(r.cache_state or "", r.deployment, r.offered_rate_rps)].append(r)
     return dict(sorted(groups.items()))
 
 
@@ -339,9 +373,11 @@ class Capacity:
     passed_above_first_failure_rps: list[float]
     status: str  # "bounded", "not_reached" (every rate passed), "below_lowest" (the lowest failed)
     text: str = ""
+    cache_state: str | None = None
 
 
-def capacity_for(deployment: str, reports: Sequence[GroupReport]) -> Capacity:
+def capacity_for(deployment: str, reports: Sequence[GroupReport], cache_state: str | None = None) -> Capacity:
+    name = deployment if cache_state is None else f"{deployment} [{cache_state}]"
     reports = sorted(reports, key=lambda g: g.offered_rate_rps)
     cap, first = None, None
     for g in reports:
@@ -354,21 +390,21 @@ def capacity_for(deployment: str, reports: Sequence[GroupReport]) -> Capacity:
     rates = [g.offered_rate_rps for g in reports]
     if first is None:
         status = "not_reached"
-        text = f"{deployment}: passes every tested rate up to {cap:g} rps (capacity not reached; test higher rates)"
+        text = f"{name}: passes every tested rate up to {cap:g} rps (capacity not reached; test higher rates)"
     elif cap is None:
         status = "below_lowest"
-        text = (f"{deployment}: fails already at the lowest tested rate {first.offered_rate_rps:g} rps "
+        text = (f"{name}: fails already at the lowest tested rate {first.offered_rate_rps:g} rps "
                 f"({', '.join(first.failed_gates)})")
     else:
         status = "bounded"
-        text = (f"{deployment}: SLO-compliant capacity {cap:g} rps; first failing rate "
+        text = (f"{name}: SLO-compliant capacity {cap:g} rps; first failing rate "
                 f"{first.offered_rate_rps:g} rps ({', '.join(first.failed_gates)})")
     if above:
         text += (f"; note: {', '.join(f'{r:g}' for r in above)} rps passed above the first failure, "
                  "so the sweep is not monotonic (re-test before trusting it)")
     highest = max((g.offered_rate_rps for g in reports if g.passed), default=None)
     return Capacity(deployment, rates, cap, first.offered_rate_rps if first else None,
-                    first.failed_gates if first else [], highest, above, status, text)
+                    first.failed_gates if first else [], highest, above, status, text, cache_state)
 
 
 def verdict(caps: Sequence[Capacity], budget_note: str) -> dict:
@@ -406,22 +442,41 @@ def verdict(caps: Sequence[Capacity], budget_note: str) -> dict:
     return {"winner": None, "text": text}
 
 
-def analyze(records: Sequence[RequestRecord], c: Criteria, budget_note: str) -> dict:
-    """The whole report: groups, capacity per deployment, verdict, and how it was computed."""
-    reports = [analyze_group(g, c) for g in group_records(records).values()]
-    by_dep: dict[str, list[GroupReport]] = defaultdict(list)
+def analyze(records: Iterable[RequestRecord], c: Criteria, budget_note: str) -> dict:
+    """The whole report: groups, capacity per deployment (and cache state), verdict, method.
+
+    records may be a stream (kvbench.slo.records.iter_records): each is folded into its
+    run's columns as it arrives, so memory follows the runs' numbers, not the file's text.
+    """
+    runs, n_records = to_runs(records)
+    reports = [analyze_group(run, c) for run in runs]
+    by_state: dict[str | None, dict[str, list[GroupReport]]] = defaultdict(lambda: defaultdict(list))
     for g in reports:
-        by_dep[g.deployment].append(g)
-    caps = [capacity_for(d, gs) for d, gs in by_dep.items()]
+        by_state[g.cache_state][g.deployment].append(g)
+    caps, verdicts = [], []
+    for state, by_dep in by_state.items():
+        state_caps = [capacity_for(d, gs, state) for d, gs in by_dep.items()]
+        caps += state_caps
+        verdicts.append({"cache_state": state, **verdict(state_caps, budget_note)})
     counted = sum(g.counts["warmup_excluded"] + g.counts["offered_after_warmup"] for g in reports)
-    assert counted == len(records), "every record must be counted exactly once"
+    assert counted == n_records, "every record must be counted exactly once"
     return {
-        "records_total": len(records),
+        "records_total": n_records,
         "groups": [g.to_json() for g in reports],
         "capacity": [asdict(cap) for cap in caps],
-        "verdict": verdict(caps, budget_note),
+        "verdict": _overall(verdicts),
+        "verdicts": verdicts,
         "method": method_notes(c),
     }
+
+
+def _overall(verdicts: list[dict]) -> dict:
+    """One verdict; with several cache states, a winner only when every state agrees."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    winners = {v["winner"] for v in verdicts}
+    return {"cache_state": None, "winner": winners.pop() if len(winners) == 1 else None,
+            "text": "; ".join(f"[{v['cache_state']}] {v['text']}" for v in verdicts)}
 
 
 def method_notes(c: Criteria) -> dict:

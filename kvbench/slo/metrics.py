@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+import numpy as np
+
 from kvbench.slo.records import RequestRecord
 from kvbench.stats import percentile
 
@@ -52,10 +54,10 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
 
 def summarize(samples: Sequence[float]) -> dict:
     """{n, p50, p95, p99, max} of samples in ms; percentiles None when there are no samples."""
-    if not samples:
+    if len(samples) == 0:
         return {"n": 0, "p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
     out: dict = {"n": len(samples)}
     for q in PERCENTILES:
         out[f"p{q}_ms"] = percentile(samples, q)
-    out["max_ms"] = float(max(samples))
+    out["max_ms"] = float(np.max(samples))
     return out

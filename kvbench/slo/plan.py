@@ -1,28 +1,68 @@
 """The equal-budget benchmark plan: a YAML file checked before anyone spends GPU hours on it.
 
+Two spellings of one plan are accepted and read into one `Plan`:
+
+- the tutorial's `pd-benchmark-plan.yaml`, key for key: `comparison.cache_state` as a list,
+  `deployments.disaggregated.{prefill_replicas, decode_replicas, tensor_parallel_per_replica,
+  pipeline_parallel_per_replica}`, `metrics` as groups `client` / `scheduler` / `kv_transfer`,
+  and the tutorial's wording of the attainment numerator and denominator;
+- the project's nested form (`disaggregated.prefill.{replicas, ...}`, `metrics` as one list).
+
 A plan is refused, with the path of the offending field, when it is not equal-budget
 (the GPUs of the two deployments differ from each other or from total_gpus), when a
-placeholder `<...>` is left unfilled, when a key is unknown or missing, or when a value
-has the wrong type or unit. See examples/pd-benchmark-plan.yaml and its template.
+placeholder `<...>` is left unfilled, when a key is unknown, missing or given twice, or
+when a value has the wrong type or unit. Deployments may name their `endpoint` and
+`metrics_endpoints` (for `kvbench sweep`); a top-level `lab:` mapping is passed through
+unread, for `kvbench.lab` to check. See examples/ and docs/slo.md.
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
 
-import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from kvbench.cli import UsageError, read_text
-from kvbench.slo.gates import DENOMINATORS, NUMERATORS, Criteria
+from kvbench.cli import UsageError
+from kvbench.schema.read import MiB, load_yaml
+from kvbench.schema.types import (
+    MAX_RATE_RPS,
+    MAX_SECONDS,
+    MAX_TEXT,
+    MAX_TOKENS,
+    Fraction,
+    Text,
+    show,
+)
+from kvbench.slo.gates import (
+    DENOMINATOR_SYNONYMS,
+    DENOMINATORS,
+    NUMERATOR_SYNONYMS,
+    NUMERATORS,
+    Criteria,
+)
 
 PLACEHOLDER = re.compile(r"<[^<>]*>")
 METRIC_NAMES = ("ttft", "tpot", "itl", "max_itl_per_request", "e2e", "throughput", "goodput",
                 "slo_attainment", "error_rate", "queue_stability", "send_lag")
+# `metrics` as the tutorial's groups; the client group also takes the names of the list form
+METRIC_GROUPS = {
+    "client": ("ttft", "tpot", "itl", "e2e", "errors", "goodput") + tuple(
+        n for n in METRIC_NAMES if n not in ("ttft", "tpot", "itl", "e2e", "goodput")),
+    "scheduler": ("prefill_queue", "decode_queue", "running", "rejected", "kv_cache_usage"),
+    "kv_transfer": ("bytes", "setup_ms", "transfer_ms", "failures", "count"),
+}
+ROLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_PLAN_BYTES = MiB  # a plan is a page of YAML
+MAX_GPUS = 10**6  # GPUs, replicas and parallel degrees
+MAX_RATES = 1000  # offered rates in one sweep
+MAX_LIMIT_MS = 1e9  # per-request latency limits
+MAX_CACHE_STATES = 100
 
 
 class PlanError(Exception):
@@ -34,55 +74,56 @@ class PlanError(Exception):
 
 
 # ---------------------------------------------------------------------------
-# scalar checks: each returns the cleaned value or raises PlanError
+# scalar checks: each returns the cleaned value or raises PlanError. The types and bounds
+# are kvbench.schema's (strict: no bool for a number, no "8" for 8; finite; bounded).
 
 
-def _text(v, path):
-    if not isinstance(v, str) or not v.strip():
-        raise PlanError(path, f"must be a non-empty string, got {v!r}")
-    return v
+def _leaf(tp, expected: str, upper: str | None = None) -> Callable:
+    """A check of one value against a bounded type; upper names the bound when it is exceeded."""
+    adapter = TypeAdapter(tp, config=ConfigDict(strict=True))
 
-
-def _pos_int(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise PlanError(path, f"must be a positive integer, got {v!r}")
-    return v
-
-
-def _nonneg_int(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise PlanError(path, f"must be an integer >= 0, got {v!r}")
-    return v
-
-
-def _min_tokens(v, path):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-        raise PlanError(path, f"must be an integer >= 2 (TPOT needs two tokens), got {v!r}")
-    return v
-
-
-def _pos_num(v, path):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise PlanError(path, f"must be a positive number, got {v!r}")
-    return float(v)
-
-
-def _fraction(v, path):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-        raise PlanError(path, f"must be a fraction in 0..1 (0.95 means 95%), got {v!r}")
-    return float(v)
-
-
-def _flag(v, path):
-    if not isinstance(v, bool):
-        raise PlanError(path, f"must be true or false, got {v!r}")
-    return v
-
-
-def _choice(options: dict | tuple) -> Callable:
     def check(v, path):
-        if v not in options:
-            raise PlanError(path, f"must be one of {', '.join(options)}, got {v!r}")
+        try:
+            out = adapter.validate_python(v)
+        except ValidationError as exc:
+            too_big = exc.errors()[0]["type"] in ("less_than_equal", "too_long")
+            raise PlanError(path, f"must be {upper if (upper and too_big) else expected}, "
+                                  f"got {show(v)}") from None
+        return float(out) if isinstance(out, float) else out
+    return check
+
+
+_text = _leaf(Text, "a non-empty string", f"at most {MAX_TEXT} characters")
+_pos_int = _leaf(Annotated[int, Field(ge=1, le=MAX_GPUS)], "a positive integer",
+                 f"at most {MAX_GPUS:,}")
+_nonneg_int = _leaf(Annotated[int, Field(ge=0, le=MAX_TOKENS)], "an integer >= 0",
+                    f"at most {MAX_TOKENS:,}")
+_min_tokens = _leaf(Annotated[int, Field(ge=2, le=MAX_TOKENS)],
+                    "an integer >= 2 (TPOT needs two tokens)", f"at most {MAX_TOKENS:,}")
+_fraction = _leaf(Fraction, "a fraction in 0..1 (0.95 means 95%)")
+_flag = _leaf(bool, "true or false")
+
+
+def _positive(hi: float, unit: str) -> Callable:
+    return _leaf(Annotated[float, Field(gt=0, le=hi, allow_inf_nan=False)], "a positive number",
+                 f"at most {hi:g} {unit}")
+
+
+_rate = _positive(MAX_RATE_RPS, "requests/s")
+_seconds = _positive(MAX_SECONDS, "s")
+_limit_ms = _positive(MAX_LIMIT_MS, "ms")
+
+
+def _choice(options: dict | tuple, synonyms: dict | None = None) -> Callable:
+    """One of options; a synonym (e.g. the tutorial's wording) is read as its canonical name."""
+    synonyms = synonyms or {}
+
+    def check(v, path):
+        if isinstance(v, str) and v in synonyms:
+            return synonyms[v]
+        if not isinstance(v, str) or v not in options:
+            also = f" (or the synonym{'s' if len(synonyms) > 1 else ''} {', '.join(synonyms)})" if synonyms else ""
+            raise PlanError(path, f"must be one of {', '.join(options)}{also}, got {show(v)}")
         return v
     return check
 
@@ -90,39 +131,144 @@ def _choice(options: dict | tuple) -> Callable:
 def _rates(v, path):
     if not isinstance(v, list) or not v:
         raise PlanError(path, "must be a non-empty list of offered rates in requests/s")
-    out = [_pos_num(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if len(v) > MAX_RATES:
+        raise PlanError(path, f"must list at most {MAX_RATES} rates, got {len(v)}")
+    out = [_rate(x, f"{path}[{i}]") for i, x in enumerate(v)]
     for i in range(1, len(out)):
         if out[i] <= out[i - 1]:
             raise PlanError(f"{path}[{i}]", f"rates must increase, {out[i]:g} follows {out[i - 1]:g}")
     return out
 
 
-def _metric_list(v, path):
+def _names(v, path, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
     if not isinstance(v, list) or not v:
-        raise PlanError(path, f"must be a non-empty list of metric names ({', '.join(METRIC_NAMES)})")
-    return [_choice(METRIC_NAMES)(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        raise PlanError(path, f"must be a non-empty list of {what} ({', '.join(allowed)})")
+    out = tuple(_choice(allowed)(x, f"{path}[{i}]") for i, x in enumerate(v))
+    for i, x in enumerate(out):
+        if x in out[:i]:
+            raise PlanError(f"{path}[{i}]", f"{show(x)} is listed twice")
+    return out
+
+
+def _metrics(v, path) -> dict[str, tuple[str, ...]]:
+    """The list form (client-side names) or the tutorial's groups client/scheduler/kv_transfer."""
+    if isinstance(v, list):
+        return {"client": _names(v, path, METRIC_NAMES, "metric names")}
+    if not isinstance(v, dict) or not v:
+        raise PlanError(path, "must be a list of metric names or a mapping of groups "
+                              f"({', '.join(METRIC_GROUPS)}) to lists of names")
+    out = {}
+    for group, names in v.items():
+        if group not in METRIC_GROUPS:
+            close = difflib.get_close_matches(str(group), list(METRIC_GROUPS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PlanError(f"{path}.{group}", f"unknown metrics group{hint}; groups are "
+                                               f"{', '.join(METRIC_GROUPS)}")
+        out[group] = _names(names, f"{path}.{group}", METRIC_GROUPS[group], f"{group} metrics")
+    return out
+
+
+def _cache_states(v, path) -> tuple[str, ...]:
+    """One state as text, or the tutorial's list: every run is required once per state."""
+    if isinstance(v, str):
+        return (_text(v, path),)
+    if not isinstance(v, list) or not v or len(v) > MAX_CACHE_STATES:
+        raise PlanError(path, "must be a cache state (text) or a non-empty list of them "
+                              f"(at most {MAX_CACHE_STATES}), got {show(v)}")
+    out = tuple(_text(x, f"{path}[{i}]") for i, x in enumerate(v))
+    for i, x in enumerate(out):
+        if x in out[:i]:
+            raise PlanError(f"{path}[{i}]", f"cache state {show(x)} is listed twice")
+    return out
+
+
+def _url(v, path) -> str:
+    try:
+        parts = urlsplit(v) if isinstance(v, str) and len(v) <= MAX_TEXT else None
+    except ValueError:  # e.g. an unclosed [IPv6 bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PlanError(path, f"must be an http:// or https:// URL, got {show(v)}")
+    return v
+
+
+def _metrics_endpoints(v, path) -> dict[str, tuple[str, ...]]:
+    """role -> URL (or a list of URLs, one per replica) of Prometheus /metrics endpoints."""
+    if not isinstance(v, dict) or not v:
+        raise PlanError(path, "must map a role (e.g. prefill, decode, aggregated) to a /metrics URL")
+    out = {}
+    for role, urls in v.items():
+        if not isinstance(role, str) or not ROLE_NAME.match(role):
+            raise PlanError(f"{path}.{role}", "role names are letters, digits, '_', '-', '.'")
+        listed = urls if isinstance(urls, list) and urls else [urls]
+        out[role] = tuple(_url(u, f"{path}.{role}") for u in listed)
+    return out
+
+
+def _passthrough(v, path):
+    if not isinstance(v, dict):
+        raise PlanError(path, "must be a mapping (read by kvbench lab, not by kvbench slo)")
+    return v
+
+
+class Opt:
+    """An optional key: checked by `spec` when present, absent otherwise."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+
+class Variant:
+    """A mapping whose spec depends on its keys: pick(value, path) returns the spec to use."""
+
+    def __init__(self, pick: Callable):
+        self.pick = pick
 
 
 _SHAPE = {"replicas": _pos_int, "tensor_parallel": _pos_int, "pipeline_parallel": _pos_int}
+_TUTORIAL_DISAGG = ("prefill_replicas", "decode_replicas", "tensor_parallel_per_replica",
+                    "pipeline_parallel_per_replica")
+_ENDPOINTS = {"endpoint": Opt(_url), "metrics_endpoints": Opt(_metrics_endpoints)}
+_AGGREGATED = {"description": Opt(_text), **_SHAPE, **_ENDPOINTS}
+# the tutorial's flat form: GPUs = (prefill + decode replicas) x TP x PP
+_DISAGG_TUTORIAL = {"description": Opt(_text), **{k: _pos_int for k in _TUTORIAL_DISAGG},
+                    "kv_transport": _text, **_ENDPOINTS}
+# the project's nested form: GPUs = prefill replicas x TP x PP + decode replicas x TP x PP
+_DISAGG_NESTED = {"description": Opt(_text), "prefill": dict(_SHAPE), "decode": dict(_SHAPE),
+                  "kv_transport": _text, **_ENDPOINTS}
+
+
+def _disaggregated_form(value, path):
+    """Which of the two disaggregated forms a mapping uses (the tutorial's unless nested)."""
+    flat = [k for k in _TUTORIAL_DISAGG if k in value]
+    nested = [k for k in ("prefill", "decode") if k in value]
+    if flat and nested:
+        raise PlanError(path, f"mixes the tutorial's keys ({', '.join(flat)}) with the nested form "
+                              f"({', '.join(nested)}); use one of the two")
+    return _DISAGG_NESTED if nested else _DISAGG_TUTORIAL
+
+
 SPEC: dict = {
     "comparison": {
         "model_revision": _text, "engine_version": _text, "total_gpus": _pos_int, "gpu_type": _text,
         "network_and_host_budget": _text, "warmup_requests": _nonneg_int,
         "offered_rates_rps": _rates, "output_tokens_minimum_for_tpot": _min_tokens,
-        "request_deadline_seconds": _pos_num, "precision": _text, "workload_trace": _text,
-        "cache_state": _text, "duration_seconds": _pos_num,
+        "request_deadline_seconds": _seconds, "precision": _text, "workload_trace": _text,
+        "cache_state": _cache_states, "duration_seconds": _seconds,
     },
     "deployments": {
-        "aggregated": dict(_SHAPE),
-        "disaggregated": {"prefill": dict(_SHAPE), "decode": dict(_SHAPE), "kv_transport": _text},
+        "aggregated": _AGGREGATED,
+        "disaggregated": Variant(_disaggregated_form),
     },
-    "metrics": _metric_list,
+    "metrics": _metrics,
     "acceptance": {
-        "ttft_max_ms": _pos_num, "tpot_max_ms": _pos_num, "max_itl_per_request_ms": _pos_num,
-        "numerator": _choice(NUMERATORS), "denominator": _choice(DENOMINATORS),
+        "ttft_max_ms": _limit_ms, "tpot_max_ms": _limit_ms, "max_itl_per_request_ms": _limit_ms,
+        "numerator": _choice(NUMERATORS, NUMERATOR_SYNONYMS),
+        "denominator": _choice(DENOMINATORS, DENOMINATOR_SYNONYMS),
         "slo_attainment_min": _fraction, "error_rate_max": _fraction,
         "require_no_sustained_queue_growth": _flag,
     },
+    "lab": Opt(_passthrough),
 }
 
 
@@ -144,7 +290,7 @@ def _placeholders(value, path: str, problems: list[PlanError]) -> bool:
 def _walk(spec, value, path: str, problems: list[PlanError], out: dict) -> None:
     """Check value against spec, collecting problems; cleaned leaves go into out[path]."""
     if callable(spec):
-        if _placeholders(value, path, []):
+        if spec is not _passthrough and _placeholders(value, path, []):
             return  # already reported by the placeholder pass
         try:
             out[path] = spec(value, path)
@@ -155,6 +301,12 @@ def _walk(spec, value, path: str, problems: list[PlanError], out: dict) -> None:
         if not _placeholders(value, path, []):
             problems.append(PlanError(path or "plan", "must be a mapping of keys to values"))
         return
+    if isinstance(spec, Variant):
+        try:
+            spec = spec.pick(value, path)
+        except PlanError as exc:
+            problems.append(exc)
+            return
     for key in value:
         if key not in spec:
             close = difflib.get_close_matches(str(key), list(spec), n=1)
@@ -162,92 +314,133 @@ def _walk(spec, value, path: str, problems: list[PlanError], out: dict) -> None:
             problems.append(PlanError(f"{path}.{key}" if path else str(key), f"unknown key{hint}"))
     for key, sub in spec.items():
         where = f"{path}.{key}" if path else key
-        if key not in value:
+        if isinstance(sub, Opt):
+            if key in value:
+                _walk(sub.spec, value[key], where, problems, out)
+        elif key not in value:
             problems.append(PlanError(where, "missing"))
         else:
             _walk(sub, value[key], where, problems, out)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice instead of keeping the last one."""
+@dataclass(frozen=True)
+class Deployment:
+    """One deployment of the comparison, however the plan spelled it."""
 
+    name: str
+    roles: dict[str, tuple[int, int, int]]  # role -> (replicas, TP, PP); aggregated has one role
+    kv_transport: str | None = None
+    description: str | None = None
+    endpoint: str | None = None  # base URL of its OpenAI-compatible server
+    metrics_endpoints: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> URLs
 
-def _mapping(loader, node, deep=False):
-    keys = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in keys:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        keys.add(key)
-    return loader.construct_mapping(node, deep)
+    @property
+    def gpus(self) -> int:
+        return sum(r * tp * pp for r, tp, pp in self.roles.values())
 
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+    @property
+    def shape(self) -> str:
+        parts = [f"{r} x TP{tp} x PP{pp}" for r, tp, pp in self.roles.values()]
+        if len(self.roles) > 1:
+            parts = [f"{role} {s}" for role, s in zip(self.roles, parts, strict=True)]
+        return f"{' + '.join(parts)} = {self.gpus}"
 
 
 @dataclass(frozen=True)
 class Plan:
     path: str
     total_gpus: int
-    gpus: dict[str, int]  # per deployment, from replicas x TP x PP
-    shapes: dict[str, str]  # human form of each deployment's shape
+    deployment_specs: dict[str, Deployment]
     offered_rates_rps: tuple[float, ...]
+    cache_states: tuple[str, ...]
+    metrics: dict[str, tuple[str, ...]]  # group (client, scheduler, kv_transfer) -> names
     criteria: Criteria
+    form: str  # "tutorial" or "nested": how deployments.disaggregated was written
+    lab: dict | None  # passed through unread, for kvbench.lab
     fields: dict  # every checked leaf by dotted path
 
     @property
     def deployments(self) -> tuple[str, ...]:
-        return tuple(self.gpus)
+        return tuple(self.deployment_specs)
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        return {n: d.gpus for n, d in self.deployment_specs.items()}
+
+    @property
+    def shapes(self) -> dict[str, str]:
+        return {n: d.shape for n, d in self.deployment_specs.items()}
+
+    def runs(self) -> list[tuple[str, str, float]]:
+        """Every run the plan requires: (cache state, deployment, offered rate)."""
+        return [(c, d, r) for c in self.cache_states for d in self.deployments
+                for r in self.offered_rates_rps]
 
     def summary(self) -> str:
         rates = ", ".join(f"{r:g}" for r in self.offered_rates_rps)
         c = self.criteria
+        states = ", ".join(self.cache_states)
+        groups = "; ".join(f"{g}: {', '.join(n)}" for g, n in self.metrics.items())
         return (f"equal budget: {self.total_gpus} GPUs each "
                 f"(aggregated {self.shapes['aggregated']}; disaggregated {self.shapes['disaggregated']}); "
-                f"offered rates {rates} rps; limits TTFT <= {c.ttft_max_ms:g} ms, TPOT <= {c.tpot_max_ms:g} ms, "
-                f"max ITL/request <= {c.max_itl_per_request_ms:g} ms; attainment >= "
-                f"{100 * c.slo_attainment_min:g}% ({c.numerator} / {c.denominator}); "
-                f"error rate <= {100 * c.error_rate_max:g}%")
+                f"offered rates {rates} rps; cache state{'s' if len(self.cache_states) > 1 else ''} "
+                f"{states} ({len(self.runs())} runs); limits TTFT <= {c.ttft_max_ms:g} ms, "
+                f"TPOT <= {c.tpot_max_ms:g} ms, max ITL/request <= {c.max_itl_per_request_ms:g} ms; "
+                f"attainment >= {100 * c.slo_attainment_min:g}% ({c.numerator} / {c.denominator}); "
+                f"error rate <= {100 * c.error_rate_max:g}%; metrics {groups}")
 
 
-def _gpus(f: dict, prefix: str) -> tuple[int, str]:
-    r, tp, pp = (f[f"{prefix}.{k}"] for k in ("replicas", "tensor_parallel", "pipeline_parallel"))
-    return r * tp * pp, f"{r} x TP{tp} x PP{pp}"
+def _roles(f: dict, name: str) -> dict[str, tuple[int, int, int]] | None:
+    """role -> (replicas, TP, PP) from the checked fields, None while any is missing."""
+    p = f"deployments.{name}."
+    keys = ("replicas", "tensor_parallel", "pipeline_parallel")
+    if name == "aggregated":
+        want = {"aggregated": [p + k for k in keys]}
+    elif p + "prefill_replicas" in f or p + "tensor_parallel_per_replica" in f:
+        shared = [p + "tensor_parallel_per_replica", p + "pipeline_parallel_per_replica"]
+        want = {role: [p + f"{role}_replicas", *shared] for role in ("prefill", "decode")}
+    else:
+        want = {role: [f"{p}{role}.{k}" for k in keys] for role in ("prefill", "decode")}
+    if not all(k in f for ks in want.values() for k in ks):
+        return None
+    return {role: tuple(f[k] for k in ks) for role, ks in want.items()}
+
+
+def _deployment(f: dict, name: str) -> Deployment | None:
+    roles = _roles(f, name)
+    if roles is None:
+        return None
+    p = f"deployments.{name}."
+    return Deployment(name, roles, f.get(p + "kv_transport"), f.get(p + "description"),
+                      f.get(p + "endpoint"), f.get(p + "metrics_endpoints") or {})
+
+
+def _without_lab(data: object) -> object:
+    return {k: v for k, v in data.items() if k != "lab"} if isinstance(data, dict) else data
 
 
 def check_plan(data: object) -> tuple[dict, list[PlanError]]:
     """All problems of a decoded plan (empty list: valid) and its cleaned fields."""
     problems: list[PlanError] = []
     fields: dict = {}
-    _placeholders(data, "", problems)
+    _placeholders(_without_lab(data), "", problems)  # lab: is checked by kvbench.lab
     _walk(SPEC, data, "", problems, fields)
-    need = [f"deployments.aggregated.{k}" for k in _SHAPE] + \
-           [f"deployments.disaggregated.{s}.{k}" for s in ("prefill", "decode") for k in _SHAPE] + \
-           ["comparison.total_gpus"]
-    if all(k in fields for k in need):
-        agg, _ = _gpus(fields, "deployments.aggregated")
-        pre, _ = _gpus(fields, "deployments.disaggregated.prefill")
-        dec, _ = _gpus(fields, "deployments.disaggregated.decode")
-        total = fields["comparison.total_gpus"]
-        if not agg == pre + dec == total:
+    deps = [_deployment(fields, n) for n in ("aggregated", "disaggregated")]
+    total = fields.get("comparison.total_gpus")
+    if total is not None and all(deps):
+        agg, dis = deps
+        if not agg.gpus == dis.gpus == total:
+            split = " + ".join(f"{role} {r * tp * pp}" for role, (r, tp, pp) in dis.roles.items())
             problems.append(PlanError(
-                "deployments", f"not equal-budget: aggregated uses {agg} GPUs, disaggregated uses "
-                f"{pre + dec} (prefill {pre} + decode {dec}), comparison.total_gpus is {total}"))
+                "deployments", f"not equal-budget: aggregated uses {agg.gpus} GPUs, disaggregated uses "
+                f"{dis.gpus} ({split}), comparison.total_gpus is {total}"))
     return fields, problems
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read and check a plan; any problem is one UsageError line naming the field paths."""
     p = Path(path)
-    text = read_text(p, missing="no such plan")
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{p}{line}: not valid YAML ({what})") from None
+    data = load_yaml(p, MAX_PLAN_BYTES, "plan", missing="no such plan")
     fields, problems = check_plan(data)
     if problems:
         first, rest = str(problems[0]), problems[1:]
@@ -256,9 +449,6 @@ def load_plan(path: str | Path) -> Plan:
             shown = "; ".join(str(e) for e in rest[:3])
             extra = f" (+{len(rest)} more: {shown}{'; ...' if len(rest) > 3 else ''})"
         raise UsageError(f"{p}: {first}{extra}")
-    agg, agg_shape = _gpus(fields, "deployments.aggregated")
-    pre, pre_shape = _gpus(fields, "deployments.disaggregated.prefill")
-    dec, dec_shape = _gpus(fields, "deployments.disaggregated.decode")
     a = "acceptance."
     criteria = Criteria(
         denominator=fields[a + "denominator"], numerator=fields[a + "numerator"],
@@ -270,7 +460,8 @@ def load_plan(path: str | Path) -> Plan:
         require_no_sustained_queue_growth=fields[a + "require_no_sustained_queue_growth"],
         warmup_requests=fields["comparison.warmup_requests"],
         duration_s=fields["comparison.duration_seconds"])
-    return Plan(str(p), fields["comparison.total_gpus"], {"aggregated": agg, "disaggregated": pre + dec},
-                {"aggregated": f"{agg_shape} = {agg}",
-                 "disaggregated": f"prefill {pre_shape} + decode {dec_shape} = {pre + dec}"},
-                tuple(fields["comparison.offered_rates_rps"]), criteria, fields)
+    specs = {n: _deployment(fields, n) for n in ("aggregated", "disaggregated")}
+    form = "nested" if "deployments.disaggregated.prefill.replicas" in fields else "tutorial"
+    return Plan(str(p), fields["comparison.total_gpus"], specs,
+                tuple(fields["comparison.offered_rates_rps"]), fields["comparison.cache_state"],
+                fields["metrics"], criteria, form, fields.get("lab"), fields)

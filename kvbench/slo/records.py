@@ -13,22 +13,21 @@ Bad input is a UsageError naming FILE:LINE, so nothing is dropped or guessed sil
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError, read_text
+from kvbench.cli import UsageError
+from kvbench.results import dumps_json
+from kvbench.schema.read import decode_line, iter_lines
+from kvbench.schema.slo import SCHEMA_REQUEST, STATUSES, RequestIn
+from kvbench.schema.types import parse, parse_line_fast
 
-SCHEMA_REQUEST = "kvbench.slo.request/1"
-STATUSES = ("ok", "error", "rejected", "timeout")
+__all__ = ["SCHEMA_REQUEST", "STATUSES", "RequestRecord", "parse_record", "iter_records",
+           "load_records", "record_to_json", "dumps_jsonl"]
 
-_REQUIRED = ("schema", "request_id", "deployment", "offered_rate_rps", "actual_send_ms",
-             "output_tokens", "status")
-_OPTIONAL = ("scheduled_send_ms", "first_token_ms", "chunk_times_ms", "chunk_tokens", "end_ms",
-             "input_tokens", "error", "meta")
-_KNOWN = set(_REQUIRED) | set(_OPTIONAL)
+_UNKNOWN_HINT = " (put free-form data under 'meta')"
 
 
 @dataclass(frozen=True)
@@ -47,6 +46,7 @@ class RequestRecord:
     end_ms: float | None = None  # when the client saw the final outcome (defaults to the last chunk)
     input_tokens: int | None = None
     error: str | None = None
+    cache_state: str | None = None  # the plan's cache state this run was made under
     where: str = ""  # FILE:LINE, for messages
 
     @property
@@ -67,141 +67,71 @@ class RequestRecord:
         return self.scheduled_send_ms if self.scheduled_send_ms is not None else self.actual_send_ms
 
 
-# ---------------------------------------------------------------------------
-# field checks: each raises UsageError("WHERE: field: why")
-
-
-def _number(rec: dict, key: str, where: str, *, minimum: float | None = 0.0,
-            positive: bool = False, optional: bool = False) -> float | None:
-    value = rec.get(key)
-    if value is None:
-        if optional:
-            return None
-        raise UsageError(f"{where}: missing {key}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UsageError(f"{where}: {key} must be a finite number, got {value!r}")
-    if positive and not value > 0:
-        raise UsageError(f"{where}: {key} must be positive, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise UsageError(f"{where}: negative time {key}={value!r}")
-    return float(value)
-
-
-def _int(rec: dict, key: str, where: str, *, minimum: int = 0, optional: bool = False) -> int | None:
-    value = rec.get(key)
-    if value is None:
-        if optional:
-            return None
-        raise UsageError(f"{where}: missing {key}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{where}: {key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _times(rec: dict, key: str, where: str) -> tuple[float, ...]:
-    values = rec.get(key)
-    if values is None:
-        return ()
-    if not isinstance(values, list):
-        raise UsageError(f"{where}: {key} must be a list of times in ms")
-    out = []
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise UsageError(f"{where}: {key}[{i}] must be a finite number, got {v!r}")
-        if v < 0:
-            raise UsageError(f"{where}: negative time {key}[{i}]={v!r}")
-        if out and v < out[-1]:
-            raise UsageError(f"{where}: {key} is not monotonic: [{i}]={v!r} < [{i - 1}]={out[-1]!r}")
-        out.append(float(v))
-    return tuple(out)
-
-
 def parse_record(rec: object, where: str) -> RequestRecord:
-    """Check one decoded JSON value and turn it into a RequestRecord."""
+    """Check one decoded JSON value (kvbench.schema.slo.RequestIn) and make a RequestRecord."""
     if not isinstance(rec, dict):
         raise UsageError(f"{where}: expected a JSON object")
-    unknown = sorted(set(rec) - _KNOWN)
-    if unknown:
-        raise UsageError(f"{where}: unknown field {unknown[0]!r} (put free-form data under 'meta')")
-    if rec.get("schema") != SCHEMA_REQUEST:
-        raise UsageError(f"{where}: schema must be {SCHEMA_REQUEST!r}, got {rec.get('schema')!r}")
-    for key in _REQUIRED:
-        if key not in rec:
-            raise UsageError(f"{where}: missing {key}")
-    rid = rec["request_id"]
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or str(rid) == "":
-        raise UsageError(f"{where}: request_id must be a non-empty string or integer")
-    dep = rec["deployment"]
-    if not isinstance(dep, str) or not dep.strip():
-        raise UsageError(f"{where}: deployment must be a non-empty string")
-    status = rec["status"]
-    if status not in STATUSES:
-        raise UsageError(f"{where}: unknown status {status!r} (expected {', '.join(STATUSES)})")
-    rate = _number(rec, "offered_rate_rps", where, positive=True)
-    send = _number(rec, "actual_send_ms", where)
-    sched = _number(rec, "scheduled_send_ms", where, optional=True)
-    first = _number(rec, "first_token_ms", where, optional=True)
-    end = _number(rec, "end_ms", where, optional=True)
-    out_tokens = _int(rec, "output_tokens", where)
-    in_tokens = _int(rec, "input_tokens", where, optional=True)
-    chunks = _times(rec, "chunk_times_ms", where)
-    if first is not None:
-        if not chunks:
-            chunks = (first,)
-        elif chunks[0] != first:
-            raise UsageError(f"{where}: first_token_ms={first!r} differs from chunk_times_ms[0]={chunks[0]!r}")
-    if chunks and chunks[0] < send:
-        raise UsageError(f"{where}: first token at {chunks[0]!r} ms is before the send at {send!r} ms")
-    if end is not None and (end < send or (chunks and end < chunks[-1])):
-        raise UsageError(f"{where}: end_ms={end!r} is before the send or the last chunk")
-    counts = rec.get("chunk_tokens")
-    if counts is not None:
-        if (not isinstance(counts, list) or len(counts) != len(chunks)
-                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts)):
-            raise UsageError(f"{where}: chunk_tokens must list a positive token count for each of "
-                             f"the {len(chunks)} chunk_times_ms")
-        if status == "ok" and sum(counts) != out_tokens:
-            raise UsageError(f"{where}: chunk_tokens add up to {sum(counts)}, output_tokens is {out_tokens}")
-        counts = tuple(counts)
-    if status == "ok":
-        if out_tokens < 1 or not chunks:
-            raise UsageError(f"{where}: status ok needs output_tokens >= 1 and the time of the first token")
-    err = rec.get("error")
-    if err is not None and not isinstance(err, str):
-        raise UsageError(f"{where}: error must be a string")
-    if "meta" in rec and not isinstance(rec["meta"], dict):
-        raise UsageError(f"{where}: meta must be an object")
+    return _record(parse(RequestIn, rec, where, unknown_hint=_UNKNOWN_HINT), where)
+
+
+def parse_record_line(raw: bytes, where: str) -> RequestRecord:
+    """One line of a records file: the fast path when it is safe, else the careful one."""
+    r = parse_line_fast(RequestIn, raw)
+    return _record(r, where) if r is not None else parse_record(decode_line(raw, where), where)
+
+
+def _record(r: RequestIn, where: str) -> RequestRecord:
     return RequestRecord(
-        request_id=str(rid), deployment=dep, offered_rate_rps=rate, actual_send_ms=send,
-        status=status, output_tokens=out_tokens, scheduled_send_ms=sched, chunk_times_ms=chunks,
-        chunk_tokens=counts, end_ms=end, input_tokens=in_tokens, error=err, where=where)
+        request_id=str(r.request_id), deployment=r.deployment, offered_rate_rps=float(r.offered_rate_rps),
+        actual_send_ms=float(r.actual_send_ms), status=r.status, output_tokens=r.output_tokens,
+        scheduled_send_ms=_f(r.scheduled_send_ms), chunk_times_ms=tuple(map(float, r.chunks)),
+        chunk_tokens=tuple(r.chunk_tokens) if r.chunk_tokens is not None else None,
+        end_ms=_f(r.end_ms), input_tokens=r.input_tokens, error=r.error, cache_state=r.cache_state,
+        where=where)
+
+
+def _f(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
+def iter_records(paths: Iterable[str | Path]) -> Iterator[RequestRecord]:
+    """Records of JSONL files one at a time (memory: one line); any bad line stops with FILE:LINE.
+
+    A request_id given twice for the same (cache state, deployment, rate) is refused; only
+    the ids are kept for that check, and the first occurrence is looked up again on error.
+    """
+    paths = [Path(p) for p in paths]
+    seen: dict[tuple, set] = defaultdict(set)
+    n = 0
+    for p in paths:
+        for where, raw in iter_lines(p, "records file", missing="no such file"):
+            rec = parse_record_line(raw, where)
+            ids = seen[(rec.cache_state, rec.deployment, rec.offered_rate_rps)]
+            if rec.request_id in ids:
+                raise UsageError(f"{where}: duplicate request_id {rec.request_id!r} for "
+                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps"
+                                 f"{_state_note(rec.cache_state)} (first at {_first_at(paths, rec)})")
+            ids.add(rec.request_id)
+            n += 1
+            yield rec
+    if not n:
+        raise UsageError("no request records in " + ", ".join(str(p) for p in paths))
+
+
+def _first_at(paths: list[Path], dup: RequestRecord) -> str:
+    """Where a duplicated request first appeared (error path only: reads the files again)."""
+    for p in paths:
+        for where, raw in iter_lines(p, "records file"):
+            r = parse_record_line(raw, where)
+            if (r.request_id, r.deployment, r.offered_rate_rps, r.cache_state) == \
+                    (dup.request_id, dup.deployment, dup.offered_rate_rps, dup.cache_state):
+                return where
+    return "?"
 
 
 def load_records(paths: Iterable[str | Path]) -> list[RequestRecord]:
     """Read JSONL files of request records; any bad line stops the run with FILE:LINE."""
-    out: list[RequestRecord] = []
-    seen: dict[tuple[str, float, str], str] = {}
-    for path in paths:
-        p = Path(path)
-        text = read_text(p)
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{where}: not valid JSON ({exc.msg})") from None
-            rec = parse_record(raw, where)
-            key = (rec.deployment, rec.offered_rate_rps, rec.request_id)
-            if key in seen:
-                raise UsageError(f"{where}: duplicate request_id {rec.request_id!r} for "
-                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps (first at {seen[key]})")
-            seen[key] = where
-            out.append(rec)
-    if not out:
-        raise UsageError("no request records in " + ", ".join(str(p) for p in paths))
-    return out
+    return list(iter_records(paths))
 
 
 def record_to_json(rec: RequestRecord, meta: dict | None = None) -> dict:
@@ -218,10 +148,16 @@ def record_to_json(rec: RequestRecord, meta: dict | None = None) -> dict:
         out["input_tokens"] = rec.input_tokens
     if rec.error:
         out["error"] = rec.error
+    if rec.cache_state is not None:
+        out["cache_state"] = rec.cache_state
     if meta:
         out["meta"] = meta
     return out
 
 
+def _state_note(state: str | None) -> str:
+    return "" if state is None else f", cache state {state}"
+
+
 def dumps_jsonl(rows: Iterable[dict]) -> str:
-    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+    return "".join(dumps_json(r, indent=None) + "\n" for r in rows)

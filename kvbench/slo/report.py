@@ -16,6 +16,10 @@ def _pcts(s: dict) -> str:
     return f"p50 {_f(s['p50_ms'])}  p95 {_f(s['p95_ms'])}  p99 {_f(s['p99_ms'])}  max {_f(s['max_ms'])}"
 
 
+def _state(row: dict) -> str:
+    return f" [{row['cache_state']}]" if row.get("cache_state") else ""
+
+
 _QUEUE_WORD = {True: "growing", False: "stable", None: "not judged"}
 
 
@@ -43,7 +47,76 @@ def _criteria_line(r: dict) -> str:
             f"warm-up {c['warmup_requests']} requests")
 
 
+def _ms(x) -> str:
+    return _f(x, ".3f")
+
+
+def _transfer_lines(kv: dict | None) -> list[str]:
+    if kv is None:
+        return ["    KV transfer  no KV-transfer metrics in this role's samples"]
+    if kv["source"] == "sampled_gauge":
+        return [f"    KV transfer  {kv['metric']}: {kv['samples']} scrape samples, median "
+                f"{_ms(kv['median_ms'])} ms, max {_ms(kv['max_ms'])} ms ({kv['note']})"]
+    t = kv["total"]
+    out = [f"    KV transfer  {_f(t['transfers'], '.0f')} transfers, {_f(t['bytes'], ',.0f')} B, mean "
+           f"{_f(t['mean_bytes'], ',.0f')} B and {_ms(t['mean_ms'])} ms; p50/p90/p99 {_ms(t['p50_ms'])}/"
+           f"{_ms(t['p90_ms'])}/{_ms(t['p99_ms'])} ms (bucket-interpolated; '-': too few transfers); observed "
+           f"{_f(t['observed_gb_s'], '.4g')} GB/s" + (f"; {kv['resets_skipped']} counter reset(s) skipped"
+                                                     if kv["resets_skipped"] else "")]
+    shown = kv["windows"][:12]
+    for w in shown:
+        out.append(f"      {w['from_s']:7.1f}-{w['to_s']:7.1f} s  {_f(w['transfers'], '5.0f')} transfers  "
+                   f"mean {_f(w['mean_bytes'], ',.0f')} B  {_ms(w['mean_ms'])} ms  p50 {_ms(w['p50_ms'])}  "
+                   f"p90 {_ms(w['p90_ms'])}  p99 {_ms(w['p99_ms'])} ms")
+    if len(kv["windows"]) > len(shown):
+        out.append(f"      ... {len(kv['windows']) - len(shown)} more windows in the JSON report")
+    m = kv.get("model")
+    if m:
+        out.append(f"    vs model     {m['link']}: setup {_f(m['setup_ms'], '.4g')} ms + {m['effective_gb_s']:.4g} GB/s "
+                   f"-> {_ms(m['predicted_mean_ms'])} ms for the mean transfer; engine observed "
+                   f"{_ms(m['observed_mean_ms'])} ms = {_f(m['observed_over_predicted'], '.3f')} x the model")
+    return out
+
+
+def _inc(counter: dict | None) -> str:
+    return "n/a (not exported)" if counter is None else f"+{counter['increase']:.0f}"
+
+
+def _trend(t: dict) -> str:
+    if t["growing"] is None:
+        return f"not judged ({t['reason']})"
+    return t["reason"]
+
+
+def format_engine_metrics(r: dict) -> list[str]:
+    lines: list[str] = []
+    for e in r.get("engine_metrics") or []:
+        lab = ", ".join(f"{k} {v}" for k, v in e["labels"].items() if v is not None)
+        lines.append(f"engine metrics {e['file']}" + (f" ({lab})" if lab else "")
+                     + ("; INTERRUPTED scrape" if e["interrupted"] else "")
+                     + ("" if e["complete"] else "; no end line: the scrape did not finish"))
+        for role in e["roles"]:
+            gaps = role["gaps"]
+            gap_s = (f"; {sum(g['count'] for g in gaps)} failed scrape(s) in {len(gaps)} gap(s), first "
+                     f"at {gaps[0]['from_s']:.1f} s: {gaps[0]['error']}" if gaps else "")
+            lines.append(f"  {role['role']} ({role['engine'] or 'unknown engine'}): {role['scrapes']} scrapes{gap_s}")
+            lines.append(f"    queue        {role['metrics']['waiting'] or '-'}: {_trend(role['queue'])}")
+            lines.append(f"    running      {role['metrics']['running'] or '-'}: {_trend(role['running'])}")
+            fails = role["xfer_failures"]
+            exp = role["kv_expired"]
+            rej = role["rejected"]
+            lines.append(f"    failures     transfers failed {_inc(fails)}, KV expired {_inc(exp)}, "
+                         f"rejected {_inc(rej)}")
+            lines += _transfer_lines(role["kv_transfer"])
+            lines += [f"    note         {n}" for n in role.get("notes", [])]
+        lines.append("")
+    lines += [f"note: {n}" for n in r.get("notes") or []]
+    return lines
+
+
 def format_table(r: dict) -> str:
+    if "groups" not in r:  # engine metrics only
+        return "\n".join(format_engine_metrics(r)).rstrip()
     files = ", ".join(r["inputs"]["records"])
     lines = [f"kvbench slo: {r['records_total']} records from {files}"
              + (f"; plan {r['inputs']['plan']}" if r["inputs"]["plan"] else ""),
@@ -58,7 +131,7 @@ def format_table(r: dict) -> str:
                  f"{_f(lag['max_ms'], '.2f')} ms" if lag else "send lag not known (no scheduled times)")
         missed = ", ".join(f"{k} {v}" for k, v in c["missed_limit"].items())
         lines += [
-            f"{g['deployment']} @ {g['offered_rate_rps']:g} rps: {verdict}",
+            f"{g['deployment']}{_state(g)} @ {g['offered_rate_rps']:g} rps: {verdict}",
             f"  requests     {c['records']} records: {c['warmup_excluded']} warm-up excluded, "
             f"{c['offered_after_warmup']} offered after warm-up = {c['ok']} ok + {c['error']} error + "
             f"{c['rejected']} rejected + {c['timeout']} timeout",
@@ -86,12 +159,19 @@ def format_table(r: dict) -> str:
     lines.append("capacity:")
     lines += [f"  {cap['text']}" for cap in r["capacity"]]
     for u in r.get("untested", []):
-        lines.append(f"  untested: {u['deployment']} @ {u['offered_rate_rps']:g} rps (in the plan, no records)")
+        state = f" [{u['cache_state']}]" if u.get("cache_state") else ""
+        lines.append(f"  untested: {u['deployment']}{state} @ {u['offered_rate_rps']:g} rps "
+                     "(in the plan, no records)")
     lines.append(f"verdict: {r['verdict']['text']}")
-    return "\n".join(lines)
+    engine = format_engine_metrics(r)
+    return "\n".join(lines + ([""] + engine if engine else [])).rstrip()
 
 
 def format_markdown(r: dict) -> str:
+    engine = format_engine_metrics(r)
+    engine_md = ["", "```", *engine, "```"] if engine else []
+    if "groups" not in r:
+        return "\n".join(engine_md).strip()
     head = ("| deployment | offered rps | offered | ok | err/rej/t-o | TTFT p95 ms | TPOT p95 ms | "
             "ITL p99 ms | max ITL p99 ms | attain. % of successful | attain. % of all | error % | "
             "goodput rps | queue | result |")
@@ -101,7 +181,7 @@ def format_markdown(r: dict) -> str:
         c, lat, a = g["counts"], g["latency_ms"], g["attainment"]
         result = "PASS" if g["passed"] else "FAIL: " + ", ".join(g["failed_gates"])
         lines.append(
-            f"| {g['deployment']} | {g['offered_rate_rps']:g} | {c['offered_after_warmup']} | {c['ok']} | "
+            f"| {g['deployment']}{_state(g)} | {g['offered_rate_rps']:g} | {c['offered_after_warmup']} | {c['ok']} | "
             f"{c['error']}/{c['rejected']}/{c['timeout']} | {_f(lat['ttft']['p95_ms'])} | "
             f"{_f(lat['tpot']['p95_ms'])} | {_f(lat['itl_per_chunk']['p99_ms'])} | "
             f"{_f(lat['max_itl_per_request']['p99_ms'])} | {_f(a['of_successful_pct'])} | "
@@ -111,12 +191,12 @@ def format_markdown(r: dict) -> str:
     lines += ["", "| deployment | SLO-compliant capacity rps | first failing rps | failed gates |",
               "|---|---|---|---|"]
     for cap in r["capacity"]:
-        lines.append(f"| {cap['deployment']} | {_f(cap['capacity_rps'], 'g', 'none')} | "
+        lines.append(f"| {cap['deployment']}{_state(cap)} | {_f(cap['capacity_rps'], 'g', 'none')} | "
                      f"{_f(cap['first_failing_rate_rps'], 'g', 'none')} | "
                      f"{', '.join(cap['first_failing_gates']) or '-'} |")
     lines += ["", f"**Verdict:** {r['verdict']['text']}", "",
               f"Percentiles: {r['method']['percentiles']}."]
-    return "\n".join(lines)
+    return "\n".join(lines + engine_md)
 
 
 def render_plot(r: dict, fmt: str) -> bytes:
@@ -169,7 +249,7 @@ def render_plot(r: dict, fmt: str) -> bytes:
 
 
 def plot_format(path: Path) -> str:
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in ("png", "svg", "pdf"):
-        raise UsageError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    return fmt
+    """The plot's format from its suffix (kvbench.results.plot_format: png, svg or pdf)."""
+    from kvbench.results import plot_format as by_suffix
+
+    return by_suffix(path)

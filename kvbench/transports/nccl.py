@@ -1,7 +1,7 @@
 """torch.distributed with the NCCL backend (GPU only).
 
 NCCL picks its own path (P2P/NVLink, SHM, NET/IB, NET/Socket). Which one it used is read
-from its own debug output when the run sets NCCL_DEBUG=INFO, not assumed from a label.
+from its own debug log (kvbench.nccl_log), not assumed from a label.
 
 NCCL connects a peer lazily, and the first call on a pair blocks the host thread until the
 peer posts its matching call. So `open()` connects every (src, dst) pair the run will use,
@@ -15,10 +15,10 @@ readiness event needs no host wait.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 
+from kvbench import nccl_log
 from kvbench.transports import register
 from kvbench.transports._torchdist import TorchDistTransport
 
@@ -49,24 +49,29 @@ class NCCLTransport(TorchDistTransport):
         return None
 
     def open(self) -> None:
-        # The harness has already bound this rank to its local GPU (p2p.select_local_gpu).
-        # Ask NCCL itself which path it wires up, into a private file we parse afterwards.
+        # The harness has already bound this rank to its local GPU (kvbench.gpu_select).
+        # Ask NCCL itself which path it wires up, into a private file per rank, parsed at the
+        # end. GRAPH adds the topology's GPU-to-GPU path type: P2P alone can be NVLink or PCIe.
         self.debug_file = None
         if "NCCL_DEBUG" not in os.environ:
             self.debug_file = Path(tempfile.gettempdir()) / f"kvbench-nccl-{os.getpid()}.log"
-            os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,NET",
+            os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,P2P,NET,GRAPH",
                               NCCL_DEBUG_FILE=str(self.debug_file))
         super().open()
 
-    def carried_by(self) -> list[str]:
-        """Channel lines NCCL logged, e.g. 'via P2P/IPC', 'via SHM', 'via NET/IB/0'."""
-        if not self.debug_file or not self.debug_file.exists():
-            return []
-        found = re.findall(r"via (\S+)", self.debug_file.read_text(errors="replace"))
-        return sorted(set(found))
-
     def info(self) -> dict:
-        paths = self.carried_by()
+        """Collective (p2p calls it on every rank): every rank's NCCL log, merged, since a
+        sender and a receiver each log their own side of a connection."""
+        mine = None
+        if self.debug_file and self.debug_file.exists():
+            mine = nccl_log.parse(self.debug_file.read_text(errors="replace"))
+        logs = [log for log in self.ctx.comm.allgather(mine) if log is not None]
+        merged = nccl_log.merge(logs) if logs else None
+        path = merged.path() if merged else None
+        if path is None:
+            path = ("unknown (NCCL_DEBUG set by the user: see the job log)" if not self.debug_file
+                    else "unknown (NCCL logged no channel connection)")
         return {**super().info(),
-                "path": ", ".join(paths) if paths else "unknown (NCCL_DEBUG set by the user: see the job log)",
+                "path": path,
+                "nccl": merged.as_dict() if merged else None,
                 "nccl_debug": os.environ.get("NCCL_DEBUG")}

@@ -690,7 +690,7 @@ class NIXLTransport(Transport):
         self.batch = o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
                                                    getattr(o, "pattern", ""))
         self.progress_thread = o.nixl_progress_thread
-        # On GPU the harness has already bound this rank to its local GPU (p2p.select_local_gpu).
+        # On GPU the harness has already bound this rank to its local GPU (kvbench.gpu_select).
         self.comm = self.ctx.comm.Dup()
         self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
         self.errors = self.stale = 0

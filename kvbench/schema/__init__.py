@@ -1,0 +1,14 @@
+"""One typed schema layer for every file kvbench reads.
+
+    read.py       bounded readers: file size, JSON (depth, huge integers, NaN/Infinity,
+                  duplicate keys), JSON Lines streamed one line at a time, YAML without
+                  aliases, anchors or complex keys
+    types.py      strict, finite, physically bounded field types and the one-line message
+    hf_config.py  Hugging Face config.json (the fields that size the KV cache)
+    slo.py        SLO request records, vLLM bench results, metric scrapes, mapping files
+    p2p.py        a kvbench.p2p/1 result record (fields of CONTRACTS.md section 1 included)
+    fit.py        a kvbench.fit/1 document (the groups plan and export read)
+
+Every problem is one line: FILE[:LINE]: KEY.PATH: what was expected, got VALUE.
+Limits and exit codes: docs/robustness.md.
+"""

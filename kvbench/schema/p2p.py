@@ -1,0 +1,139 @@
+"""A `kvbench.p2p/1` result record, typed (ready for `fit` and `results.load` to adopt).
+
+Fields are today's records (docs/p2p.md) plus the ones CONTRACTS.md section 1 adds
+(`spec`, `spec_id`, `run_id`, `order`, `sample_rounds`, `fit_as_link`, `not_link_reason`,
+`n_samples`), optional so old records stay readable. Only what a consumer computes with is
+typed strictly (bytes, samples, tokens, the spec); descriptive fields (env, transport_info,
+breakdowns) are kept as they are. `iter_p2p_records` streams a results file one line at a
+time, so a 10^6-line file never sits in memory as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from kvbench.cli import UsageError
+from kvbench.schema.read import iter_jsonl
+from kvbench.schema.types import (
+    MAX_TEXT,
+    Bytes,
+    Count,
+    Finite,
+    Open,
+    PositiveTokens,
+    Text,
+    TimeMs,
+    Tokens,
+    parse,
+    refuse,
+)
+
+SCHEMA_P2P = "kvbench.p2p/1"
+Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None
+Rank = Annotated[int, Field(ge=0, le=2**20)]
+
+
+class World(Open):
+    size: Annotated[int, Field(ge=1, le=2**20)]
+    prefill_ranks: list[Rank]
+    decode_ranks: list[Rank]
+
+
+class HandoffSpec(Open):
+    """What was measured, apart from the payload size (kvbench/spec.py, CONTRACTS.md section 1)."""
+
+    transport: Text
+    transport_options: dict[str, Scalar] = {}
+    pattern: Text
+    variant: Text | None = None
+    granularity: Text
+    layout: Literal["contiguous", "paged", "raw"]
+    block_size: PositiveTokens | None = None
+    dtype: Text | None = None
+    device: Literal["cpu", "cuda"]
+    pack_kernel: Text | None = None
+    model: Text | None = None
+    compute: dict[str, Any] | None = None
+    layer_poll: Any = None
+    world: World
+    hosts: list[Text]
+
+
+def spec_id_of(spec: dict) -> str:
+    """First 12 hex digits of sha256 over the canonical JSON of the spec (CONTRACTS.md 1)."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class P2PRecord(Open):
+    """One measured point: a payload size under one spec, with every raw sample."""
+
+    schema_: Literal["kvbench.p2p/1"] = Field(alias="schema")
+    transport: Text
+    pattern: Text
+    variant: Text | None = None
+    granularity: Text
+    layout: Literal["contiguous", "paged", "raw"]
+    dtype: Text | None = None
+    device: Literal["cpu", "cuda"]
+    model: dict[str, Any] | None = None
+    block_size: PositiveTokens | None = None
+    world_size: Annotated[int, Field(ge=1, le=2**20)]
+    hosts: list[Text]
+    prompt_tokens: Tokens | None = None
+    bytes: Bytes
+    wrong: Count | None = None
+    iters: Count
+    samples_ms: list[TimeMs]
+    cold_ms: TimeMs | None = None
+    p50_ms: TimeMs | None = None
+    p95_ms: TimeMs | None = None
+    p99_ms: TimeMs | None = None
+    # CONTRACTS.md section 1 (absent from records written before it)
+    spec: HandoffSpec | None = None
+    spec_id: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")] | None = None
+    run_id: Text | None = None
+    order: Literal["rounds", "blocks"] | None = None
+    sample_rounds: list[Count] | None = None
+    fit_as_link: bool | None = None
+    not_link_reason: Text | None = None
+    n_samples: Count | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_id_matches(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("spec"), dict) and \
+                isinstance(data.get("spec_id"), str) and spec_id_of(data["spec"]) != data["spec_id"]:
+            raise refuse(f"spec_id {data['spec_id']!r} is not the hash of spec "
+                         f"({spec_id_of(data['spec'])}): the record was edited or mixed up")
+        return data
+
+    @model_validator(mode="after")
+    def _counts_agree(self):
+        n = len(self.samples_ms)
+        if self.n_samples is not None and self.n_samples != n:
+            raise refuse(f"n_samples is {self.n_samples} but samples_ms holds {n} samples")
+        if self.sample_rounds is not None and len(self.sample_rounds) != n:
+            raise refuse(f"sample_rounds has {len(self.sample_rounds)} entries for {n} samples_ms")
+        return self
+
+
+def parse_p2p_record(raw: object, where: str) -> P2PRecord:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: expected a JSON object")
+    if raw.get("schema") != SCHEMA_P2P:
+        raise UsageError(f"{where}: unknown schema {raw.get('schema')!r} (this kvbench reads {SCHEMA_P2P})")
+    return parse(P2PRecord, raw, where)
+
+
+def iter_p2p_records(paths: Iterable[str | Path]) -> Iterator[tuple[str, P2PRecord]]:
+    """(FILE:LINE, record) for every record of the files, read and checked one line at a time."""
+    for path in paths:
+        for where, raw in iter_jsonl(path, "results file", missing="no such file"):
+            yield where, parse_p2p_record(raw, where)

@@ -1,0 +1,160 @@
+"""`kvbench slo scrape`: timestamped samples of serving engines' Prometheus `/metrics`.
+
+    kvbench slo scrape prefill=http://127.0.0.1:18011/metrics decode=http://127.0.0.1:18012/metrics \\
+        --interval 1 --duration 120 --out run.metrics.jsonl
+
+Each endpoint is labelled by its role (prefill, decode, aggregated, or any name). Every
+`--interval` seconds all endpoints are fetched at once, each response is parsed by the
+`prometheus-client` library's text parser, and the samples of the metrics kvbench reads
+(docs/slo.md; `--all-metrics` keeps every sample) are written as one JSON line:
+
+    {"kind": "header", "schema": "kvbench.slo.metrics/1", "endpoints": [...], ...}
+    {"kind": "sample", "role": "decode", "url": ..., "t_s": 1.002, "elapsed_ms": 3.1,
+     "samples": {"vllm:num_requests_waiting": [[{"engine": "0", ...}, 2.0]], ...}}
+    {"kind": "gap", "role": "prefill", "url": ..., "t_s": 2.001, "error": "connection refused"}
+    {"kind": "end", "t_s": 120.0, "scrapes": 240, "gaps": 1, "interrupted": false}
+
+`t_s` is seconds since the first scrape on one monotonic clock; the header has the wall
+time it started. The run is bounded: it stops after `--duration`, no fetch outlives its
+timeout (at most the interval), and a response larger than 32 MiB is a gap. An endpoint
+that fails, hangs or stops answering is a gap and the run goes on. The file appears at
+`--out` only when the run ends (atomically; an existing file is never replaced).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.cli import UsageError
+from kvbench.results import check_new_file, dumps_json, new_file_stream
+
+SCHEMA_METRICS = "kvbench.slo.metrics/1"
+MAX_RESPONSE_BYTES = 32 * 2**20
+_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created", "_info")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    role: str
+    url: str
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """ROLE=URL; the role labels the samples (prefill, decode, aggregated, ...)."""
+    role, sep, url = text.partition("=")
+    if not sep or not role or not url.startswith(("http://", "https://")):
+        raise UsageError(f"endpoint {text!r}: expected ROLE=http://HOST:PORT/metrics "
+                         "(e.g. decode=http://127.0.0.1:18012/metrics)")
+    return Endpoint(role, url)
+
+
+def family_of(sample_name: str, families: set[str]) -> str | None:
+    for suffix in _SUFFIXES:
+        if suffix and not sample_name.endswith(suffix):
+            continue
+        base = sample_name[: len(sample_name) - len(suffix)] if suffix else sample_name
+        if base in families:
+            return base
+    return None
+
+
+def parse_metrics_text(text: str, keep: Callable[[str], bool]) -> dict[str, list]:
+    """Samples by name, [[labels, value], ...], parsed by prometheus-client's text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if keep(s.name):
+                out.setdefault(s.name, []).append([dict(s.labels), _json_value(s.value)])
+    return out
+
+
+def _json_value(v: float) -> float | str:
+    """A sample value as JSON can hold it: NaN and infinities in Prometheus' own spelling."""
+    if math.isfinite(v):
+        return v
+    return "NaN" if math.isnan(v) else ("+Inf" if v > 0 else "-Inf")
+
+
+def _fetch(url: str, timeout_s: float) -> str:
+    """The body of GET url, bounded in time and size; any failure is an exception."""
+    deadline = time.monotonic() + timeout_s
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (user-given URL)
+        chunks, size = [], 0
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"response not complete after {timeout_s:g} s")
+            chunk = resp.read(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise ValueError(f"response larger than {MAX_RESPONSE_BYTES // 2**20} MiB")
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def scrape_once(ep: Endpoint, t0: float, timeout_s: float, keep: Callable[[str], bool]) -> dict:
+    """One line of the file: a sample, or a gap saying why there is none."""
+    start = time.monotonic()
+    base = {"role": ep.role, "url": ep.url, "t_s": round(start - t0, 6)}
+    try:
+        samples = parse_metrics_text(_fetch(ep.url, timeout_s), keep)
+    except Exception as exc:  # any failure of one endpoint is a gap, never the end of the run
+        return {"kind": "gap", **base, "error": _error_text(exc)}
+    return {"kind": "sample", **base, "elapsed_ms": round((time.monotonic() - start) * 1000, 3),
+            "samples": samples}
+
+
+def run_scrape(endpoints: Sequence[Endpoint], interval_s: float, duration_s: float, out: Path,
+               keep: Callable[[str], bool], header: dict, progress=sys.stderr) -> dict:
+    """Scrape until duration_s; write the file atomically at out; return the end record."""
+    out = check_new_file(out)
+    timeout_s = min(interval_s, 10.0)
+    counts = {"scrapes": 0, "gaps": 0}
+    t0 = time.monotonic()
+    with new_file_stream(out) as fh, ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+        fh.write(dumps_json({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
+                             **header}, indent=None) + "\n")
+        end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress)
+        fh.write(dumps_json(end, indent=None) + "\n")
+    return end
+
+
+def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress) -> dict:
+    tick, interrupted, last_note = 0, False, t0
+    try:
+        while True:
+            due = t0 + tick * interval_s
+            if due - t0 > duration_s + 1e-9:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            for line in pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep), endpoints):
+                counts["scrapes" if line["kind"] == "sample" else "gaps"] += 1
+                fh.write(dumps_json(line, indent=None) + "\n")
+            fh.flush()
+            tick += 1
+            if progress is not None and time.monotonic() - last_note >= 10.0:
+                last_note = time.monotonic()
+                print(f"kvbench slo scrape: {last_note - t0:.0f}/{duration_s:g} s, "
+                      f"{counts['scrapes']} samples, {counts['gaps']} gaps", file=progress, flush=True)
+    except KeyboardInterrupt:  # keep what was scraped: the file says it was cut short
+        interrupted = True
+    return {"kind": "end", "t_s": round(time.monotonic() - t0, 6), **counts, "interrupted": interrupted}

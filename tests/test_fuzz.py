@@ -1,0 +1,309 @@
+"""Fuzz every reader kvbench owns and every bounded numeric flag (hypothesis, deterministic).
+
+Each example takes a valid input, mutates it the way a hostile tester would (a value
+swapped for NaN, an infinity, a 10^400 or 5,000-digit integer, a denormal, a negative, a
+string or bool where a number was, 500-deep nesting, a deleted or unknown key, a key given
+twice, the text cut short) and runs the real command in-process. The property: the command
+either succeeds with a finite output file, or exits 2 with exactly one line on stderr, no
+traceback and no output file. An exception escaping the command fails the test (that is
+the traceback case). `derandomize=True` makes every CI run try the same examples; the
+example counts keep the whole module at about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvbench.model
+import kvbench.slo
+from kvbench.cli import UsageError
+from tests.conftest import ROOT
+from tests.test_robust import ANALYZE, LLAMA, cohort_lines, run
+from tests.test_slo_vllm import vllm_result
+
+FUZZ = settings(max_examples=50, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+MARK = "@@HOSTILE@@"
+# (JSON literal, YAML literal, always refused by the bounded readers?)
+HOSTILE = [
+    ("NaN", ".nan", True), ("Infinity", ".inf", True), ("-Infinity", "-.inf", True),
+    ("1e400", "1.0e+400", True), (str(10**400), str(10**400), True), ("9" * 5000, "9" * 5000, True),
+    ("[" * 100_000 + "]" * 100_000, "[" * 2000 + "]" * 2000, True),
+    ("1e-320", "1.0e-320", False), ("-1", "-1", False), ("0", "0", False), ('"300"', '"300"', False),
+    ("true", "true", False), ("null", "null", False), ("[]", "[]", False), ("{}", "{}", False),
+    ('"' + "x" * 100_000 + '"', "x" * 100_000, False), ("1.5", "1.5", False), ("-0.0", "-0.0", False),
+]
+
+
+def paths(obj, prefix=()):
+    """Every key path of a decoded document (containers and leaves)."""
+    yield prefix
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield from paths(v, (*prefix, k))
+
+
+def _set(doc, path, value):
+    for k in path[:-1]:
+        doc = doc[k]
+    doc[path[-1]] = value
+
+
+def _delete(doc, path):
+    for k in path[:-1]:
+        doc = doc[k]
+    del doc[path[-1]]
+
+
+@st.composite
+def mutation(draw, doc):
+    """(op, path, hostile index, cut fraction): one change to a valid document."""
+    all_paths = [p for p in paths(doc) if p]
+    path = all_paths[draw(st.integers(0, len(all_paths) - 1))]
+    op = draw(st.sampled_from(["hostile"] * 6 + ["delete", "unknown", "wrap", "duplicate", "truncate"]))
+    return op, path, draw(st.integers(0, len(HOSTILE) - 1)), draw(st.floats(0.0, 1.0))
+
+
+def mutate(doc, m, fmt: str) -> tuple[str, bool]:
+    """The mutated document as text, and whether the bounded reader must refuse it."""
+    op, path, h, cut = m
+    doc = json.loads(json.dumps(doc))
+    must_refuse = False
+    if op == "hostile":
+        _set(doc, path, MARK)
+        must_refuse = HOSTILE[h][2]
+    elif op == "delete" and isinstance(path[-1], str):
+        _delete(doc, path)
+    elif op == "unknown" and isinstance(doc, dict):
+        doc["kvbench_fuzz_unknown_key"] = 1
+    elif op == "wrap":
+        _set(doc, path, {"value": _get(doc, path)})
+    text = json.dumps(doc) if fmt == "json" else yaml.safe_dump(doc, sort_keys=False)
+    if fmt == "json":
+        text = text.replace(f'"{MARK}"', HOSTILE[h][0])
+    else:
+        text = text.replace(f"'{MARK}'", HOSTILE[h][1]).replace(MARK, HOSTILE[h][1])
+    if op == "duplicate" and isinstance(doc, dict) and doc:
+        key = next(iter(doc))
+        if fmt == "json":
+            text = "{" + json.dumps(key) + ": 0, " + text[1:]
+        else:
+            text = text + f"{key}: 0\n"
+        must_refuse = True
+    if op == "truncate":
+        text = text[: int(len(text) * cut)]
+    return text, must_refuse
+
+
+def _get(doc, path):
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def check(result, out: Path | None, must_refuse: bool, json_out: bool = True) -> None:
+    """Success with a finite output, or exit 2 with one line and nothing written."""
+    rc, stdout, err = result
+    assert rc in (0, 2), (rc, err[-2000:])
+    if rc == 2:
+        assert err.count("\n") == 1 and "Traceback" not in err, err[-2000:]
+        assert out is None or not out.exists()
+        return
+    assert not must_refuse, "the bounded reader accepted a hostile literal"
+    if out is not None and json_out and out.exists():
+        text = out.read_text()
+        assert "NaN" not in text and "Infinity" not in text
+        for line in text.splitlines() if out.suffix == ".jsonl" else [text]:
+            json.loads(line)
+
+
+_ROOT_DIR: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fuzz_root():
+    """One temp folder for the module's examples, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="kvbench-fuzz-") as d:
+        _ROOT_DIR.append(Path(d))
+        yield
+        _ROOT_DIR.pop()
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(dir=_ROOT_DIR[-1]))
+
+
+# ---------------------------------------------------------------------------
+# one test per reader
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_hf_config(data):
+    d = workdir()
+    text, must = mutate({**LLAMA, "rope_scaling": {"factor": 8.0, "type": "llama3"}},
+                        data.draw(mutation(LLAMA)), "json")
+    (d / "config.json").write_text(text)
+    out = d / "out.json"
+    check(run(kvbench.model.cli, "--model-config", d / "config.json", "--out", out), out, must)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_plan_yaml(data):
+    plan = yaml.safe_load((ROOT / "examples" / "pd-benchmark-plan.yaml").read_text())
+    d = workdir()
+    text, must = mutate(plan, data.draw(mutation(plan)), "yaml")
+    (d / "plan.yaml").write_text(text)
+    check(run(kvbench.slo.cli, "validate-plan", d / "plan.yaml"), None, must)
+
+
+def mutated_jsonl(data, lines: list[dict], line: int, path: Path) -> bool:
+    """lines as a JSON Lines file with one line mutated; whether the reader must refuse it."""
+    text, must = mutate(lines[line], data.draw(mutation(lines[line])), "json")
+    body = [json.dumps(x) for x in lines]
+    body[line] = text.replace("\n", " ")
+    path.write_text("\n".join(body) + "\n")
+    return must
+
+
+@FUZZ
+@given(st.data(), st.integers(0, 99))
+def test_fuzz_request_records(data, line):
+    d = workdir()
+    must = mutated_jsonl(data, cohort_lines(), line, d / "r.jsonl")
+    out = d / "report.json"
+    check(run(kvbench.slo.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", out), out, must)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_vllm_result(data):
+    doc = vllm_result()
+    d = workdir()
+    text, must = mutate(doc, data.draw(mutation(doc)), "json")
+    (d / "v.json").write_text(text)
+    out = d / "o.jsonl"
+    result = run(kvbench.slo.cli, "convert-vllm", d / "v.json", "--deployment", "agg", "--out", out)
+    check(result, out, must and "NaN" not in text and "Infinity" not in text)  # vLLM's unread NaN is kept
+
+
+def scrape_lines() -> list[dict]:
+    from kvbench.slo.scrape import parse_metrics_text
+
+    samples = parse_metrics_text((ROOT / "tests/data/metrics/vllm-0.32.0-decode.txt").read_text(),
+                                 lambda name: name.startswith("vllm:num_requests"))
+    head = {"kind": "header", "schema": "kvbench.slo.metrics/1", "endpoints": [], "interval_s": 1.0}
+    body = [{"kind": "sample", "role": "decode", "url": "http://127.0.0.1:18012/metrics",
+             "t_s": float(i), "elapsed_ms": 1.0, "samples": samples} for i in range(10)]
+    return [head, *body, {"kind": "end", "t_s": 10.0, "scrapes": 10, "gaps": 0, "interrupted": False}]
+
+
+@FUZZ
+@given(st.data(), st.integers(0, 11))
+def test_fuzz_scrape_file(data, line):
+    d = workdir()
+    must = mutated_jsonl(data, scrape_lines(), line, d / "s.jsonl")
+    out = d / "report.json"
+    check(run(kvbench.slo.cli, "analyze", "--metrics", d / "s.jsonl", "--out", out), out, must)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_mapping_file(data):
+    doc = {"engine": "toy", "metrics": {"waiting": {"name": "vllm:num_requests_waiting", "kind": "gauge"},
+                                        "xfer_time": {"name": "toy:xfer", "kind": "histogram", "scale": 0.001}}}
+    d = workdir()
+    text, must = mutate(doc, data.draw(mutation(doc)), "yaml")
+    (d / "map.yaml").write_text(text)
+    (d / "s.jsonl").write_text("\n".join(json.dumps(x) for x in scrape_lines()) + "\n")
+    out = d / "report.json"
+    check(run(kvbench.slo.cli, "analyze", "--metrics", d / "s.jsonl", "--metrics-map", d / "map.yaml",
+              "--out", out), out, must)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_fit_document_and_p2p_record(data):
+    """The models fit/plan adopt later: a mutated file is read or refused in one line."""
+    from kvbench.schema.fit import load_fit_document
+    from kvbench.schema.p2p import iter_p2p_records
+
+    d = workdir()
+    fit = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json").read_text())
+    rec = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
+    for name, doc, read in (("f.json", fit, load_fit_document),
+                            ("r.jsonl", rec, lambda p: list(iter_p2p_records([p])))):
+        text, must = mutate(doc, data.draw(mutation(doc)), "json")
+        (d / name).write_text(text if name.endswith(".json") else text.replace("\n", " ") + "\n")
+        try:
+            read(d / name)
+        except UsageError as exc:
+            assert "\n" not in str(exc)
+        else:
+            assert not must
+
+
+# ---------------------------------------------------------------------------
+# numeric flags
+
+FLAG_VALUES = ["nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "-1", "0", "0x10",
+               "1_000", "１２", "1e306", "3.5", "-0", "+7", "1e9", "12abc"]
+FLAGS = [
+    (kvbench.model.cli, (), "--prompt-tokens"), (kvbench.model.cli, (), "--links-gbps"),
+    (kvbench.model.cli, (), "--setup-ms"), (kvbench.model.cli, (), "--budget-ms"),
+    (kvbench.model.cli, (), "--tp"), (kvbench.model.cli, (), "--block-size"),
+    (kvbench.model.cli, (), "--short-prompt-tokens"),
+    *[(kvbench.slo.cli, ("analyze", "RECORDS", *ANALYZE), f) for f in
+      ("--deadline-s", "--max-itl-ms", "--send-lag-max-ms", "--duration-s", "--warmup-requests",
+       "--min-tokens-for-tpot")],
+    (kvbench.slo.cli, ("synth", "sweep", "--duration-s", "1"), "--rates"),
+    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
+    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
+    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
+]
+
+
+@pytest.fixture(scope="module")
+def records_file():
+    d = workdir()
+    (d / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
+    return d / "r.jsonl"
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(range(len(FLAGS))), st.sampled_from(FLAG_VALUES))
+def test_fuzz_numeric_flags(records_file, which, value):
+    cli, base, flag = FLAGS[which]
+    d = workdir()
+    out = d / ("o.jsonl" if "synth" in base else "o.json")
+    argv = [str(records_file) if a == "RECORDS" else a for a in base]
+    rc, stdout, err = run(cli, *argv, flag, value, "--out", out)
+    must = value in ("nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "１２", "12abc")
+    check((rc, stdout, err), out, must)
+    if rc == 0:
+        assert "NaN" not in stdout and "Infinity" not in stdout
+
+
+@FUZZ
+@given(st.data(), st.integers(0, 99))
+def test_fast_record_path_never_accepts_what_the_careful_one_refuses(data, line):
+    """A line the fast (pydantic JSON) path accepts is accepted, equal, by the careful path."""
+    from kvbench.schema.read import decode_line
+    from kvbench.schema.slo import RequestIn
+    from kvbench.schema.types import parse, parse_line_fast
+
+    lines = cohort_lines()
+    text, _ = mutate(lines[line], data.draw(mutation(lines[line])), "json")
+    raw = text.replace("\n", " ").encode()
+    fast = parse_line_fast(RequestIn, raw)
+    if fast is not None:
+        assert fast == parse(RequestIn, decode_line(raw, "w"), "w")
