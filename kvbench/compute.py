@@ -46,8 +46,8 @@ def _sync(device: str) -> None:
 
 
 def _time_ms(fn: Callable[[], None], device: str, reps: int, stat=statistics.median) -> float:
-    """Wall time of fn over reps (device-synchronised): the median, or `stat` of the reps.
-    Sizing uses the minimum: load from other processes only ever adds time, and work sized
+    """`stat` (default: the median) of fn's wall time over reps, device-synchronised.
+    Sizing passes `min`: load from other processes only ever adds time, and work sized
     on a busy moment would come out too small once the machine is quiet again."""
     out = []
     for _ in range(reps):
@@ -56,7 +56,7 @@ def _time_ms(fn: Callable[[], None], device: str, reps: int, stat=statistics.med
         fn()
         _sync(device)
         out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    return float(stat(out))
 
 
 @dataclass
@@ -146,12 +146,19 @@ class LayerWork:
         self.device = device
         self.description = description
 
-    def run(self, poll: Callable[[], None] | None = None) -> None:
-        if self.device == "cuda":
+    def run(self, poll: Callable[[], None] | None = None, device=None) -> None:
+        """One layer. On an asynchronous device (a kvbench.devices.Device: CUDA, cpu-async) the
+        chunks are queued on its stream and the host polls until an event recorded after the
+        last chunk completes; elsewhere each chunk runs now, with a poll after it."""
+        dev = device
+        if dev is None and self.device == "cuda":
+            from kvbench.devices import CUDADevice
+
+            dev = CUDADevice()
+        if dev is not None and dev.asynchronous:
             for c in self.chunks:
-                c()
-            done = torch.cuda.Event()
-            done.record()
+                dev.run(c)
+            done = dev.record()
             while not done.query():  # the layer's KV exists only once its kernels finish
                 if poll:
                     poll()

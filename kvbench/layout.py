@@ -265,19 +265,37 @@ class RawBuffer:
         idx = torch.arange(start, stop, dtype=torch.int64, device=self.device)
         return _to_int_view(idx * _T + self.origin * _O, 1)
 
+    _PERIOD = 256  # byte i holds the low 8 bits of i*_T + c: the pattern repeats every 256 B
+
+    def _rows(self, a: int, b: int) -> torch.Tensor:
+        """Bytes [a, b) (multiples of the period) as rows of one period each."""
+        return self.backing.view(torch.int8)[a:b].view(-1, self._PERIOD)
+
+    def _spans(self):
+        """(start, stop) of whole-period chunks of at most _CHUNK bytes, then the tail."""
+        n, p = self.backing.numel(), self._PERIOD
+        whole = n - n % p
+        step = max(p, _CHUNK - _CHUNK % p)
+        return [(a, min(a + step, whole)) for a in range(0, whole, step)], (whole, n)
+
     def fill(self) -> None:
-        v = self.backing.view(torch.int8)
-        for start in range(0, v.numel(), _CHUNK):
-            stop = min(start + _CHUNK, v.numel())
-            v[start:stop] = self._expected(start, stop)
+        """One period computed, then copied across the buffer (no per-byte arithmetic)."""
+        period = self._expected(0, self._PERIOD)
+        spans, (t0, t1) = self._spans()
+        for a, b in spans:
+            rows = self._rows(a, b)
+            rows.copy_(period.expand_as(rows))
+        self.backing.view(torch.int8)[t0:t1] = period[: t1 - t0]
 
     def clear(self) -> None:
         self.backing.fill_(0)
 
     def count_wrong(self) -> int:
-        v = self.backing.view(torch.int8)
-        return sum(int((v[a:min(a + _CHUNK, v.numel())] != self._expected(a, min(a + _CHUNK, v.numel()))).sum())
-                   for a in range(0, v.numel(), _CHUNK))
+        period = self._expected(0, self._PERIOD)
+        spans, (t0, t1) = self._spans()
+        wrong = sum(int(torch.count_nonzero(self._rows(a, b) != period)) for a, b in spans)
+        return wrong + int(torch.count_nonzero(self.backing.view(torch.int8)[t0:t1]
+                                               != period[: t1 - t0]))
 
     @property
     def nbytes(self) -> int:

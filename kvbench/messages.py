@@ -39,19 +39,30 @@ class MessagePlan:
         return sum(b.numel() for b in self.buffers)
 
     def messages_for_layer(self, layer: int) -> list[int]:
-        return [i for i, lay in enumerate(self.layer_of) if lay == layer]
+        if not hasattr(self, "_by_layer"):
+            self._by_layer: dict[int, list[int]] = {}
+            for i, lay in enumerate(self.layer_of):
+                self._by_layer.setdefault(lay, []).append(i)
+        return self._by_layer.get(layer, [])
+
+    def _steps(self, message: int | None):
+        if message is None:
+            return self._pack_steps
+        if not hasattr(self, "_by_message"):
+            self._by_message: dict[int, list] = {}
+            for step in self._pack_steps:
+                self._by_message.setdefault(step[0], []).append(step)
+        return self._by_message.get(message, ())
 
     def pack(self, message: int | None = None) -> None:
         """Sender: copy the KV into staging for `message` (all messages when None)."""
-        for i, layer, part, view in self._pack_steps:
-            if message is None or i == message:
-                self._cache.gather(layer, part, out=view)
+        for _i, layer, part, view in self._steps(message):
+            self._cache.gather(layer, part, out=view)
 
     def unpack(self, message: int | None = None) -> None:
         """Receiver: copy staging back into this rank's own cache blocks."""
-        for i, layer, part, view in self._pack_steps:
-            if message is None or i == message:
-                self._cache.scatter(layer, part, view)
+        for _i, layer, part, view in self._steps(message):
+            self._cache.scatter(layer, part, view)
 
     def clear_staging(self) -> None:
         if self.packed:

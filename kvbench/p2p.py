@@ -14,16 +14,30 @@ import os
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench import patterns, transports
+from kvbench.baseline import LABELS, baseline_gbps
 from kvbench.cli import EXIT_USAGE, ArgumentParser, UsageError, parse_positive_ints
+from kvbench.devices import make_device
+from kvbench.engine import Engine, close_links
 from kvbench.gpu_select import select_local_gpu
-from kvbench.harness import LoopResult, LoopSettings, Progress, notice_latency_ms
+from kvbench.harness import (
+    LoopResult,
+    LoopSettings,
+    Progress,
+    critical_paths,
+    estimate_clock,
+    measure,
+    notice_latency_ms,
+)
 from kvbench.model import PRESETS, get_dtype, resolve_model
 from kvbench.patterns.base import PatternContext, Point
-from kvbench.results import SCHEMA_P2P, environment, write_records
+from kvbench.results import SCHEMA_P2P, environment, utc_stamp, write_records
+from kvbench.spec import HandoffSpec, model_key, spec_id_of
+from kvbench.stats import min_samples_for, percentile_cell
 from kvbench.transports.base import TransportContext, TransportError
 from kvbench.units import GB, GiB, MiB, gb_per_s, parse_bytes
 
@@ -80,8 +94,10 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     what.add_argument("--pack-kernel", choices=("torch", "cuda"), default="torch",
                       help="how a paged KV is packed for layer/whole messages on a GPU: torch "
                            "index ops (default) or the CUDA kernels in cuda/kv_pack.cu (needs CuPy)")
-    what.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                      help="where the KV lives (default: cuda when a GPU is visible, else cpu)")
+    what.add_argument("--device", choices=("auto", "cpu", "cuda", "cpu-async"), default="auto",
+                      help="where the KV lives (default: cuda when a GPU is visible, else cpu); "
+                           "cpu-async: CPU memory with a CUDA-stream-like queue, to test the "
+                           "protocol's device ordering without a GPU (its times mean nothing)")
     how = p.add_argument_group("how it moves")
     how.add_argument("--transport", default="auto",
                      help="auto (nccl on GPU, mpi otherwise), or one of: "
@@ -94,17 +110,29 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     how.add_argument("--granularity", choices=("whole", "layer", "block"), default="whole",
                      help="one packed message, one per layer tensor, or one per paged block")
     timing = p.add_argument_group("timing")
+    timing.add_argument("--order", choices=("rounds", "blocks"), default="rounds",
+                        help="rounds (default): each round times every size and variant once, in "
+                             "a rotating order, so drifting load falls on all alike; blocks: all "
+                             "samples of one size back to back (less memory: one size at a time)")
+    timing.add_argument("--clock", choices=("auto", "pingpong"), default="auto",
+                        help="one timeline for every rank: auto = shared perf_counter on one "
+                             "host, ping-pong offset estimates across hosts; pingpong = always "
+                             "estimate (records the offsets and their uncertainty)")
     timing.add_argument("--warmup", type=int, default=2, help="untimed handoffs after the cold one (default 2)")
-    timing.add_argument("--iters", type=int, default=20, help="timed handoffs per point (default 20)")
+    timing.add_argument("--iters", type=int, default=20,
+                        help="timed handoffs per point (default 20; p95 needs >= 20, p99 >= 100)")
     timing.add_argument("--min-iters", type=int, default=5, help="never fewer timed handoffs (default 5)")
-    timing.add_argument("--seconds-per-point", type=float, default=4.0,
-                        help="cut --iters so a large point takes about this long (default 4)")
+    timing.add_argument("--seconds-per-point", type=float, default=5.0,
+                        help="cut --iters so the timed handoffs take about this long per point "
+                             "(default 5; with --order rounds the budget of all points is "
+                             "shared, so 300,2000,8192 tokens get all 20 rounds on a 5 GB/s link)")
     timing.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every received element after timing (default on)")
     timing.add_argument("--timeout", type=float, default=120.0,
                         help="seconds before a stalled peer aborts the job (default 120)")
     timing.add_argument("--baseline", action="store_true",
-                        help="also time a bare mpi4py Send/Recv loop on the same bytes and print the ratio")
+                        help="also time a yardstick on the same bytes and print the ratio: bare "
+                             "mpi4py Send/Recv (host memory), same-GPU and GPU-to-GPU copies (cuda)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="results", help="directory for the .jsonl/.csv records (default results/)")
     out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
@@ -150,6 +178,8 @@ def raw_sizes(args) -> list[int] | None:
 def resolve_device(requested: str) -> str:
     import torch
 
+    if requested == "cpu-async":
+        return requested
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
@@ -238,17 +268,35 @@ def agree(comm, error: str | None) -> str | None:
 # records and table
 
 
+NOT_LINK_ZERO = "moves no bytes"
+
+
+def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
+    """The record's frozen 'what was measured' (everything but the payload size)."""
+    prefill, decode = pattern.roles()
+    return HandoffSpec(**common, pattern=pattern.name, variant=fields.get("variant"),
+                       granularity=fields["granularity"],
+                       pack_kernel=pattern.ctx.args.pack_kernel if fields.get("packed") else None,
+                       world={"size": len(common["hosts"]), "prefill_ranks": prefill,
+                              "decode_ranks": decode},
+                       **pattern.spec_fields())
+
+
 def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None) -> dict:
     loop: LoopResult = fields.pop("loop")
     s = loop.samples
     nbytes = fields["bytes"]
+    if nbytes == 0:
+        fields["fit_as_link"], fields["not_link_reason"] = False, NOT_LINK_ZERO
     rec = {
         "schema": SCHEMA_P2P,
         **base,
         "prompt_tokens": point.prompt_tokens,
         **fields,
         "iters": loop.iters,
+        "n_samples": len(s),
         "samples_ms": s.samples_ms,
+        "sample_rounds": loop.rounds,
         **s.summary(),
         "gbps": gb_per_s(nbytes, s.p50),
         "gbps_best": gb_per_s(nbytes, s.min),
@@ -262,25 +310,91 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
 def format_table(records: list[dict]) -> str:
     w = max([11] + [len(r["pattern"]) + 1 + len(r["variant"]) for r in records if r.get("variant")])
     head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
-            f"{'iters':>5} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'GB/s':>7} {'cold ms':>9} {'wrong':>6}")
+            f"{'n':>4} {'p50 ms':>9} {'p95 ms':>11} {'p99 ms':>12} {'GB/s':>7} {'cold ms':>9} "
+            f"{'wrong':>6}")
     lines = [head, "-" * len(head)]
     for r in records:
         tok = "-" if r["prompt_tokens"] is None else str(r["prompt_tokens"])
         wrong = "-" if r["wrong"] is None else str(r["wrong"])
         variant = r.get("variant")
         name = r["pattern"] + (f"/{variant}" if variant else "")
+        n = r["n_samples"]
+        # a bytes/time rate only where the record is a transfer (not compute, not summed edges)
+        rate = f"{r['gbps']:>7.2f}" if r.get("fit_as_link", True) else f"{'-':>7}"
         lines.append(
             f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
-            f"{r['bytes'] / MiB:>9.1f} {r['iters']:>5} {r['p50_ms']:>9.3f} {r['p95_ms']:>9.3f} "
-            f"{r['p99_ms']:>9.3f} {r['gbps']:>7.2f} {r['cold_ms']:>9.3f} {wrong:>6}")
-        for key in ("table_note",):
-            if r.get(key):
-                lines.append(f"    {r[key]}")
+            f"{r['bytes'] / MiB:>9.1f} {n:>4} {r['p50_ms']:>9.3f} "
+            f"{percentile_cell(r['p95_ms'], 95, n):>11} {percentile_cell(r['p99_ms'], 99, n):>12} "
+            f"{rate} {r['cold_ms']:>9.3f} {wrong:>6}")
+        if r.get("table_note"):
+            lines.append(f"    {r['table_note']}")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------
 # main
+
+
+def choose_order(comm, args, pats, points, hosts, device) -> tuple[str | None, str | None, str | None]:
+    """(order, note, error). Rounds keep every size's data alive at once: when that does not fit
+    but one size at a time does, measure in blocks and say so in one line; when even one size
+    does not fit, refuse. Estimated per host, before allocating, against MemAvailable."""
+    rank = comm.Get_rank()
+    alive = [p.bytes_per_rank(pt) for p in pats for pt in points]
+    need = {"rounds": sum(alive), "blocks": max(alive)}
+    free = mem_available_bytes()
+    if device == "cuda" or free is None:
+        return args.order, None, None
+    fits = {}
+    for order, mine in need.items():
+        per_host: dict[str, int] = {}
+        for h, n in zip(hosts, comm.allgather(mine), strict=True):
+            per_host[h] = per_host.get(h, 0) + n
+        fits[order] = per_host[hosts[rank]] <= 0.9 * free
+        need[order] = per_host[hosts[rank]]
+    fits = {k: all(comm.allgather(v)) for k, v in fits.items()}
+    if not fits["blocks"]:
+        return None, None, (f"payload would not fit in memory on {hosts[rank]}: the ranks there "
+                            f"need about {need['blocks'] / GB:.1f} GB, {free / GB:.1f} GB is "
+                            "available; use smaller --sizes or fewer ranks per host")
+    if args.order == "rounds" and not fits["rounds"]:
+        return "blocks", (f"note: every size at once needs about {need['rounds'] / GB:.1f} GB on "
+                          f"{hosts[rank]}, {free / GB:.1f} GB is available: measuring one size at "
+                          "a time (--order blocks) instead"), None
+    return args.order, None, None
+
+
+def measure_all(ctx: PatternContext, pats, points, order: str) -> list[tuple]:
+    """[(pattern, point, record fields...)] for every pattern and point (collective). In rounds
+    order every point is set up first and all are timed in one interleaved loop; in blocks
+    order one point at a time."""
+    comm, progress, clock = ctx.comm, ctx.progress, ctx.clock
+    on_round = progress.iteration if ctx.rank == 0 else None
+    groups = [[(p, pt)] for p in pats for pt in points] if order == "blocks" else \
+        [[(p, pt) for p in pats for pt in points]]
+    out = []
+    for group in groups:
+        label = "; ".join(f"{p.name} {pt.label}" for p, pt in group)
+        progress.start(f"{ctx.transport.name} {ctx.args.granularity} {label}"
+                       + (" (interleaved rounds)" if len(group) > 1 else ""))
+        runs = [p.setup(pt) for p, pt in group]
+        try:
+            local = measure(comm, ctx.settings, [h for r in runs for h in r.handoffs],
+                            points=len(runs), on_round=on_round)
+            loops = critical_paths(comm, local, clock.offset_s)
+            k = 0
+            for (p, pt), run in zip(group, runs, strict=True):
+                mine = loops[k:k + len(run.handoffs)] if loops else None
+                k += len(run.handoffs)
+                wrong = (ctx.engine.check(run.checked, ctx.args.debug_corrupt_elements)
+                         if ctx.args.check and run.checked else None)
+                out.append((p, pt, run.records(mine, wrong)))
+                progress.finish("; ".join(f"{f.get('variant') or p.name} p50 "
+                                          f"{f['loop'].samples.p50:.3f} ms" for f in out[-1][2]))
+        finally:
+            for run in runs:
+                close_links(run.links)
+    return out
 
 
 def run(argv: Sequence[str] | None, comm) -> int:
@@ -294,96 +408,109 @@ def run(argv: Sequence[str] | None, comm) -> int:
         error = str(exc)
     error = agree(comm, error)
     if error:
-        if rank == 0:
-            print(f"{PROG}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_exit(rank, error)
     hosts = comm.allgather(os.uname().nodename)
     gpus = None
     if device == "cuda":  # one GPU per rank, by node-local rank; refuses two ranks on one GPU
         gpus, error = select_local_gpu(comm, args.allow_shared_gpu)
         if error:
-            if rank == 0:
-                print(f"{PROG}: error: {error}", file=sys.stderr)
-            return EXIT_USAGE
+            return usage_exit(rank, error)
+    dev = make_device(device)
+    try:
+        return _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points)
+    finally:
+        dev.close()
+
+
+def usage_exit(rank: int, error: str) -> int:
+    if rank == 0:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points) -> int:
+    rank, world = comm.Get_rank(), comm.Get_size()
     settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
     progress = Progress(enabled=rank == 0 and not args.quiet)
-    tctx = TransportContext(comm, device, args.timeout, args, hosts)
+    tctx = TransportContext(comm, dev.name, args.timeout, args, hosts, dev)
     transport = tcls(tctx)
-
-    # Memory: estimated before allocating, per host, against what the host has free.
-    ctxs = {pc.name: PatternContext(comm, args, transport, model, dtype, device, settings,
-                                    progress, args.timeout) for pc in pclasses}
-    pats = [pc(ctxs[pc.name]) for pc in pclasses]
-    need = max(p.bytes_per_rank(pt) for p in pats for pt in points)
-    free = mem_available_bytes()
-    per_host = {}
-    for h, n in zip(hosts, comm.allgather(need), strict=True):
-        per_host[h] = per_host.get(h, 0) + n
-    error = None
-    if device == "cpu" and free is not None and per_host[hosts[rank]] > 0.9 * free:
-        error = (f"payload would not fit in memory on {hosts[rank]}: the ranks there need about "
-                 f"{per_host[hosts[rank]] / GB:.1f} GB, {free / GB:.1f} GB is available; "
-                 "use smaller --sizes or fewer ranks per host")
-    error = agree(comm, error)
+    engine = Engine(comm, transport, dev, args.timeout)
+    ctx = PatternContext(comm, args, transport, model, dtype, dev.name, settings, progress,
+                         args.timeout, engine)
+    pats = [pc(ctx) for pc in pclasses]
+    tctx.pairs = sorted({pair for p in pats for pair in p.pairs()})
+    order, note, error = choose_order(comm, args, pats, points, hosts, dev.name)
     if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
         reasons = [p.prepare(points) for p in pats]
         error = agree(comm, next((r for r in reasons if r), None))
     if error:
-        if rank == 0:
-            print(f"{PROG}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-
+        return usage_exit(rank, error)
+    if note and rank == 0:
+        print(f"{PROG}: {note}", file=sys.stderr)
     t_open = time.perf_counter()
     transport.open()
     open_ms = (time.perf_counter() - t_open) * 1e3
+    ctx.clock = estimate_clock(comm, hosts, args.clock, args.timeout)
     notice = notice_latency_ms(comm, 0, 1, args.timeout)
-    env = environment()
-    envs = comm.gather(env, root=0)
-    progress.total = len(points) * len(pats)
-    records: list[dict] = []
+    envs = comm.gather(environment(), root=0)
+    run_id = comm.bcast(f"{utc_stamp()}-{uuid.uuid4().hex[:8]}" if rank == 0 else None, root=0)
+    raw = points[0].raw_bytes is not None
+    spec_common = {
+        "transport": tcls.name, "transport_options": transport.spec_options(),
+        "layout": "raw" if raw else args.layout, "device": dev.name, "hosts": hosts,
+        "block_size": args.block_size if args.layout == "paged" and not raw else None,
+        "dtype": None if raw else dtype.name,
+        "model": None if raw else model_key(model.name, model.geometry(),
+                                            PRESETS[model.name].geometry()
+                                            if model.name in PRESETS else None),
+    }
     base_common = {
-        "transport": tcls.name,
-        "layout": "raw" if points[0].raw_bytes is not None else args.layout,
-        "dtype": None if points[0].raw_bytes is not None else dtype.name,
-        "device": device,
-        "model": None if points[0].raw_bytes is not None else {"name": model.name, **model.geometry()},
-        "block_size": args.block_size if args.layout == "paged" else None,
-        "world_size": world,
-        "hosts": hosts,
+        "transport": tcls.name, "layout": spec_common["layout"], "dtype": spec_common["dtype"],
+        "device": dev.name,
+        "model": None if raw else {"name": model.name, **model.geometry()},
+        "block_size": spec_common["block_size"],
+        "world_size": world, "hosts": hosts,
         "gpus": gpus,
         "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
         "transport_open_ms": open_ms,
+        "run_id": run_id, "order": order, "clock": ctx.clock.as_dict(),
         **transport.record_fields(),
     }
-    baseline = None
-    if args.baseline:
-        from kvbench.baseline import bare_mpi_gbps
-
-        baseline = bare_mpi_gbps
     if args.debug_stall_rank == rank:  # injected fault: this rank stops answering
         time.sleep(3 * args.timeout + 30)
-    for pat in pats:
-        for pt in points:
-            progress.start(f"{pat.name} {tcls.name} {args.granularity} {pt.label}")
-            results = pat.run_point(pt)
-            base_gbps = baseline(comm, results[0]["bytes"] if rank == 0 else None, device, args)\
-                if baseline else None
-            if rank == 0:
-                summary = []
-                for fields in results:
-                    rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
-                    if base_gbps:
-                        rec["baseline_bare_mpi_gbps"] = base_gbps
-                        rec["vs_baseline"] = rec["gbps"] / base_gbps
-                        rec["table_note"] = (f"bare mpi4py Send/Recv {base_gbps:.2f} GB/s; "
-                                             f"kvbench/bare = {rec['vs_baseline']:.3f}")
-                    records.append(rec)
-                    summary.append(f"p50 {rec['p50_ms']:.3f} ms, {rec['gbps']:.2f} GB/s")
-                progress.finish("; ".join(summary))
+    progress.total = len(points) * len(pats) if order == "blocks" else 1
+    measured = measure_all(ctx, pats, points, order)
+    records = []
+    for pat, pt, results in measured:
+        yardstick = baseline_gbps(comm, results[0]["bytes"] if rank == 0 else None, dev.name,
+                                  args) if args.baseline else None
+        for fields in results:
+            spec = make_spec(spec_common, pat, fields).as_dict()
+            rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
+            rec.update(spec=spec, spec_id=spec_id_of(spec))
+            if yardstick:
+                add_baseline(rec, yardstick)
+            records.append(rec)
     info = transport.info()
     transport.close()
     if rank != 0:
         return 0
+    return report(args, records, info, envs, notice)
+
+
+def add_baseline(rec: dict, yardstick: dict[str, float]) -> None:
+    """Yardstick figures and kvbench's ratio to the last (most demanding) one."""
+    for kind, gbps in yardstick.items():
+        rec[f"baseline_{kind}_gbps"] = gbps
+    kind, gbps = list(yardstick.items())[-1]
+    rec["baseline_kind"] = kind
+    rec["vs_baseline"] = rec["gbps"] / gbps if gbps else None
+    rec["table_note"] = (f"{LABELS[kind]} {gbps:.2f} GB/s; kvbench/{kind.replace('_', ' ')} = "
+                         f"{rec['vs_baseline']:.3f}")
+
+
+def report(args, records: list[dict], info: dict, envs: list[dict], notice: float) -> int:
+    """Rank 0: finish the records, print the table, write the files, return the exit status."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for rec in records:
         rec["transport_info"] = info
@@ -392,7 +519,8 @@ def run(argv: Sequence[str] | None, comm) -> int:
         rec["timestamp"] = stamp
     print(format_table(records))
     print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
-          f"GB/s = bytes / p50 (decimal)")
+          f"GB/s = bytes / p50 (decimal); n = samples; p95 needs n >= "
+          f"{min_samples_for(95)}, p99 n >= {min_samples_for(99)}; order {records[0]['order']}")
     rss = [v for r in records for v in (r.get("peak_rss_bytes") or [])]
     if rss:
         largest = max(r["bytes"] for r in records)

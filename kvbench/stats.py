@@ -1,7 +1,9 @@
-"""A measurement keeps its raw samples and knows its own statistics (printing lives elsewhere)."""
+"""A measurement keeps its raw samples and knows its own statistics, and the one rule for when
+a percentile means what it says (printing lives elsewhere)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -13,6 +15,28 @@ def percentile(samples: Sequence[float], q: float) -> float:
     if len(samples) == 0:
         return float("nan")
     return float(np.percentile(np.asarray(samples, dtype=float), q))
+
+
+def min_samples_for(q: float) -> int:
+    """Fewest samples for which a q-quantile is more than the sample maximum: n >= ceil(1/(1-q)).
+
+    With fewer, the top 1-q of the distribution holds less than one sample and the
+    "percentile" is an interpolation towards the largest value seen. q is a fraction in
+    (0, 1) (0.95) or a percentage in [1, 100) (95): p50 needs 2, p95 20, p99 100."""
+    frac = q / 100 if q >= 1 else q
+    if not 0 < frac < 1:
+        raise ValueError(f"quantile must lie in (0, 1) or [1, 100), got {q}")
+    return math.ceil(round(1 / (1 - frac), 9))  # round: 1/(1-0.99) is 100.00000000000009
+
+
+def percentile_supported(q: float, n: int) -> bool:
+    return n >= min_samples_for(q)
+
+
+def percentile_cell(value: float, q: float, n: int, fmt: str = ".3f") -> str:
+    """A table cell: the value, or 'n/a (n<20)' where n samples cannot support the q-quantile."""
+    need = min_samples_for(q)
+    return format(value, fmt) if n >= need else f"n/a (n<{need})"
 
 
 @dataclass

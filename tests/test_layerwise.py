@@ -152,6 +152,17 @@ def test_layerwise_hides_transfer_behind_compute(tmp_path):
                                      "exposed_p50_diff_ms", "exposed_ideal_ms")}
     assert total["exposed_ms"] < 0.9 * total["transfer_ms"], figures
     assert "layerwise/compute" in res.stdout and "exposed" in res.stdout
+    # a transfer is a link; compute, or compute plus transfer, is not (no bytes/time rate)
+    assert [r["fit_as_link"] for r in recs] == [False, True, True, False]
+    assert comp["not_link_reason"] == "moves no bytes"
+    assert "compute" in total["not_link_reason"]
+    assert total["spec"]["compute"] == {"layer_compute": "ms", "layer_compute_ms": 20.0,
+                                        "compute_threads": 1}
+    assert total["spec"]["layer_poll"] is True and total["spec"]["variant"] is None
+    assert len({r["spec_id"] for r in recs}) == 4
+    for line in res.stdout.splitlines():
+        if line.startswith(("layerwise ", "layerwise/compute ")):
+            assert line.split()[-3] == "-", line  # the GB/s column
     assert "GEMM tile" in res.stderr  # the calibration is reported at start-up
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from kvbench.transports import nixl as nixl_transport
-from tests.conftest import mpi_env, run_cli, run_mpi
+from tests.conftest import ROOT, mpi_env, run_cli, run_mpi
 
 HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL,
@@ -33,7 +33,9 @@ CONFIGS = {
     "read-layer": (f"{FAST} --granularity layer --nixl-op read", "layer", "contiguous", "read",
                    "reuse", "prepped", "message"),
     "write-paged": (f"{FAST} --layout paged --granularity block", "block", "paged", "write",
-                    "reuse", "prepped", "message"),
+                    "reuse", "prepped", "handoff"),  # the default for per-block messages
+    "write-paged-per-message": (f"{FAST} --layout paged --granularity block --nixl-batch message",
+                                "block", "paged", "write", "reuse", "prepped", "message"),
     "read-paged-batched": (f"{FAST} --layout paged --granularity block --nixl-op read "
                            "--nixl-batch handoff", "block", "paged", "read", "reuse", "prepped",
                            "handoff"),
@@ -46,7 +48,7 @@ CONFIGS = {
                               "layer", "contiguous", "write", "reregister", "initialize", "message"),
     "read-reregister": (f"{FAST} --layout paged --granularity block --nixl-op read "
                         "--nixl-reregister", "block", "paged", "read", "reregister", "prepped",
-                        "message"),
+                        "handoff"),
 }
 LAYERWISE = f"{FAST} --nixl-op read --pattern layerwise --layer-compute-ms 0.2 --warmup 0"
 
@@ -85,7 +87,9 @@ def matrix_job(tmp_path_factory):
     (tmp / "cases.txt").write_text("\n".join(lines) + "\n")
     (tmp / "nixl_matrix.py").write_text(DRIVER)
     t0 = time.monotonic()
-    res = run_mpi(2, "nixl_matrix", str(tmp / "cases.txt"), cwd=tmp, timeout=240)
+    # the driver runs from tmp: point it at this checkout, not whatever kvbench is installed
+    res = run_mpi(2, "nixl_matrix", str(tmp / "cases.txt"), cwd=tmp, timeout=240,
+                  extra_env={"PYTHONPATH": str(ROOT)})
     took = time.monotonic() - t0
     return {name: _records(tmp / name) for name in configs}, res, took
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from argparse import Namespace
 from pathlib import Path
 
 import pandas as pd
@@ -20,7 +22,10 @@ FAST = ("--iters", "5", "--warmup", "1", "--quiet")
 REQUIRED = {"schema", "transport", "pattern", "granularity", "layout", "dtype", "device", "model",
             "prompt_tokens", "bytes", "world_size", "iters", "samples_ms", "p50_ms", "p95_ms",
             "p99_ms", "mean_ms", "min_ms", "max_ms", "gbps", "cold_ms", "wrong", "argv", "env",
-            "timestamp"}
+            "timestamp",
+            # issue 12 (CONTRACTS.md section 1) and the common clock (issue 11)
+            "spec", "spec_id", "run_id", "order", "sample_rounds", "fit_as_link",
+            "not_link_reason", "n_samples", "clock"}
 
 
 def p2p(tmp_path: Path, *args: str, n: int = 2, timeout: float = 180):
@@ -67,6 +72,30 @@ def test_sequential_handoff_moves_every_byte(tmp_path, transport, layout, granul
     assert "p50 ms" in res.stdout and "GB/s" in res.stdout
     df = pd.read_json(files[0], lines=True)
     assert list(df["prompt_tokens"]) == [24, 40]
+    check_run_fields(recs, "rounds")
+    spec = recs[0]["spec"]
+    assert (spec["transport"], spec["layout"], spec["granularity"], spec["dtype"]) == \
+        (transport, layout, granularity, dtype)
+    assert spec["pack_kernel"] == ("torch" if recs[0]["packed"] else None)
+    assert spec["world"] == {"size": 2, "prefill_ranks": [0], "decode_ranks": [1]}
+    assert spec["model"] == "seed-70b-gqa" and spec["block_size"] == (16 if layout == "paged" else None)
+
+
+def check_run_fields(recs, order):
+    """The fields CONTRACTS.md section 1 promises the fit, checked against their definitions."""
+    assert len({r["run_id"] for r in recs}) == 1
+    for r in recs:
+        assert r["order"] == order
+        assert r["n_samples"] == len(r["samples_ms"]) == len(r["sample_rounds"])
+        canonical = json.dumps(r["spec"], sort_keys=True, separators=(",", ":"))
+        assert r["spec_id"] == hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        assert r["sample_rounds"] == list(range(r["n_samples"]))
+        assert r["fit_as_link"] is True and r["not_link_reason"] is None
+        assert r["clock"]["offset_ms"] == [0.0] * r["world_size"]
+    # one point per size, same spec: replicates of one configuration
+    assert len({r["spec_id"] for r in recs}) == 1
+    if order == "rounds":  # every size was measured in the same rounds
+        assert len({tuple(r["sample_rounds"]) for r in recs}) == 1
 
 
 @pytest.mark.mpi
@@ -79,6 +108,58 @@ def test_raw_byte_sweep_nccl_tests_style(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert all(r["baseline_bare_mpi_gbps"] > 0 and r["vs_baseline"] > 0 for r in recs)
     assert "kvbench/bare" in res.stdout
+
+
+@pytest.mark.mpi
+def test_blocks_order_and_percentile_marks(tmp_path):
+    res, recs, _ = p2p(tmp_path, "--bytes", "4K,64K", "--order", "blocks", "--iters", "20",
+                       "--min-iters", "20", "--warmup", "0", "--quiet")
+    assert res.returncode == 0, res.stderr[-2000:]
+    check_run_fields(recs, "blocks")
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith("sequential"))
+    assert " 20 " in row and "n/a (n<100)" in row and "n/a (n<20)" not in row  # p95 ok, p99 not
+
+
+class _Pat:
+    def __init__(self, sizes):
+        self.sizes = sizes
+
+    def bytes_per_rank(self, pt):
+        return self.sizes[pt]
+
+
+class _Comm:
+    def Get_rank(self):
+        return 0
+
+    def allgather(self, x):
+        return [x, x]
+
+
+@pytest.mark.parametrize("free,order,want", [
+    (100, "rounds", ("rounds", False, False)),
+    (45, "rounds", ("blocks", True, False)),  # 2 x (10 + 20) = 60 > 40.5 >= 2 x 20
+    (40, "rounds", (None, False, True)),  # even the largest size alone: 40 > 36
+    (50, "rounds", ("blocks", True, False)),
+    (30, "rounds", (None, False, True)),
+    (30, "blocks", (None, False, True)),
+    (50, "blocks", ("blocks", False, False)),
+])
+def test_rounds_fall_back_to_blocks_when_every_size_at_once_does_not_fit(monkeypatch, free, order,
+                                                                         want):
+    """Rounds keep every size alive at once: 2 ranks on one host x (10 + 20) GB. When that does
+    not fit in 90% of MemAvailable but one size at a time does, measure in blocks and say so."""
+    from kvbench import p2p as p2p_mod
+
+    monkeypatch.setattr(p2p_mod, "mem_available_bytes", lambda: free * 1e9)
+    got = p2p_mod.choose_order(_Comm(), Namespace(order=order), [_Pat({0: 10e9, 1: 20e9})],
+                               [0, 1], ["h", "h"], "cpu")
+    assert got[0] == want[0]
+    assert (got[1] is not None) == want[1] and (got[2] is not None) == want[2]
+    if want[1]:
+        assert "--order blocks" in got[1] and "\n" not in got[1]
+    if want[2]:
+        assert "would not fit in memory" in got[2]
 
 
 @pytest.mark.mpi
@@ -192,6 +273,11 @@ def test_sliding_window_and_mla_layouts():
 
 def test_raw_buffer_pattern():
     a, b = RawBuffer(1000), RawBuffer(1000)
+    a.fill()
+    # the tiled fill (one 256-byte period copied) equals the per-byte definition, tail included
+    assert torch.equal(a.backing.view(torch.int8), a._expected(0, 1000))
+    a.backing.view(torch.int8)[999] += 1
+    assert a.count_wrong() == 1
     a.fill()
     b.clear()
     assert b.count_wrong() > 900

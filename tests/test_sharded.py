@@ -121,7 +121,20 @@ def check_records(recs, tokens, n_ranks, rank_heads, edges, stored=None):
         assert r["contention_ratio"] == pytest.approx(con["p50_ms"] / iso["p50_ms"])
         assert r["aggregate_gbps"] == pytest.approx(total / 1e9 / (con["p50_ms"] / 1e3))
     assert con["wrong"] == 0 and con["rank_wrong"] == [0] * n_ranks
-    # the critical path: each iteration's slowest rank
+    assert iso["fit_as_link"] is False and "never observed" in iso["not_link_reason"]
+    assert con["fit_as_link"] is True
+    first_decode = min(d for _, d, _ in edges)
+    assert con["spec"]["world"] == {"size": n_ranks, "prefill_ranks": list(range(first_decode)),
+                                    "decode_ranks": list(range(first_decode, n_ranks))}
+    # one clock: each sending rank's start is >= the first one's (0), decode ranks have none
+    senders = {s for s, _, _ in edges}
+    for r, starts in enumerate(con["rank_start_ms"]):
+        assert (starts is not None) == (r in senders)
+        if starts:
+            assert min(starts) >= 0
+    assert [min(col) for col in zip(*[s for s in con["rank_start_ms"] if s], strict=True)] == \
+        [0.0] * con["n_samples"]
+    # the critical path: max over ranks of (t1 - the first prefill rank's t0)
     cols = zip(*[s for s in con["rank_samples_ms"] if s], strict=True)
     assert con["samples_ms"] == pytest.approx([max(c) for c in cols])
     assert all(len(s) == con["iters"] for s in con["rank_samples_ms"] if s)

@@ -1,5 +1,7 @@
-"""What every handoff pattern shares: the context it runs in, the data it moves, and the
-one-pair handoff protocol (pre-posted receives, barrier, timed sends, completion notice)."""
+"""What every handoff pattern shares: the context it runs in, the data it moves, and the shape
+of a declaration. A pattern declares, per point, its links (edges with their data and message
+plans) and the handoffs built from them (`PointRun`); the engine (kvbench.engine) runs the
+protocol, the harness the timing, and p2p the records."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvbench.harness import LoopSettings, Notice, Progress, barrier, now, wait_request
+from kvbench.engine import Engine, Handoff, Link
+from kvbench.harness import LoopResult, LoopSettings, Progress
 from kvbench.layout import KVCache, KVSpec, RawBuffer
-from kvbench.messages import MessagePlan
 from kvbench.model import DType, ModelSpec
-from kvbench.transports.base import Channel, Transport, wait_all
+from kvbench.transports.base import Transport
 
 
 @dataclass
@@ -36,10 +38,16 @@ class PatternContext:
     transport: Transport
     model: ModelSpec
     dtype: DType
-    device: str
+    device: str  # the Device's name
     settings: LoopSettings
     progress: Progress
     timeout_s: float
+    engine: Engine | None = None
+    clock: Any = None  # harness.Clock: every rank's offset onto rank 0's timeline
+
+    @property
+    def dev(self):
+        return self.engine.device
 
     @property
     def rank(self) -> int:
@@ -55,83 +63,44 @@ def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None) -
 def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
               table_seed: int = 0) -> KVCache | RawBuffer:
     """The KV (or raw buffer) one rank holds for a point; values seeded by the prefill side."""
+    where = ctx.dev.torch_device
     if point.raw_bytes is not None:
-        return RawBuffer(point.raw_bytes, ctx.device)
+        return RawBuffer(point.raw_bytes, where)
     spec = kv_spec(ctx, point, heads)
-    return KVCache(spec, ctx.device, table_seed=table_seed,
+    return KVCache(spec, where, table_seed=table_seed,
                    pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
-
-
-def device_sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-class PairHandoff:
-    """One prefill->decode handoff between two ranks; call it on both of them.
+# (loops on rank 0 or None elsewhere, this rank's wrong count or None) -> record fields (rank 0)
+RecordsFn = Callable[[list[LoopResult] | None, int | None], list[dict]]
 
-    On the sender it returns the handoff time in ms; on the receiver None. `before_layer`
-    (sender only) runs before each layer's messages are posted: the layerwise pattern puts
-    real compute there so sends overlap it."""
 
-    def __init__(self, ctx: PatternContext, channel: Channel, plan: MessagePlan, peer: int,
-                 is_sender: bool, sync_comm=None,
-                 before_layer: Callable[[int], None] | None = None, layers: int = 0):
-        self.ctx, self.ch, self.plan, self.peer, self.is_sender = ctx, channel, plan, peer, is_sender
-        self.notice = Notice(ctx.comm, peer)
-        self.sync_comm = sync_comm if sync_comm is not None else ctx.comm
-        self.before_layer = before_layer
-        self.layers = layers
-        self.posted: list = []
+@dataclass
+class PointRun:
+    """One point of one pattern, set up on every rank and ready to time.
 
-    def __call__(self) -> float | None:
-        ctx, ch, plan = self.ctx, self.ch, self.plan
-        ch.begin_handoff()
-        deadline = now() + ctx.timeout_s
-        if not self.is_sender:
-            reqs = [ch.post(i) for i in range(plan.n)]
-            barrier(self.sync_comm, ctx.timeout_s, "handoff start")
-            for i, r in enumerate(reqs):  # in order: the decode side can start per layer
-                wait_all([r], deadline, "receive")
-                if plan.packed:
-                    plan.unpack(i)
-            device_sync(ctx.device)
-            self.notice.send()
-            ch.end_handoff()
-            return None
-        note = self.notice.post_wait()
-        barrier(self.sync_comm, ctx.timeout_s, "handoff start")
-        t0 = now()
-        reqs = []
-        if self.before_layer is None:
-            if plan.packed:
-                plan.pack()
-                device_sync(ctx.device)
-            reqs = [ch.post(i) for i in range(plan.n)]
-        else:
-            self.posted = reqs  # sends posted so far: before_layer may poll them (progress)
-            for layer in range(self.layers):
-                self.before_layer(layer)
-                for i in plan.messages_for_layer(layer):
-                    if plan.packed:
-                        plan.pack(i)
-                    reqs.append(ch.post(i))
-        wait_all(reqs, deadline, "send")
-        wait_request(note, deadline, "completion notice from the decode rank")
-        t1 = now()
-        ch.end_handoff()
-        return (t1 - t0) * 1e3
+    `handoffs` are timed together in interleaved rounds (their LoopResults come back in the
+    same order); `checked` is the handoff whose received data is verified afterwards;
+    `records` (collective) turns the loops and the check into record fields on rank 0."""
+
+    point: Point
+    handoffs: list[Handoff]
+    checked: Handoff | None
+    links: list[Link | None]
+    records: RecordsFn
+
+
+NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"
 
 
 class Pattern(ABC):
-    """A handoff shape. `run_point` is collective over the world and returns, on rank 0,
-    the pattern's record fields for each measured variant of the point."""
+    """A handoff shape, declared: its pairs of ranks, their roles, the spec entries it adds, and
+    per point (`setup`, collective) the links and handoffs the engine runs and how their loops
+    become record fields (one dict per measured variant, on rank 0)."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -155,10 +124,22 @@ class Pattern(ABC):
         Returns why the run cannot go ahead (the same line on every rank), or None."""
         return None
 
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every (src, dst) pair of ranks that exchange data (pre-connected by lazy transports)."""
+        return [(0, 1)]
+
+    def roles(self) -> tuple[list[int], list[int]]:
+        """(prefill ranks, decode ranks), for the record's spec."""
+        return [0], [1]
+
+    def spec_fields(self) -> dict:
+        """Spec entries this pattern adds (e.g. layerwise compute settings)."""
+        return {}
+
     @abstractmethod
     def bytes_per_rank(self, point: Point) -> int:
         """Peak bytes one rank allocates for the point (checked before allocating)."""
 
     @abstractmethod
-    def run_point(self, point: Point) -> list[dict]:
-        """Measure one point; rank 0 returns record fields (one dict per variant)."""
+    def setup(self, point: Point) -> PointRun:
+        """Allocate, fill and connect one point (collective); the data is settled on return."""

@@ -2,14 +2,15 @@
 layer is computed, while it computes the next ones, so most of the transfer hides behind
 compute. Rank 0 prefills, rank 1 decodes.
 
-One point measures four handoffs in the same run, interleaved round by round (see
-`harness.interleaved_loops`), and reports each as a variant:
+One point declares four handoffs on the engine, timed in the same interleaved rounds (see
+`harness.measure`), and reports each as a variant:
 
     layerwise/compute  the sender's compute for every layer, nothing sent   -> T_compute
     layerwise/xfer     the same per-layer messages, all posted at once, no compute -> T_x
     layerwise/seq      a sequential handoff at --granularity (default: one whole message)
     layerwise          compute layer l, post layer l's sends (non-blocking), compute l+1 ...;
                        done when every send completed and decode's notice arrived
+                       (the engine's per-layer hook: the compute, polling sends in flight)
 
     exposed_ms       = median over rounds of (layerwise_i - compute_i)  (same-round pairs)
     exposed_ideal_ms = max(0, (T_x - T_compute) (L-1)/L) + T_x/L       (pipeline bound)
@@ -24,12 +25,12 @@ import sys
 import torch
 
 from kvbench import compute
-from kvbench.harness import barrier, interleaved_loops, now
+from kvbench.engine import Handoff
 from kvbench.layout import KVCache, KVSpec
 from kvbench.messages import plan_messages
 from kvbench.patterns import register
-from kvbench.patterns.base import PairHandoff, Pattern, Point, make_data, peak_rss_bytes
-from kvbench.patterns.sequential import check_handoff, estimate_bytes
+from kvbench.patterns.base import NOT_LINK_COMPUTE, Pattern, Point, PointRun, make_data
+from kvbench.patterns.sequential import estimate_bytes, pair_records
 from kvbench.stats import percentile
 
 VARIANTS = ("compute", "xfer", "seq", None)  # None: the overlapped handoff itself
@@ -55,42 +56,21 @@ def overlap_efficiency(transfer_ms: float, exposed_ms: float, ideal_ms: float) -
     return None if room <= 0 else (transfer_ms - exposed_ms) / room
 
 
-class ComputeOnly:
-    """The sender's per-layer work with nothing sent (the decode rank only meets the barrier)."""
+class WithThreads:
+    """A handoff run with --compute-threads torch threads on this rank (restored after it,
+    outside the timed window), so sender compute, receiver and transport progress share the
+    cores as configured, whatever else the run measures in between."""
 
-    def __init__(self, ctx, work: compute.LayerWork | None, layers: int, is_sender: bool):
-        self.ctx, self.work, self.layers, self.is_sender = ctx, work, layers, is_sender
+    def __init__(self, handoff, threads: int):
+        self.handoff, self.threads = handoff, threads
 
-    def __call__(self) -> float | None:
-        barrier(self.ctx.comm, self.ctx.timeout_s, "handoff start")
-        if not self.is_sender:
-            return None
-        t0 = now()
-        for _ in range(self.layers):
-            self.work.run()
-        return (now() - t0) * 1e3
-
-
-class _Poller:
-    """Test the sends posted so far, so a transport that only progresses when called moves
-    data while the sender computes (what an engine's progress thread does). Only requests
-    not yet complete are tested: a pass costs O(in flight), not O(posted)."""
-
-    def __init__(self, handoff: PairHandoff):
-        self.handoff = handoff
-        self.posted: list | None = None
-        self.seen = 0
-        self.pending: list = []
-
-    def __call__(self) -> None:
-        posted = self.handoff.posted
-        if posted is not self.posted:  # a new handoff
-            self.posted, self.seen, self.pending = posted, 0, []
-        if len(posted) > self.seen:
-            self.pending.extend(posted[self.seen:])
-            self.seen = len(posted)
-        if self.pending:
-            self.pending = [r for r in self.pending if not r.test()]
+    def __call__(self):
+        prev = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self.handoff()
+        finally:
+            torch.set_num_threads(prev)
 
 
 @register
@@ -155,7 +135,7 @@ class Layerwise(Pattern):
         try:
             reason = None
             if ctx.rank == 0:
-                self.cal = compute.calibrate(ctx.device, args.compute_threads)
+                self.cal = compute.calibrate(ctx.dev.torch_device, args.compute_threads)
                 for pt in points:
                     key = pt.prompt_tokens if args.layer_compute == "model" else 0
                     if key in self.work:
@@ -169,7 +149,7 @@ class Layerwise(Pattern):
                     if reason:
                         break
                     if args.layer_compute == "model":
-                        self.weights = self.weights or compute.ModelWeights(ctx.model, ctx.device)
+                        self.weights = self.weights or compute.ModelWeights(ctx.model, ctx.dev.torch_device)
                         work = compute.model_work(ctx.model, pt.prompt_tokens, self.cal,
                                                   self.weights)
                     else:
@@ -219,49 +199,51 @@ class Layerwise(Pattern):
             need += compute.model_work_bytes(ctx.model, point.prompt_tokens, ctx.device)
         return need
 
-    def run_point(self, point: Point) -> list[dict]:
-        prev = self._threads()
-        try:
-            return self._run_point(point)
-        finally:
-            torch.set_num_threads(prev)
+    def spec_fields(self) -> dict:
+        a = self.ctx.args
+        return {"compute": {"layer_compute": a.layer_compute,
+                            "layer_compute_ms": self.layer_ms if a.layer_compute == "ms" else None,
+                            "compute_threads": a.compute_threads},
+                "layer_poll": a.layer_poll}
 
-    def _run_point(self, point: Point) -> list[dict]:
-        ctx, args = self.ctx, self.ctx.args
-        rank = ctx.rank
-        is_sender, peer = rank == 0, 1 - rank
-        L = ctx.model.layers
+    def setup(self, point: Point) -> PointRun:
+        """Four handoffs over one KV: compute only, per-layer messages at once (xfer), a
+        sequential handoff at --granularity (seq), and compute with per-layer posts."""
+        ctx, eng, args = self.ctx, self.ctx.engine, self.ctx.args
+        is_sender, L = ctx.rank == 0, ctx.model.layers
         key = point.prompt_tokens if args.layer_compute == "model" else 0
         work = self.work.get(key) if is_sender else None
-        data = make_data(ctx, point, table_seed=rank)
-        (data.fill if is_sender else data.clear)()
+        data = make_data(ctx, point, table_seed=ctx.rank)
         gran = layer_granularity(args.granularity)
         plan = plan_messages(data, gran)
         seq_plan = plan if args.granularity == gran else plan_messages(data, args.granularity)
-        ch = ctx.transport.channel(peer, plan.buffers, is_sender)
-        seq_ch = ch if seq_plan is plan else ctx.transport.channel(peer, seq_plan.buffers, is_sender)
-        try:
-            overlapped = PairHandoff(ctx, ch, plan, peer, is_sender, layers=L)
-            if is_sender:
-                poll = _Poller(overlapped) if args.layer_poll else None
-                overlapped.before_layer = lambda _layer: work.run(poll)
-            else:
-                overlapped.before_layer = lambda _layer: None  # never called on the receiver
-            handoffs = [ComputeOnly(ctx, work, L, is_sender),
-                        PairHandoff(ctx, ch, plan, peer, is_sender),
-                        PairHandoff(ctx, seq_ch, seq_plan, peer, is_sender),
-                        overlapped]
-            loops = interleaved_loops(ctx.comm, ctx.settings, handoffs,
-                                      on_iter=ctx.progress.iteration if rank == 0 else None)
-            wrong = check_handoff(ctx, data, plan, overlapped, not is_sender) if args.check else None
-            parts = ctx.comm.gather(ch.breakdown(), root=0)
-        finally:
-            ch.close()
-            if seq_ch is not ch:
-                seq_ch.close()
-        rss = ctx.comm.gather(peak_rss_bytes(), root=0)
-        if rank != 0:
-            return []
+        link = eng.link(0, 1, data, plan)
+        seq_link = link if seq_plan is plan else eng.link(0, 1, data, seq_plan)
+        eng.settle()
+        poll = args.layer_poll
+
+        def hook(_layer, poll_sends):
+            work.run(poll_sends if poll else None, ctx.dev)
+
+        layer_hook = hook if is_sender else None
+        overlapped = Handoff(eng, [link], layers=L, hook=layer_hook, name="overlapped")
+        handoffs = [WithThreads(h, args.compute_threads) for h in (
+            Handoff(eng, [], layers=L, hook=layer_hook, name="compute"),
+            Handoff(eng, [link], name="xfer"),
+            Handoff(eng, [seq_link], name="seq"),
+            overlapped)]
+
+        def records(loops, wrong) -> list[dict]:
+            rec = pair_records(ctx, [link, seq_link], {}, loops, wrong)
+            return self._records(point, data, plan, seq_plan, loops, rec) if rec else []
+
+        return PointRun(point, handoffs, overlapped, [link, seq_link], records)
+
+    def _records(self, point, data, plan, seq_plan, loops, shared: dict) -> list[dict]:
+        ctx, args = self.ctx, self.ctx.args
+        L = ctx.model.layers
+        key = point.prompt_tokens if args.layer_compute == "model" else 0
+        gran = layer_granularity(args.granularity)
         comp, xfer, seq, total = (lp.samples.p50 for lp in loops)
         # exposed: each round's overlapped handoff minus the same round's compute-only run
         # (same load, minutes apart at most), median over rounds; the difference of the two
@@ -281,11 +263,12 @@ class Layerwise(Pattern):
             "compute_threads": args.compute_threads,
             "layer_poll": args.layer_poll,
             "calibration": {**self.cal.as_dict(), **info} if self.cal else None,
-            "peak_rss_bytes": rss,
+            "peak_rss_bytes": shared["peak_rss_bytes"],
         }
         out = []
         for variant, lp in zip(VARIANTS, loops, strict=True):
             p = seq_plan if variant == "seq" else plan
+            link = variant in ("xfer", "seq")
             out.append({
                 **({"variant": variant} if variant else {}),
                 "granularity": args.granularity if variant == "seq" else gran,
@@ -294,9 +277,10 @@ class Layerwise(Pattern):
                 "packed": p.packed,
                 **common,
                 "loop": lp,
-                "wrong": wrong if variant is None else None,
-                "breakdown_ms": ({k: v for part in parts for k, v in part.items()}
-                                 if variant is None else {}),
+                "fit_as_link": link,
+                "not_link_reason": None if link else NOT_LINK_COMPUTE,
+                "wrong": shared["wrong"] if variant is None else None,
+                "breakdown_ms": shared["breakdown_ms"] if variant is None else {},
             })
         out[-1].update({
             "compute_ms": comp,

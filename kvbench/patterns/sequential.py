@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
-from kvbench.harness import barrier, timed_loop
+from kvbench.engine import Handoff
 from kvbench.layout import KVCache
 from kvbench.messages import plan_messages
 from kvbench.patterns import register
-from kvbench.patterns.base import PairHandoff, Pattern, Point, kv_spec, make_data, peak_rss_bytes
+from kvbench.patterns.base import Pattern, Point, PointRun, kv_spec, make_data, peak_rss_bytes
 
 
 def estimate_bytes(ctx, point: Point, granularity: str) -> int:
@@ -27,18 +25,16 @@ def estimate_bytes(ctx, point: Point, granularity: str) -> int:
     return payload + scratch
 
 
-def check_handoff(ctx, data, plan, handoff, is_receiver: bool) -> int:
-    """One more handoff after the receiver wiped its copy; count wrong elements there."""
-    if is_receiver:
-        data.clear()
-        plan.clear_staging()
-    elif ctx.args.debug_corrupt_elements:  # injected fault: the sender's bytes go out wrong
-        flat = data.backing.view(-1).view(torch.uint8)
-        flat[: ctx.args.debug_corrupt_elements * data.backing.element_size()] += 1
-    barrier(ctx.comm, ctx.timeout_s, "data check")
-    handoff()
-    wrong = data.count_wrong() if is_receiver else 0
-    return ctx.comm.allreduce(wrong)
+def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
+    """The fields every 2-rank record shares (collective): total wrong elements, each side's
+    transport breakdown, peak memory per rank. Rank 0 gets `fields` with them added."""
+    total = None if wrong is None else ctx.comm.allreduce(wrong)
+    parts = ctx.comm.gather([lk.channel.breakdown() for lk in links if lk is not None], root=0)
+    rss = ctx.comm.gather(peak_rss_bytes(), root=0)
+    if ctx.rank != 0:
+        return None
+    breakdown = {k: v for rank in parts for part in rank for k, v in part.items()}
+    return {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss}
 
 
 @register
@@ -49,34 +45,25 @@ class Sequential(Pattern):
     def bytes_per_rank(self, point: Point) -> int:
         return estimate_bytes(self.ctx, point, self.ctx.args.granularity)
 
-    def run_point(self, point: Point) -> list[dict]:
-        ctx = self.ctx
-        rank = ctx.rank
-        is_sender, peer = rank == 0, 1 - rank
-        data = make_data(ctx, point, table_seed=rank)
-        (data.fill if is_sender else data.clear)()
+    def setup(self, point: Point) -> PointRun:
+        ctx, eng = self.ctx, self.ctx.engine
+        data = make_data(ctx, point, table_seed=ctx.rank)
         plan = plan_messages(data, ctx.args.granularity)
-        ch = ctx.transport.channel(peer, plan.buffers, is_sender)
-        try:
-            handoff = PairHandoff(ctx, ch, plan, peer, is_sender)
-            loop = timed_loop(ctx.comm, ctx.settings, handoff,
-                              on_iter=ctx.progress.iteration if rank == 0 else None)
-            wrong = check_handoff(ctx, data, plan, handoff, not is_sender) if ctx.args.check else None
-            parts = ctx.comm.gather(ch.breakdown(), root=0)
-        finally:
-            ch.close()
-        rss = ctx.comm.gather(peak_rss_bytes(), root=0)
-        if rank != 0:
-            return []
-        breakdown = {k: v for part in parts for k, v in part.items()}
-        return [{
-            "granularity": ctx.args.granularity,
-            "bytes": plan.nbytes,
-            "messages": plan.n,
-            "packed": plan.packed,
-            "stored_tokens": (data.spec.tensor_tokens(0) if isinstance(data, KVCache) else None),
-            "loop": loop,
-            "wrong": wrong,
-            "breakdown_ms": breakdown,
-            "peak_rss_bytes": rss,
-        }]
+        link = eng.link(0, 1, data, plan)
+        eng.settle()
+        handoff = Handoff(eng, [link])
+
+        def records(loops, wrong) -> list[dict]:
+            rec = pair_records(ctx, [link], {
+                "granularity": ctx.args.granularity,
+                "bytes": plan.nbytes,
+                "messages": plan.n,
+                "packed": plan.packed,
+                "stored_tokens": (data.spec.tensor_tokens(0) if isinstance(data, KVCache) else None),
+                "loop": loops[0] if loops else None,
+                "fit_as_link": True,
+                "not_link_reason": None,
+            }, loops, wrong)
+            return [rec] if rec else []
+
+        return PointRun(point, [handoff], handoff, [link], records)

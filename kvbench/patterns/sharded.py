@@ -18,9 +18,12 @@ no packing. One point measures, interleaved round by round in the same run:
     isolated   each edge alone (a world barrier holds every other rank idle, sleeping)
     contended  every edge at once after one world barrier
 
-A rank's time runs from the start barrier to: all its sends done and the notices of its
-decode peers in (prefill), or all its bytes received (decode). The handoff time of an
-iteration is the maximum across ranks (the critical path).
+Every rank's times are on one clock (`harness.estimate_clock`: on one host perf_counter is
+shared; across hosts offsets come from a ping-pong at start). A handoff starts at the first
+prefill rank's start (t0, right after the world barrier) and ends when the last rank is done
+(t1: a prefill rank once its sends completed and its decode peers' notices arrived, a decode
+rank once its bytes are on its device and its notices are sent): the critical path is
+max(t1) - min(t0) per handoff, so barrier-exit skew between ranks is inside it.
 """
 
 from __future__ import annotations
@@ -28,26 +31,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from kvbench.harness import (
-    LoopResult,
-    Notice,
-    barrier,
-    interleaved_loops,
-    now,
-    wait_request,
-)
+from kvbench.engine import Handoff
+from kvbench.harness import LoopResult
 from kvbench.messages import plan_messages
 from kvbench.patterns import register
-from kvbench.patterns.base import (
-    Pattern,
-    Point,
-    device_sync,
-    kv_spec,
-    make_data,
-    peak_rss_bytes,
-)
+from kvbench.patterns.base import Pattern, Point, PointRun, kv_spec, make_data, peak_rss_bytes
 from kvbench.stats import Measurement
-from kvbench.transports.base import TransferTimeout, wait_all
 from kvbench.units import gb_per_s
 
 
@@ -206,87 +195,20 @@ def resolve_tp(args, world_size: int) -> tuple[int, int]:
     return p, d
 
 
-@dataclass
-class Link:
-    """One edge as seen from one of its ranks."""
-
-    edge: Edge
-    peer: int
-    is_sender: bool
-    data: object  # KVCache
-    plan: object  # MessagePlan
-    ch: object  # Channel
-    notice: Notice
+NOT_LINK_ISOLATED = ("bytes summed over edges, time a maximum over edges run separately: "
+                     "a rate never observed")
 
 
-class ShardHandoff:
-    """One handoff over several links at once (or none: the rank only meets the barrier).
+def _isolated(edge_loops: list[LoopResult]) -> LoopResult:
+    """Each round's slowest edge: the handoff time if the edges ran side by side without
+    sharing anything (rounds line up: every edge ran once per round)."""
+    def worst(cols):
+        return [max(c) for c in zip(*cols, strict=True)]
 
-    Receivers pre-post every receive, senders pre-post the completion notices; everyone meets
-    one world barrier; senders take t0 and post every send of every link; receivers unpack
-    messages as they land, then notify each of their senders. Returns this rank's time in
-    ms (None on a rank with no link in this handoff)."""
-
-    def __init__(self, ctx, links: list[Link]):
-        self.ctx, self.links = ctx, links
-
-    def __call__(self) -> float | None:
-        ctx = self.ctx
-        if not self.links:
-            barrier(ctx.comm, ctx.timeout_s, "handoff start", idle=True)
-            return None
-        for lk in self.links:
-            lk.ch.begin_handoff()
-        deadline = now() + ctx.timeout_s
-        recv = [lk for lk in self.links if not lk.is_sender]
-        send = [lk for lk in self.links if lk.is_sender]
-        pending = [(lk, i, lk.ch.post(i)) for lk in recv for i in range(lk.plan.n)]
-        notes = [lk.notice.post_wait() for lk in send]
-        barrier(ctx.comm, ctx.timeout_s, "handoff start")
-        t0 = now()
-        sreqs = []
-        for lk in send:
-            if lk.plan.packed:
-                lk.plan.pack()
-                device_sync(ctx.device)
-            sreqs += [lk.ch.post(i) for i in range(lk.plan.n)]
-        while pending:
-            still = []
-            for lk, i, r in pending:
-                if r.test():
-                    if lk.plan.packed:
-                        lk.plan.unpack(i)
-                else:
-                    still.append((lk, i, r))
-            pending = still
-            if pending and now() > deadline:
-                raise TransferTimeout(f"receive did not complete before the --timeout "
-                                      f"({len(pending)} messages pending)")
-        t1 = None
-        if recv:
-            device_sync(ctx.device)
-            t1 = now()
-            for lk in recv:
-                lk.notice.send()
-        wait_all(sreqs, deadline, "send")
-        for n in notes:
-            wait_request(n, deadline, "completion notice from a decode rank")
-        if t1 is None:
-            t1 = now()
-        for lk in self.links:
-            lk.ch.end_handoff()
-        return (t1 - t0) * 1e3
-
-
-def _critical(parts: list[tuple], n: int) -> LoopResult:
-    """Per-iteration maximum over the ranks that timed a handoff (the critical path)."""
-    timed = [p for p in parts if p[2]]
-    samples = Measurement()
-    for col in zip(*[p[2] for p in timed], strict=True):
-        samples.add(max(col))
-    colds = [p[0] for p in timed if p[0] is not None]
-    warm = [max(col) for col in zip(*[p[1] for p in timed], strict=True)] if timed else []
-    return LoopResult(max(colds) if colds else None, warm, samples, n)
+    return LoopResult(max(lp.cold_ms for lp in edge_loops),
+                      worst([lp.warmup_ms for lp in edge_loops]),
+                      Measurement(worst([lp.samples.samples_ms for lp in edge_loops])),
+                      edge_loops[0].iters, list(edge_loops[0].rounds))
 
 
 @register
@@ -332,63 +254,55 @@ class Sharded(Pattern):
             total += s.tensor_tokens(0) * s.row_elems * 8 * 3  # fill/check scratch
         return total
 
-    def _links(self, point: Point) -> list[Link]:
-        """This rank's links, channels built in the plan's global edge order on both sides."""
-        ctx, rank = self.ctx, self.ctx.rank
-        links = []
-        for e in self.plan.edges:
-            if rank not in (e.src, e.dst):
-                continue
-            is_sender = rank == e.src
-            data = make_data(ctx, point, heads=list(e.heads), table_seed=rank)
-            (data.fill if is_sender else data.clear)()
-            mplan = plan_messages(data, ctx.args.granularity)
-            peer = e.dst if is_sender else e.src
-            ch = ctx.transport.channel(peer, mplan.buffers, is_sender)
-            links.append(Link(e, peer, is_sender, data, mplan, ch, Notice(ctx.comm, peer)))
-        return links
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(e.src, e.dst) for e in self.plan.edges]
 
-    def run_point(self, point: Point) -> list[dict]:
-        ctx, plan, rank = self.ctx, self.plan, self.ctx.rank
-        links = self._links(point)
-        try:
-            iso = [ShardHandoff(ctx, [lk for lk in links if lk.edge == e]) for e in plan.edges]
-            contended = ShardHandoff(ctx, links)
-            loops = interleaved_loops(ctx.comm, ctx.settings, [*iso, contended],
-                                      on_iter=ctx.progress.iteration if rank == 0 else None)
-            wrong = self._check(links, contended) if ctx.args.check else None
-        finally:
-            for lk in links:
-                lk.ch.close()
-        mine = [(lp.cold_ms, lp.warmup_ms, lp.samples.samples_ms) for lp in loops]
+    def roles(self) -> tuple[list[int], list[int]]:
+        p = self.plan.prefill_tp
+        return list(range(p)), list(range(p, self.plan.world))
+
+    def setup(self, point: Point) -> PointRun:
+        """One link per edge this rank is on (channels built in the plan's global edge order on
+        every rank); one isolated handoff per edge, and one with every edge at once."""
+        ctx, eng, rank = self.ctx, self.ctx.engine, self.ctx.rank
+        links: list[tuple[Edge, object]] = []
+        for e in self.plan.edges:
+            if rank in (e.src, e.dst):
+                data = make_data(ctx, point, heads=list(e.heads), table_seed=rank)
+                links.append((e, eng.link(e.src, e.dst, data, plan_messages(data, ctx.args.granularity))))
+        eng.settle()
+        mine = [lk for _, lk in links]
+        iso = [Handoff(eng, [lk for e2, lk in links if e2 == e], idle_sleep=True,
+                       name=f"{e.src}->{e.dst}") for e in self.plan.edges]
+        contended = Handoff(eng, mine, name="contended")
+
+        def records(loops, wrong) -> list[dict]:
+            if wrong is not None:
+                wrong += self._held_mismatch(mine)
+            return self._records(point, mine, loops, wrong)
+
+        return PointRun(point, [*iso, contended], contended, mine, records)
+
+    def _records(self, point: Point, links: list, loops, wrong) -> list[dict]:
+        ctx, plan = self.ctx, self.plan
         moved = sum(lk.plan.nbytes for lk in links)
-        gathered = ctx.comm.gather((mine, moved, wrong, peak_rss_bytes()), root=0)
-        edge_bytes = {lk.edge: lk.plan.nbytes for lk in links if lk.is_sender}
+        gathered = ctx.comm.gather((moved, wrong, peak_rss_bytes()), root=0)
+        edge_bytes = {(lk.src, lk.dst): lk.plan.nbytes for lk in links if lk.is_sender}
         edge_bytes_all = ctx.comm.gather(edge_bytes, root=0)
         nmsgs = ctx.comm.gather(sum(lk.plan.n for lk in links if lk.is_sender), root=0)
-        if rank != 0:
+        if ctx.rank != 0:
             return []
-        n = loops[0].iters
-        per_handoff = [[g[0][k] for g in gathered] for k in range(len(loops))]
-        crit = [_critical(parts, n) for parts in per_handoff]
-        iso_loops, cont = crit[:-1], crit[-1]
-        # isolated critical path: each iteration's slowest edge, as if the edges ran side by side
-        iso_samples = Measurement()
-        for col in zip(*[lp.samples.samples_ms for lp in iso_loops], strict=True):
-            iso_samples.add(max(col))
-        iso = LoopResult(max(lp.cold_ms for lp in iso_loops),
-                         [max(c) for c in zip(*[lp.warmup_ms for lp in iso_loops], strict=True)],
-                         iso_samples, n)
+        iso_loops, cont = loops[:-1], loops[-1]
+        iso = _isolated(iso_loops)
         eb = {}
         for d in edge_bytes_all:
             eb.update(d)
         total = sum(eb.values())
-        wrongs = [g[2] for g in gathered]
-        contended_parts = per_handoff[-1]
+        wrongs = [g[1] for g in gathered]
         ratio = cont.samples.p50 / iso.samples.p50 if iso.samples.p50 > 0 else None
-        edges = [{"src": e.src, "dst": e.dst, "heads": list(e.heads), "bytes": eb[e],
+        edges = [{"src": e.src, "dst": e.dst, "heads": list(e.heads), "bytes": eb[(e.src, e.dst)],
                   "isolated_p50_ms": lp.samples.p50, "isolated_samples_ms": lp.samples.samples_ms,
-                  "isolated_gbps": gb_per_s(eb[e], lp.samples.p50)}
+                  "isolated_gbps": gb_per_s(eb[(e.src, e.dst)], lp.samples.p50)}
                  for e, lp in zip(plan.edges, iso_loops, strict=True)]
         homogeneous = plan.prefill_tp == plan.decode_tp
         common = {
@@ -407,44 +321,38 @@ class Sharded(Pattern):
             "send_plan": {**plan.as_dict(), "edges": edges},
             "rank_role": [plan.role(r) for r in range(plan.world)],
             "rank_heads": [plan.held(r) for r in range(plan.world)],
-            "rank_bytes": [g[1] for g in gathered],
+            "rank_bytes": [g[0] for g in gathered],
             "isolated_p50_ms": iso.samples.p50,
             "contended_p50_ms": cont.samples.p50,
             "contention_ratio": ratio,
             "aggregate_gbps": gb_per_s(total, cont.samples.p50),
-            "peak_rss_bytes": [g[3] for g in gathered],
+            "peak_rss_bytes": [g[2] for g in gathered],
         }
         contended_rec = {
             "variant": "contended", **common, "loop": cont,
+            "fit_as_link": True, "not_link_reason": None,
             "wrong": None if wrongs[0] is None else sum(w or 0 for w in wrongs),
             "rank_wrong": wrongs,
-            "rank_p50_ms": [Measurement(p[2]).p50 if p[2] else None for p in contended_parts],
-            "rank_samples_ms": [p[2] for p in contended_parts],
-            "rank_cold_ms": [p[0] for p in contended_parts],
+            "rank_p50_ms": [Measurement(r).p50 if r else None for r in cont.rank_ms],
+            "rank_samples_ms": cont.rank_ms,
+            "rank_start_ms": cont.rank_start_ms,
+            "rank_cold_ms": cont.rank_cold_ms,
             "table_note": (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
-                           f"rank bytes {[g[1] for g in gathered]}; aggregate "
+                           f"rank bytes {[g[0] for g in gathered]}; aggregate "
                            f"{common['aggregate_gbps']:.2f} GB/s; contended/isolated p50 = "
                            + ("-" if ratio is None else f"{ratio:.2f}")
                            + (f"; {plan.note}" if plan.note else "")),
         }
-        isolated_rec = {"variant": "isolated", **common, "loop": iso, "wrong": None}
+        isolated_rec = {"variant": "isolated", **common, "loop": iso, "wrong": None,
+                        "fit_as_link": False, "not_link_reason": NOT_LINK_ISOLATED}
         return [isolated_rec, contended_rec]
 
-    def _check(self, links: list[Link], handoff: ShardHandoff) -> int:
-        """One more contended handoff after each decode rank wiped its copies; count this rank's
-        wrong elements over every head it holds."""
+    def _held_mismatch(self, links: list) -> int:
+        """1 if this decode rank does not hold exactly the heads the plan gives it."""
         ctx = self.ctx
-        for lk in links:
-            if not lk.is_sender:
-                lk.data.clear()
-                lk.plan.clear_staging()
-        barrier(ctx.comm, ctx.timeout_s, "data check")
-        handoff()
-        wrong = sum(lk.data.count_wrong() for lk in links if not lk.is_sender)
         held = sorted(h for lk in links if not lk.is_sender for h in lk.data.spec.heads)
         if self.plan.role(ctx.rank) == "decode" and held != sorted(self.plan.held(ctx.rank)):
             print(f"sharded: decode rank {ctx.rank} holds heads {held}, expected "
                   f"{self.plan.held(ctx.rank)}", file=sys.stderr)
-            wrong += 1
-        return wrong
-
+            return 1
+        return 0

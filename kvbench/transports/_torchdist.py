@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
 from kvbench.transports.base import Channel, Request, Transport, TransportError
 
@@ -37,6 +38,9 @@ def rendezvous_address(comm, hosts: list[str]) -> str:
     else:
         url = None
     return comm.bcast(url, root=0)
+
+
+GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
 
 
 class _Waiter:
@@ -100,6 +104,21 @@ class _WorkRequest(Request):
         return self.done
 
 
+class _Member(Request):
+    """One item of a grouped post: complete when the group is (the receiver's per-message
+    completion hook still runs once per item)."""
+
+    def __init__(self, group: Request, on_done=None):
+        self.group, self.on_done, self.done = group, on_done, False
+
+    def test(self) -> bool:
+        if not self.done and self.group.test():
+            self.done = True
+            if self.on_done:
+                self.on_done()
+        return self.done
+
+
 class _PolledRequest(Request):
     """For NCCL: `is_completed()` queries the CUDA event of the operation, non-blocking and
     exact. (Its `wait()` only makes the caller's stream wait, so a waiter thread would say
@@ -117,16 +136,8 @@ class _PolledRequest(Request):
 
 
 class TorchDistChannel(Channel):
-    def post(self, i: int) -> Request:
-        import torch.distributed as dist
-
-        buf = self.transport.prepare(self, i)
-        op = dist.isend if self.is_sender else dist.irecv
-        works = [op(c, self.peer) for c in self.transport.split(buf)]
-        done = None if self.is_sender else (lambda: self.transport.finish_recv(self, i))
-        if self.transport.poll_completion:
-            return _PolledRequest(works, done)
-        return _WorkRequest(self.transport.waiter, works, done)
+    def post(self, i: int, ready=None) -> Request:
+        return self.transport.post_many([(self, i)], ready)[0]
 
     def begin_handoff(self) -> None:
         self.transport.begin(self)
@@ -138,20 +149,45 @@ class TorchDistChannel(Channel):
         return self.transport.channel_breakdown(self)
 
 
+def preconnect_order(pairs) -> list[tuple[int, int]]:
+    """Every unordered pair once, sorted. Each rank connects its pairs in this one global
+    order, so no rank can wait forever: the smallest pair not yet connected always has both
+    of its ranks at it (each has finished every smaller pair of its own)."""
+    return sorted({(min(a, b), max(a, b)) for a, b in pairs if a != b})
+
+
+def preconnect(backend, rank: int, pairs, make_tensor) -> list[int]:
+    """Connect this rank to each peer it will exchange data with: per pair, in
+    `preconnect_order`, one grouped send+receive of a tiny tensor (both sides post both, so
+    neither blocks on the other's lazy connection). Returns the peers in the order used."""
+    peers = []
+    for a, b in preconnect_order(pairs):
+        if rank not in (a, b):
+            continue
+        peer = b if rank == a else a
+        out, back = make_tensor(rank), make_tensor(-1)
+        works = backend.batch_isend_irecv([backend.P2POp(backend.isend, out, peer),
+                                           backend.P2POp(backend.irecv, back, peer)])
+        for w in works or ():
+            w.wait()
+        peers.append((peer, back))
+    return peers
+
+
 class TorchDistTransport(Transport):
     """Base for torch.distributed backends; subclasses set `backend`."""
 
     backend = "gloo"
     max_message = 1 << 30
     poll_completion = False  # True: Work.is_completed() is exact and non-blocking (NCCL)
+    batch_posts = False  # True: a step's posts go out as one group (batch_isend_irecv)
+    lazy_connect = False  # True: connect every data pair in open() (NCCL)
 
     def open(self) -> None:
-        import torch.distributed as dist
-
         url = rendezvous_address(self.ctx.comm, self.ctx.hosts)
         t0 = time.perf_counter()
         kwargs = {}
-        if self.backend == "nccl":
+        if self.backend == "nccl" and self.ctx.dev.name == "cuda":  # eager communicator
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(self.backend, init_method=url, rank=self.ctx.rank,
                                 world_size=self.ctx.comm.Get_size(),
@@ -160,13 +196,65 @@ class TorchDistTransport(Transport):
         self.init_ms = (time.perf_counter() - t0) * 1e3
         self.url = url
         self.waiter = _Waiter()
+        self.preconnect_ms = None
+        if self.lazy_connect:
+            self.connect_pairs()
 
-    def channel(self, peer: int, buffers: Sequence, is_sender: bool) -> Channel:
-        return TorchDistChannel(self, peer, buffers, is_sender)
+    def connect_pairs(self) -> None:
+        """Wire up every (src, dst) pair of the run before anything is timed (see preconnect)."""
+        dev = self.ctx.dev
+        t0 = time.perf_counter()
+        got = preconnect(dist, self.ctx.rank, self.ctx.pairs,
+                         lambda v: torch.full((1,), v, dtype=torch.int32, device=dev.torch_device))
+        dev.synchronize()
+        self.preconnect_ms = (time.perf_counter() - t0) * 1e3
+        wrong = [peer for peer, back in got if int(back.item()) != peer]
+        if wrong:
+            raise TransportError(f"{self.name}: pre-connect exchange with rank(s) {wrong} "
+                                 "returned the wrong value")
+
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+        return TorchDistChannel(self, peer, buffers, is_sender, layer_of)
+
+    def post_many(self, items, ready=None) -> list[Request]:
+        """Each item's buffer(s) posted with isend/irecv; with `batch_posts`, every item of
+        the call in one batch_isend_irecv group (NCCL runs a group's sends and receives to
+        several peers concurrently; separate calls would queue on one stream)."""
+        ops, owners = [], []
+        for k, ((ch, _i), buf) in enumerate(zip(items, self.prepare_many(items, ready), strict=True)):
+            fn = dist.isend if ch.is_sender else dist.irecv
+            for c in self.split(buf):
+                ops.append((fn, c, ch.peer))
+                owners.append(k)
+        if self.batch_posts and len(ops) > 1:
+            works = []
+            for a in range(0, len(ops), GROUP_MAX):  # bounded groups: a paged handoff has 10^5
+                works += dist.batch_isend_irecv([dist.P2POp(fn, c, peer)
+                                                 for fn, c, peer in ops[a:a + GROUP_MAX]]) or []
+            group = self._request(works)
+            return [_Member(group, self._on_done(ch, i)) for ch, i in items]
+        per_item: list[list] = [[] for _ in items]
+        for (fn, c, peer), k in zip(ops, owners, strict=True):
+            per_item[k].append(fn(c, peer))
+        return [self._request(works, self._on_done(ch, i))
+                for works, (ch, i) in zip(per_item, items, strict=True)]
+
+    def _on_done(self, ch, i):
+        return None if ch.is_sender else (lambda: self.finish_recv(ch, i))
+
+    def _request(self, works, on_done=None) -> Request:
+        if self.poll_completion:
+            return _PolledRequest(works, on_done)
+        return _WorkRequest(self.waiter, works, on_done)
 
     # hooks for host staging (gloo on GPU); identity by default
-    def prepare(self, ch: Channel, i: int):
-        return ch.buffers[i]
+    def prepare_many(self, items, ready=None) -> list:
+        """The buffers to post for (channel, message) items. Stream-ordered backends (NCCL)
+        need no host wait on `ready`: torch makes the communicator's stream wait for the
+        current stream at every post."""
+        if ready is not None and not self.stream_ordered:
+            ready.wait()
+        return [ch.buffers[i] for ch, i in items]
 
     def finish_recv(self, ch: Channel, i: int) -> None:
         pass
@@ -186,11 +274,10 @@ class TorchDistTransport(Transport):
 
     def info(self) -> dict:
         return {"backend": self.backend, "rendezvous": getattr(self, "url", None),
-                "init_process_group_ms": getattr(self, "init_ms", None)}
+                "init_process_group_ms": getattr(self, "init_ms", None),
+                "preconnect_ms": getattr(self, "preconnect_ms", None)}
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if hasattr(self, "waiter"):
             self.waiter.stop()
         if dist.is_initialized():

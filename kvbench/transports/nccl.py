@@ -2,6 +2,14 @@
 
 NCCL picks its own path (P2P/NVLink, SHM, NET/IB, NET/Socket). Which one it used is read
 from its own debug log (kvbench.nccl_log), not assumed from a label.
+
+NCCL connects a peer lazily, and the first call on a pair blocks the host thread until the
+peer posts its matching call. So `open()` connects every (src, dst) pair the run will use,
+with a grouped both-sides exchange in one global order (`_torchdist.preconnect`), before
+anything is timed; and a rank's posts of one step (several peers included) go out as one
+`batch_isend_irecv` group, so they do not queue one after another on one stream.
+NCCL is stream-ordered: its operations wait for earlier work on the current stream, so the
+readiness event needs no host wait.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ class NCCLTransport(TorchDistTransport):
     backend = "nccl"
     gpu_only = True
     poll_completion = True
+    stream_ordered = True
+    batch_posts = True
+    lazy_connect = True
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:

@@ -280,11 +280,35 @@ class _Req(Request):
         return ch.done[self.u]
 
 
+def transfer_units(layer_of: Sequence[int], batch: str) -> list[list[int]]:
+    """Messages grouped into transfer requests: one per message, one per layer (in layer
+    order), or one for the whole handoff."""
+    n = len(layer_of)
+    if batch == "message":
+        return [[i] for i in range(n)]
+    if batch == "handoff":
+        return [list(range(n))]
+    by_layer: dict[int, list[int]] = {}
+    for i, layer in enumerate(layer_of):
+        by_layer.setdefault(layer, []).append(i)
+    return [by_layer[k] for k in sorted(by_layer)]
+
+
+def default_batch(granularity: str, patterns: str) -> str:
+    """--nixl-batch when not given: per message for whole/layer messages; for per-block
+    messages one request per handoff (what an engine posts for a finished request), or one
+    per layer when a layerwise handoff is in the run (so a layer can leave once computed)."""
+    if granularity != "block":
+        return "message"
+    return "layer" if "layerwise" in (patterns or "") else "handoff"
+
+
 class NIXLChannel(Channel):
     """One prefill/decode pair over a fixed set of message buffers (see the module doc)."""
 
-    def __init__(self, transport: NIXLTransport, peer: int, buffers: Sequence, is_sender: bool):
-        super().__init__(transport, peer, buffers, is_sender)
+    def __init__(self, transport: NIXLTransport, peer: int, buffers: Sequence, is_sender: bool,
+                 layer_of: Sequence[int] | None = None):
+        super().__init__(transport, peer, buffers, is_sender, layer_of)
         t = transport
         self.t, self.agent = t, t.agent
         self.op, self.mode, self.prep, self.inject = t.op, t.mode, t.prep, t.inject
@@ -294,8 +318,8 @@ class NIXLChannel(Channel):
         self.mem = "VRAM" if any(b.is_cuda for b in self.buffers) else "DRAM"
         self.descs = [(b.data_ptr(), b.numel() * b.element_size(), _dev(b)) for b in self.buffers]
         self.regions = _regions(self.buffers)
+        self.units = transfer_units(self.layer_of, t.batch)
         n = len(self.buffers)
-        self.units = [[i] for i in range(n)] if t.batch == "message" else [list(range(n))]
         self.unit_of = [0] * n
         for u, idx in enumerate(self.units):
             for i in idx:
@@ -450,16 +474,18 @@ class NIXLChannel(Channel):
         for kind, h, u in early:
             self.notify(kind, h, u)
 
-    def post(self, i: int) -> Request:
+    def post(self, i: int, ready=None) -> Request:
         u = self.unit_of[i]
         if self.is_sender:
-            if self.mem == "VRAM":  # the bytes must be in memory before the NIC reads them
-                import torch
-
-                torch.cuda.current_stream(self.buffers[i].device).synchronize()
             self.posted[u] += 1
-            if self.posted[u] == len(self.units[u]) and self.inject != "stall":
-                self.queue.append(u)  # write: issue the WRITE; read: announce 'ready'
+            if self.posted[u] == len(self.units[u]):
+                # The NIC reads the bytes as soon as the unit goes out: wait for the producer
+                # first. One event covers every message of a step, so this blocks at most once
+                # per step (handoff or layer), never once per post, and never on the stream.
+                if ready is not None:
+                    ready.wait()
+                if self.inject != "stall":
+                    self.queue.append(u)  # write: issue the WRITE; read: announce 'ready'
             self.pump(from_test=False)
         return _Req(self, u)
 
@@ -633,9 +659,11 @@ class NIXLTransport(Transport):
                             "deregister after it")
         g.add_argument("--nixl-prep", choices=("prepped", "initialize"), default="prepped",
                        help="prep_xfer_dlist + make_prepped_xfer (default), or initialize_xfer")
-        g.add_argument("--nixl-batch", choices=("message", "handoff"), default="message",
-                       help="one transfer request per message (default), or one for the whole "
-                            "handoff over every message's descriptor, posted with the last message")
+        g.add_argument("--nixl-batch", choices=("message", "layer", "handoff"), default=None,
+                       help="one transfer request per message, per layer, or one for the whole "
+                            "handoff over every message's descriptor (posted with the last "
+                            "message). Default: message for --granularity whole/layer; for "
+                            "block, handoff (layer when a layerwise pattern is in the run)")
         g.add_argument("--nixl-progress-thread", action=argparse.BooleanOptionalAction, default=True,
                        help="NIXL's own progress thread (NIXL's default, on); without it progress "
                             "comes only from polling, which is faster when cores are scarce")
@@ -658,9 +686,11 @@ class NIXLTransport(Transport):
         o = self.ctx.options
         self.op = o.nixl_op
         self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
-        self.prep, self.batch, self.inject = o.nixl_prep, o.nixl_batch, o.nixl_inject
+        self.prep, self.inject = o.nixl_prep, o.nixl_inject
+        self.batch = o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
+                                                   getattr(o, "pattern", ""))
         self.progress_thread = o.nixl_progress_thread
-        # On GPU the harness has already bound this rank to its local GPU (p2p.select_local_gpu).
+        # On GPU the harness has already bound this rank to its local GPU (kvbench.gpu_select).
         self.comm = self.ctx.comm.Dup()
         self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
         self.errors = self.stale = 0
@@ -698,12 +728,15 @@ class NIXLTransport(Transport):
             raise TransportError("nixl: the UCX backend plugin is missing from this NIXL install "
                                  f"(plugins: {', '.join(self.agent.get_plugin_list()) or 'none'})")
 
-    def channel(self, peer: int, buffers: Sequence, is_sender: bool) -> Channel:
-        return NIXLChannel(self, peer, buffers, is_sender)
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+        return NIXLChannel(self, peer, buffers, is_sender, layer_of)
 
     def record_fields(self) -> dict:
         return {"nixl_op": self.op, "nixl_mode": self.mode, "nixl_prep": self.prep,
                 "nixl_batch": self.batch, "nixl_progress_thread": self.progress_thread}
+
+    def spec_options(self) -> dict:
+        return {k.removeprefix("nixl_"): v for k, v in self.record_fields().items()}
 
     # -- per-peer remote agents and notification dispatch ---------------------
 

@@ -1,27 +1,32 @@
 """Host staging for device buffers, for backends that can only move host memory.
 
-The copy is real work on the handoff's critical path, so it is timed as its own
-component (`stage_d2h_ms` on the sender, `stage_h2d_ms` on the receiver) and included
-in the handoff time.
+The copies are real work on the handoff's critical path, so they are timed as their own
+component (`stage_d2h_ms` on the sender, `stage_h2d_ms` on the receiver) and included in
+the handoff time. Ordering goes through the Device: the device-to-host copies of a step are
+queued on the stream behind their producer and the host waits on the copies' own event
+(never a whole-stream sync), once per step; the host-to-device copy is queued on the stream,
+ahead of the unpack and of the receiver's completion sync.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
 
 class HostStaging:
-    """Pinned host mirrors of device message buffers (a no-op for host buffers)."""
+    """Host mirrors of device message buffers; inactive (the buffers themselves) when the
+    transport may use the device's memory directly."""
 
-    def __init__(self, buffers: Sequence[torch.Tensor]):
+    def __init__(self, buffers: Sequence[torch.Tensor], device, active: bool):
+        self.dev = device
         self.device_buffers = list(buffers)
-        self.active = any(b.is_cuda for b in self.device_buffers)
+        self.active = active and bool(self.device_buffers)
         if self.active:
-            self.host = [torch.empty(b.numel(), dtype=torch.uint8, pin_memory=True)
-                         for b in self.device_buffers]
+            self.host = [device.host_buffer(b.numel()) for b in self.device_buffers]
         else:
             self.host = self.device_buffers
         self._cur = {"stage_d2h_ms": 0.0, "stage_h2d_ms": 0.0}
@@ -35,18 +40,30 @@ class HostStaging:
             if v:
                 self.per_handoff[k].append(v)
 
-    def to_host(self, i: int) -> torch.Tensor:
-        if self.active:
-            t0 = time.perf_counter()
-            self.host[i].copy_(self.device_buffers[i])  # synchronous: bytes are in host memory
-            self._cur["stage_d2h_ms"] += (time.perf_counter() - t0) * 1e3
-        return self.host[i]
+    def to_host(self, i: int, ready=None) -> torch.Tensor:
+        """Sender: the buffer to hand to the transport, its bytes final (after `ready`)."""
+        return self.to_host_many([i], ready)[0]
+
+    def to_host_many(self, idx: Sequence[int], ready=None) -> list[torch.Tensor]:
+        """Sender: several messages staged with one host wait (a step's messages share it).
+        The copies are queued on the device stream behind the producer, so waiting for the
+        copies' own event also covers `ready`; unstaged buffers wait on `ready` itself."""
+        if not self.active:
+            if ready is not None:
+                ready.wait()
+            return [self.host[i] for i in idx]
+        t0 = time.perf_counter()
+        for i in idx:
+            self.dev.run(partial(self.host[i].copy_, self.device_buffers[i]))
+        self.dev.record().wait()  # the host mirrors are read by the transport next
+        self._cur["stage_d2h_ms"] += (time.perf_counter() - t0) * 1e3
+        return [self.host[i] for i in idx]
 
     def to_device(self, i: int) -> None:
+        """Receiver, once message i is in host memory: queue the copy back to the device."""
         if self.active:
             t0 = time.perf_counter()
-            self.device_buffers[i].copy_(self.host[i])
-            torch.cuda.current_stream().synchronize()
+            self.dev.run(partial(self.device_buffers[i].copy_, self.host[i]))
             self._cur["stage_h2d_ms"] += (time.perf_counter() - t0) * 1e3
 
     def breakdown(self) -> dict[str, list[float]]:
@@ -57,4 +74,6 @@ class HostStaging:
 def chunks(t: torch.Tensor, max_bytes: int) -> list[torch.Tensor]:
     """Split a flat byte tensor into pieces no larger than max_bytes (count limits)."""
     n = t.numel()
-    return [t[a:min(a + max_bytes, n)] for a in range(0, n, max_bytes)] or [t]
+    if n <= max_bytes:
+        return [t]
+    return [t[a:min(a + max_bytes, n)] for a in range(0, n, max_bytes)]
