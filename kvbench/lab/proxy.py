@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientOSError, ClientSession, ClientTimeout, ServerDisconnectedError, web
 
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -78,14 +78,27 @@ class Proxy:
             return await self.stream_back(request, up)
 
     async def run_prefill(self, rid: str, path: str, body: dict) -> tuple[int, dict | str]:
+        """Prefill with max_tokens=1; one retry when a pooled connection was closed under us.
+
+        The retry covers the keep-alive race (the server closes an idle connection just
+        as we reuse it: reset or disconnect before any response byte). It is logged as a
+        second prefill_sent, so the audit counts it as the request's one retry.
+        """
         req = dict(body, stream=False, max_tokens=1, kv_transfer_params=dict(PREFILL_PARAMS))
         if "max_completion_tokens" in req:
             req["max_completion_tokens"] = 1
         req.pop("stream_options", None)
         url = next(self.prefill)
-        self.events.log(rid, "prefill_sent", url=url)
-        async with self.session.post(url + path, json=req, headers={"X-Request-Id": rid}) as up:
-            text = await up.text()
+        for attempt in (1, 2):
+            self.events.log(rid, "prefill_sent", url=url, attempt=attempt)
+            try:
+                async with self.session.post(url + path, json=req, headers={"X-Request-Id": rid}) as up:
+                    text = await up.text()
+                break
+            except (ServerDisconnectedError, ClientOSError) as exc:
+                if attempt == 2:
+                    raise
+                self.events.log(rid, "prefill_retry", error=repr(exc))
         self.events.log(rid, "prefill_done", status=up.status)
         if up.status != 200:
             return up.status, text
