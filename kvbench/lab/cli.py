@@ -23,7 +23,11 @@ from kvbench.lab.tinymodel import ensure_model
 
 
 def state_dir() -> Path:
-    return labenv.lab_home() / "run"
+    """Where `lab up` records what it started ($KVBENCH_LAB_RUN, else <lab home>/run)."""
+    import os
+
+    env = os.environ.get("KVBENCH_LAB_RUN")
+    return Path(env) if env else labenv.lab_home() / "run"
 
 
 def require_env() -> None:

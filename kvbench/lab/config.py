@@ -44,11 +44,17 @@ class Workarounds:
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """`vllm bench serve --dataset-name random` settings (one prompt shape for every run)."""
+    """`vllm bench serve --dataset-name random` settings (one prompt shape for every run).
+
+    model/tokenizer name what the load generator asks for and tokenizes with; for the
+    local lab they default to the tiny model (served as "tiny", its own folder).
+    """
 
     input_len: int = 256
     output_len: int = 32
     seed: int = 0
+    model: str | None = None
+    tokenizer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,19 @@ def _ints_of(cls, data: dict, path: str, lo: int = 0):
     return cls(**{k: _int(v, f"{path}.{k}", lo) for k, v in data.items()})
 
 
+def _load(v, path) -> LoadSpec:
+    _mapping(v, path, [f.name for f in fields(LoadSpec)])
+    kw = {}
+    for key, value in v.items():
+        if key in ("model", "tokenizer"):
+            if not isinstance(value, str) or not value:
+                raise LabConfigError(f"{path}.{key}: must be a non-empty string")
+            kw[key] = value
+        else:
+            kw[key] = _int(value, f"{path}.{key}", 0)
+    return LoadSpec(**kw)
+
+
 def _cores(v, path):
     if not isinstance(v, list) or not v or len(set(v)) != len(v):
         raise LabConfigError(f"{path}: must be a non-empty list of distinct core numbers")
@@ -154,7 +173,7 @@ def parse_lab(data, path: str = "lab") -> LabConfig:
     if "workarounds" in data:
         kw["workarounds"] = _workarounds(data["workarounds"], f"{path}.workarounds")
     if "load" in data:
-        kw["load"] = _ints_of(LoadSpec, data["load"], f"{path}.load", 0)
+        kw["load"] = _load(data["load"], f"{path}.load")
     if "start_timeout_s" in data:
         kw["start_timeout_s"] = float(_int(data["start_timeout_s"], f"{path}.start_timeout_s", 1))
     return _check_budget(LabConfig(**kw), path)

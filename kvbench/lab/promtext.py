@@ -48,3 +48,52 @@ def fetch(url: str, timeout: float = 5.0) -> dict[str, float] | None:
             return snapshot(resp.read().decode())
     except OSError:
         return None
+
+
+def histogram(text: str, family: str) -> dict:
+    """Cumulative buckets, sum and count of one histogram family, summed over label sets.
+
+    {"buckets": [(upper_bound, cumulative_count), ...] sorted, "sum": float, "count": float};
+    empty buckets and zeros when the engine does not export the family.
+    """
+    buckets: dict[float, float] = {}
+    total = {"sum": 0.0, "count": 0.0}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + float(s.value)
+            elif s.name.endswith("_sum"):
+                total["sum"] += float(s.value)
+            elif s.name.endswith("_count"):
+                total["count"] += float(s.value)
+    return {"buckets": sorted(buckets.items()), **total}
+
+
+def histogram_delta(before: dict, after: dict) -> dict:
+    """What happened between two readings of the same histogram (a counter never goes down)."""
+    b = dict(before["buckets"])
+    return {"buckets": [(le, c - b.get(le, 0.0)) for le, c in after["buckets"]],
+            "sum": after["sum"] - before["sum"], "count": after["count"] - before["count"]}
+
+
+def bucket_quantile(hist: dict, q: float) -> float | None:
+    """Prometheus-style histogram_quantile: linear inside the bucket holding rank q*count.
+
+    An estimate bounded by the bucket edges, not a sample; None without observations,
+    and the lower finite edge when the rank falls in the +Inf bucket.
+    """
+    count = hist["count"]
+    if count <= 0 or not hist["buckets"]:
+        return None
+    rank, lower, below = q * count, 0.0, 0.0
+    for le, cum in hist["buckets"]:
+        if cum >= rank:
+            if le == float("inf"):
+                return lower
+            inside = cum - below
+            return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+        lower, below = le, cum
+    return lower

@@ -1,0 +1,85 @@
+"""The sweep's one metrics step: scrape the deployment's /metrics while a run is going.
+
+`kvbench slo scrape` (issue 13) is the scraper kvbench ships; this module only decides
+how to call it. When the installed kvbench has it, the sweep runs it as a command
+(`kvbench slo scrape ROLE=URL ... --duration D --out F`) and `slo analyze --metrics`
+reads its file. Until then a minimal stand-in records the raw Prometheus text of each
+endpoint every interval (JSONL: t, role, url, text or the error), kept as a raw file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+
+def slo_has_scrape() -> bool:
+    return importlib.util.find_spec("kvbench.slo.scrape") is not None
+
+
+def endpoint_args(metrics: dict[str, list[str]]) -> list[str]:
+    """ROLE=URL items, numbered when a role has several instances (roles must be unique)."""
+    out = []
+    for role, urls in metrics.items():
+        for i, url in enumerate(urls):
+            out.append(f"{role}={url}" if len(urls) == 1 else f"{role}-{i}={url}")
+    return out
+
+
+class Scraper:
+    """Start before the run, stop after it; the file lands at `out` either way."""
+
+    def __init__(self, metrics: dict[str, list[str]], out: Path, max_s: float, labels: dict):
+        self.metrics, self.out, self.max_s, self.labels = metrics, out, max_s, labels
+        self.proc: subprocess.Popen | None = None
+        self.started = time.monotonic()
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if slo_has_scrape():
+            cmd = [sys.executable, "-m", "kvbench", "slo", "scrape", *endpoint_args(self.metrics),
+                   "--interval", "1", "--duration", f"{self.max_s:.0f}", "--out", str(self.out)]
+            for key, value in self.labels.items():
+                cmd += [f"--{key.replace('_', '-')}", str(value)]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self.thread = threading.Thread(target=self._raw_loop, daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        """Let `slo scrape` finish its bounded duration (it writes its file at the end)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=self.max_s + 15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.thread is not None:
+            self.stop_event.set()
+            self.thread.join(timeout=15)
+
+    def _raw_loop(self) -> None:
+        t_end = time.monotonic() + self.max_s
+        with open(self.out, "w") as fh:
+            fh.write(json.dumps({"header": {"scraper": "kvbench.lab.scrapeglue raw", **self.labels}}) + "\n")
+            while not self.stop_event.is_set() and time.monotonic() < t_end:
+                for role, urls in self.metrics.items():
+                    for url in urls:
+                        fh.write(json.dumps({"t": time.time(), "role": role, "url": url,
+                                             **_fetch_text(url)}) + "\n")
+                fh.flush()
+                self.stop_event.wait(1.0)
+
+
+def _fetch_text(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return {"text": resp.read().decode(errors="replace")}
+    except OSError as exc:
+        return {"gap": repr(exc)[:200]}
