@@ -15,10 +15,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import deploy
 from kvbench.lab import env as labenv
-from kvbench.lab.procs import LabState, stop_all, stop_on_exit, write_state
+from kvbench.lab.procs import LabState, run_interruptible, stop_all, stop_on_exit, write_state
 from kvbench.lab.tinymodel import ensure_model
 
 
@@ -74,18 +74,23 @@ def cmd_up(args) -> int:
                          "run `kvbench lab down` first")
     model = model_for(cfg)
     started: list = []
-    states = []
-    with stop_on_exit(started):
-        for name in names:
-            st = deploy.bring_up(cfg, name, model, state_dir() / "logs", started)
-            write_state(state_dir() / f"{name}.json", st)
-            states.append(st)
-            print(f"lab: {name} up: {st.endpoint} (metrics {st.metrics_endpoints})", flush=True)
-        if args.foreground:
-            print("lab: running; Ctrl-C stops everything", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(3600)
-        started.clear()  # detached: `lab down` stops them from the state files
+    written: list[Path] = []
+    try:
+        with stop_on_exit(started):
+            for name in names:
+                st = deploy.bring_up(cfg, name, model, state_dir() / "logs", started)
+                write_state(state_dir() / f"{name}.json", st)
+                written.append(state_dir() / f"{name}.json")
+                print(f"lab: {name} up: {st.endpoint} (metrics {st.metrics_endpoints})", flush=True)
+            if args.foreground:
+                print("lab: running; Ctrl-C stops everything", file=sys.stderr, flush=True)
+                while True:
+                    time.sleep(3600)
+            started.clear()  # detached: `lab down` stops them from the state files
+    except BaseException:
+        for path in written:  # everything was stopped: no state may point at it
+            path.unlink(missing_ok=True)
+        raise
     return 0
 
 
@@ -136,4 +141,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    return run_main("kvbench lab", main, argv)
+    return run_interruptible("kvbench lab", main, argv)

@@ -28,10 +28,10 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import audit, deploy
 from kvbench.lab import env as labenv
-from kvbench.lab.procs import LabState, stop, stop_on_exit
+from kvbench.lab.procs import LabState, run_interruptible, stop, stop_on_exit
 from kvbench.lab.promtext import fetch
 from kvbench.results import utc_stamp, write_new_file
 
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
 
 
 def cli(argv=None) -> int:
-    return run_main("kvbench faults", main, argv)
+    return run_interruptible("kvbench faults", main, argv)
 
 
 if __name__ == "__main__":

@@ -56,9 +56,9 @@ def predicted_ms(link, nbytes: float) -> dict:
     """Fitted time for nbytes, with the box from the two marginal 95% intervals."""
     mid = (link.setup_ms or 0.0) + nbytes / (link.effective_gb_s * 1e9) * 1000.0
     out = {"ms": mid, "low_ms": None, "high_ms": None}
-    if link.setup_ci95 and link.rate_ci95 and min(link.rate_ci95) > 0:
-        s_lo, s_hi = link.setup_ci95
-        r_lo, r_hi = link.rate_ci95
+    bounds = [*(link.setup_ci95 or [None, None]), *(link.rate_ci95 or [None, None])]
+    if all(isinstance(b, (int, float)) for b in bounds) and min(bounds[2:]) > 0:
+        s_lo, s_hi, r_lo, r_hi = bounds
         out["low_ms"] = max(0.0, s_lo) + nbytes / (r_hi * 1e9) * 1000.0
         out["high_ms"] = s_hi + nbytes / (r_lo * 1e9) * 1000.0
     return out

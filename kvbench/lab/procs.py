@@ -159,3 +159,15 @@ def stop_on_exit(services: list[Service]):
     finally:
         signal.signal(signal.SIGTERM, old)
         stop_all(services)
+
+
+def run_interruptible(prog: str, fn, argv) -> int:
+    """kvbench.cli.run_main, plus Ctrl-C as one line and exit 130 (the stop_on_exit blocks
+    inside have already stopped every process by the time the interrupt arrives here)."""
+    from kvbench.cli import run_main
+
+    try:
+        return run_main(prog, fn, argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130

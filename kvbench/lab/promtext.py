@@ -27,6 +27,7 @@ WANTED = {
     "prompt_tokens_external_kv": ("vllm:prompt_tokens_by_source_total",
                                   {"source": "external_kv_transfer"}),
     "request_success": ("vllm:request_success_total", {}),
+    "generation_tokens": ("vllm:generation_tokens_total", {}),
 }
 
 

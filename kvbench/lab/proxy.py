@@ -198,7 +198,7 @@ def main(argv=None) -> None:
     p.add_argument("--events", help="append per-request steps to this JSONL file")
     args = p.parse_args(argv)
     web.run_app(build_app(args), host="127.0.0.1", port=args.port, print=None,
-                access_log=None)
+                access_log=None, shutdown_timeout=2.0)
 
 
 if __name__ == "__main__":

@@ -65,15 +65,18 @@ class Scraper:
             self.thread.join(timeout=15)
 
     def _raw_loop(self) -> None:
+        """One sample per interval, the first at once and the last when stopped."""
         t_end = time.monotonic() + self.max_s
         with open(self.out, "w") as fh:
             fh.write(json.dumps({"header": {"scraper": "kvbench.lab.scrapeglue raw", **self.labels}}) + "\n")
-            while not self.stop_event.is_set() and time.monotonic() < t_end:
+            while True:
                 for role, urls in self.metrics.items():
                     for url in urls:
                         fh.write(json.dumps({"t": time.time(), "role": role, "url": url,
                                              **_fetch_text(url)}) + "\n")
                 fh.flush()
+                if self.stop_event.is_set() or time.monotonic() >= t_end:
+                    return
                 self.stop_event.wait(1.0)
 
 

@@ -22,10 +22,10 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
-from kvbench.lab.procs import stop_on_exit
+from kvbench.lab.procs import run_interruptible, stop_on_exit
 from kvbench.lab.scrapeglue import Scraper
 from kvbench.results import utc_stamp, write_new_file
 
@@ -62,6 +62,16 @@ def points(plan, lab_plan, deployments: list[str], repeats: int) -> list[Point]:
 def _post(url: str) -> None:
     req = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=30).read()
+
+
+def progress(metrics: dict[str, list[str]]):
+    """Tokens generated so far over every instance (None where unreadable): the stall watch."""
+    from kvbench.lab.promtext import fetch
+
+    def total():
+        snaps = [fetch(u, timeout=3) for urls in metrics.values() for u in urls]
+        return tuple(None if s is None else s.get("generation_tokens") for s in snaps)
+    return total if metrics else None
 
 
 def _metrics_text(metrics: dict[str, list[str]]) -> dict[str, str | None]:
@@ -114,7 +124,8 @@ class Sweep:
         scraper.start()
         try:
             ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
-                                        folder / "vllm-bench.log", bound)
+                                        folder / "vllm-bench.log", bound, progress(target.metrics),
+                                        self.c.request_deadline_ms / 1000.0 + 10.0)
         finally:
             scraper.stop()
         after = _metrics_text(target.metrics)
@@ -243,7 +254,7 @@ def reference_fit(lab_plan, out: Path) -> Path:
 
 
 def cli(argv=None) -> int:
-    return run_main("kvbench sweep", main, argv)
+    return run_interruptible("kvbench sweep", main, argv)
 
 
 if __name__ == "__main__":
