@@ -32,6 +32,8 @@ def plan(tmp_path_factory) -> Path:
     text = (ROOT / "examples" / "lab-plan.yaml").read_text()
     text = text.replace("base_port: 19000", f"base_port: {BASE}").replace("cache_state: [cold, warm]",
                                                                           "cache_state: [cold]")
+    text = text.replace("offered_rates_rps: [2, 4, 8, 16]", "offered_rates_rps: [2, 8]")
+    assert "[cold]" in text and "[2, 8]" in text
     path = tmp_path_factory.mktemp("lab") / "plan.yaml"
     path.write_text(text)
     return path

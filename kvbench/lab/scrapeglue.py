@@ -3,8 +3,9 @@
 `kvbench slo scrape` (issue 13) is the scraper kvbench ships; this module only decides
 how to call it. When the installed kvbench has it, the sweep runs it as a command
 (`kvbench slo scrape ROLE=URL ... --duration D --out F`) and `slo analyze --metrics`
-reads its file. Until then a minimal stand-in records the raw Prometheus text of each
-endpoint every interval (JSONL: t, role, url, text or the error), kept as a raw file.
+reads its file. Until then a minimal stand-in records the Prometheus text of each endpoint
+every interval (JSONL: t, role, url, text or the error), keeping the lines of the
+families the lab reads (KEPT) unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ from pathlib import Path
 
 def slo_has_scrape() -> bool:
     return importlib.util.find_spec("kvbench.slo.scrape") is not None
+
+
+def slo_supports(command: str, flag: str) -> bool:
+    """Whether this kvbench's `slo COMMAND` takes FLAG (issue 13 adds --metrics, --cache-state ...)."""
+    from kvbench.slo.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices.get(command)
+    return sub is not None and any(flag in a.option_strings for a in sub._actions)
 
 
 def endpoint_args(metrics: dict[str, list[str]]) -> list[str]:
@@ -80,9 +89,23 @@ class Scraper:
                 self.stop_event.wait(1.0)
 
 
+KEPT = ("vllm:num_requests", "vllm:kv_cache_usage_perc", "vllm:nixl_", "vllm:prompt_tokens_by_source",
+        "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:num_preemptions")
+
+
+def kept_lines(text: str) -> str:
+    """The families the lab reads (with their HELP/TYPE lines): ~70 of ~700 lines per sample."""
+    out = []
+    for line in text.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
+        if name.startswith(KEPT):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def _fetch_text(url: str) -> dict:
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
-            return {"text": resp.read().decode(errors="replace")}
+            return {"text": kept_lines(resp.read().decode(errors="replace"))}
     except OSError as exc:
         return {"gap": repr(exc)[:200]}

@@ -26,7 +26,7 @@ from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import run_interruptible, stop_on_exit
-from kvbench.lab.scrapeglue import Scraper
+from kvbench.lab.scrapeglue import Scraper, slo_supports
 from kvbench.results import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.sweep/1"
@@ -143,6 +143,8 @@ class Sweep:
         out = folder / "records.jsonl"
         cmd = [sys.executable, "-m", "kvbench", "slo", "convert-vllm", str(folder / "vllm-bench.json"),
                "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}", "--out", str(out)]
+        if slo_supports("convert-vllm", "--cache-state"):
+            cmd += ["--cache-state", point.cache_state]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         (folder / "convert.log").write_text(proc.stdout + proc.stderr)
         return out if proc.returncode == 0 else None

@@ -44,10 +44,9 @@ def slo_plan_path(out: Path, plan_path: str) -> Path:
 
 
 def analyze_supports(flag: str) -> bool:
-    from kvbench.slo.cli import build_parser
+    from kvbench.lab.scrapeglue import slo_supports
 
-    sub = build_parser()._subparsers._group_actions[0].choices["analyze"]
-    return any(flag in a.option_strings for a in sub._actions)
+    return slo_supports("analyze", flag)
 
 
 def run_analyze(out: Path, plan_path: Path, state: str, rep: int, runs: list[dict], fit: Path | None) -> dict | None:
