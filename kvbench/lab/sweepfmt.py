@@ -14,6 +14,10 @@ def _ms(v: dict, digits: int = 0) -> str:
     return f"{f.format(v['median'])} [{f.format(v['min'])}-{f.format(v['max'])}]"
 
 
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def _capacity_lines(report: dict) -> list[str]:
     out = []
     for state, per_rep in report["capacity"].items():
@@ -67,9 +71,13 @@ def markdown(report: dict, plan) -> str:
     m = report["machine"]
     busy = ("**busy machine**: other jobs shared the cores, so latencies are noisy and high"
             if m["busy"] else "machine not busy by the 1-min load average")
+    pv = report.get("provenance") or {"command": None, "started": "?", "vllm": "?", "nixl": "?",
+                                      "python": "?", "kvbench_commit": "?"}
     lines = ["# kvbench sweep report", "", f"Plan: `{report['plan']}`. {plan.summary()}", "",
+             f"Command: `{' '.join(pv['command'] or [])}` (started {pv['started']}); vLLM {pv['vllm']} "
+             f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}.", "",
              f"Host {m['host']} ({m['cores']} cores); 1-min load average during runs "
-             f"{m['load_1min_min']}-{m['load_1min_max']}: {busy}.", "",
+             f"{_num(m['load_1min_min'])}-{_num(m['load_1min_max'])}: {busy}.", "",
              "## Capacity, first failing gate and verdict", "", *_capacity_lines(report),
              "## Per point", "", *_points_lines(report), "",
              "## KV transfers (disaggregated) and the engine against kvbench's model", "", *_kv_lines(report), "",

@@ -187,6 +187,21 @@ def machine_note(runs: list[dict]) -> dict:
             "busy": busy}
 
 
+def provenance(out: Path) -> dict:
+    """Command, versions and kvbench commit: what a results/ file must say about itself."""
+    from kvbench.lab import deploy
+    from kvbench.lab import env as labenv
+
+    meta = json.loads((out / "sweep.json").read_text())
+    try:
+        commit = subprocess.run(["git", "-C", str(deploy.REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except OSError:
+        commit = None
+    return {"command": meta.get("command"), "started": meta.get("started"), "kvbench_commit": commit,
+            "vllm": labenv.VLLM_VERSION, "nixl": labenv.NIXL_VERSION, "python": platform.python_version()}
+
+
 def write_report(out: Path, plan, lab_plan, pts, fit: Path | None) -> str:
     from kvbench.lab.sweepfmt import markdown, plot_spread_and_kv
 
@@ -208,6 +223,7 @@ def write_report(out: Path, plan, lab_plan, pts, fit: Path | None) -> str:
                 note = " (runs failed: capacity cut below them)" if any(failed.values()) else ""
                 verdicts.setdefault(s, []).append(a["verdict"]["text"] + note)
     report = {"schema": "kvbench.lab.sweep-report/1", "plan": lab_plan.path, "machine": machine_note(runs),
+              "provenance": provenance(out),
               "runs": [{k: v for k, v in r.items() if k not in ("folder", "p")} for r in runs],
               "capacity": capacity, "verdicts": verdicts,
               "points": point_table(analyses, states, plan.deployments, rates),
