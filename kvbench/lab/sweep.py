@@ -150,6 +150,21 @@ class Sweep:
         return out if proc.returncode == 0 else None
 
 
+def running_lab(name: str, lab):
+    """The deployment `kvbench lab up` left running for this plan's lab (same ports), if alive."""
+    from kvbench.lab.cli import state_dir
+    from kvbench.lab.procs import LabState
+
+    path = state_dir() / f"{name}.json"
+    if not path.exists():
+        return None
+    st = LabState.from_json(path.read_text())
+    proxy_port = lab.port(0 if name == "aggregated" else 100)
+    if st.endpoint != deploy.url(proxy_port) or not all(s.alive() for s in st.services):
+        return None
+    return st
+
+
 def lab_target(st, model_dir: Path) -> Target:
     return Target(st.endpoint, st.metrics_endpoints,
                   [deploy.url(s.port) for s in st.services if s.role != "proxy"], deploy.SERVED_NAME,
@@ -193,7 +208,11 @@ def run_deployment(sweep: Sweep, name: str, todo: list[Point], counter: list[int
             from kvbench.lab.cli import model_for
 
             model = model_for(lab)
-            st = deploy.bring_up(lab, name, model, sweep.out / "logs" / name, started)
+            st = running_lab(name, lab)
+            if st is None:
+                st = deploy.bring_up(lab, name, model, sweep.out / "logs" / name, started)
+            else:
+                print(f"sweep: using {name} started by `kvbench lab up` ({st.endpoint})", file=sys.stderr)
             target = lab_target(st, model)
         for p in todo:
             counter[0] += 1
