@@ -1,0 +1,5 @@
+import sys
+
+from kvbench.lab import cli
+
+sys.exit(cli())

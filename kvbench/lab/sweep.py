@@ -1,0 +1,282 @@
+"""`kvbench sweep PLAN.yaml`: the plan's equal-budget rate sweep, run and judged.
+
+For every deployment x cache state x offered rate (x repeat) one bounded open-loop
+`vllm bench serve` run, with the deployment's /metrics scraped during it and read
+before and after it; records converted and analysed by `kvbench slo`; one report
+(kvbench.lab.sweepreport). With a `lab:` section and no endpoints the deployments are
+started locally, one at a time (an idle deployment would share the cores), and stopped
+after their runs or on any failure or Ctrl-C. Every run's files stay in the output
+folder; a run folder with run.json is done, so a second invocation on the same folder
+resumes where the first stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kvbench.cli import ArgumentParser, UsageError
+from kvbench.lab import bench, deploy
+from kvbench.lab import env as labenv
+from kvbench.lab.procs import run_interruptible, stop_on_exit
+from kvbench.lab.scrapeglue import Scraper, slo_supports
+from kvbench.results import utc_stamp, write_new_file
+
+SCHEMA = "kvbench.lab.sweep/1"
+
+
+@dataclass(frozen=True)
+class Point:
+    cache_state: str
+    deployment: str
+    rate_rps: float
+    repeat: int
+
+    def folder(self, out: Path) -> Path:
+        return out / "runs" / self.cache_state / self.deployment / f"{self.rate_rps:g}rps-rep{self.repeat}"
+
+
+@dataclass
+class Target:
+    """Where a deployment answers during its runs."""
+
+    endpoint: str
+    metrics: dict[str, list[str]]
+    instances: list[str]  # base URLs for cache resets ([] when unknown: a real cluster)
+    model: str
+    tokenizer: str
+
+
+def points(plan, lab_plan, deployments: list[str], repeats: int) -> list[Point]:
+    return [Point(s, d, r, k) for d in deployments for s in lab_plan.cache_states
+            for r in plan.offered_rates_rps for k in range(1, repeats + 1)]
+
+
+def _post(url: str) -> None:
+    req = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
+def progress(metrics: dict[str, list[str]]):
+    """Tokens generated so far over every instance (None where unreadable): the stall watch."""
+    from kvbench.lab.promtext import fetch
+
+    def total():
+        snaps = [fetch(u, timeout=3) for urls in metrics.values() for u in urls]
+        return tuple(None if s is None else s.get("generation_tokens") for s in snaps)
+    return total if metrics else None
+
+
+def _metrics_text(metrics: dict[str, list[str]]) -> dict[str, str | None]:
+    out = {}
+    for role, urls in metrics.items():
+        for i, url in enumerate(urls):
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    out[f"{role}-{i}"] = resp.read().decode(errors="replace")
+            except OSError:
+                out[f"{role}-{i}"] = None
+    return out
+
+
+class Sweep:
+    def __init__(self, plan, lab_plan, out: Path, repeats: int, vllm: str):
+        self.plan, self.lab_plan, self.out, self.repeats, self.vllm = plan, lab_plan, out, repeats, vllm
+        self.c = plan.criteria
+
+    def prepare_cache(self, point: Point, target: Target, folder: Path, run: bench.BenchRun) -> str:
+        """cold: every instance's prefix cache reset; warm: the same prompts sent once first."""
+        if point.cache_state == "cold":
+            if not target.instances:
+                return "cold not enforced: instance URLs unknown (no reset endpoint)"
+            for base in target.instances:
+                _post(base + "/reset_prefix_cache")
+            return "prefix cache reset on every instance"
+        if point.cache_state == "warm":
+            cmd = bench.bench_cmd(self.vllm, run, folder / "warm-prepass.json", rate="inf", concurrency=4)
+            ok, why = bench.run_bounded(cmd, folder / "warm-prepass.log", bench.wall_bound_s(run, 60))
+            return "same prompts sent once before the run (prefix cache warm)" if ok else f"prepass failed: {why}"
+        return f"cache state {point.cache_state!r} is a label only (kvbench knows cold and warm)"
+
+    def run_point(self, point: Point, target: Target) -> dict:
+        folder = point.folder(self.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        load = self.lab_plan.lab.load if self.lab_plan.lab else None
+        run = bench.BenchRun(target.endpoint, target.model, target.tokenizer, point.rate_rps,
+                             bench.num_prompts(point.rate_rps, self.c.duration_s, self.c.warmup_requests),
+                             load.input_len if load else 256, load.output_len if load else 32,
+                             (load.seed if load else 0) + point.repeat - 1)
+        cache_note = self.prepare_cache(point, target, folder, run)
+        load_before = os.getloadavg()[0]
+        before = _metrics_text(target.metrics)
+        bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0)
+        scraper = Scraper(target.metrics, folder / "scrape.jsonl", run.num_prompts / run.rate_rps + 10,
+                          {"deployment": point.deployment, "offered_rate": f"{point.rate_rps:g}",
+                           "cache_state": point.cache_state})
+        t0 = time.time()
+        scraper.start()
+        try:
+            ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
+                                        folder / "vllm-bench.log", bound, progress(target.metrics),
+                                        self.c.request_deadline_ms / 1000.0 + 10.0)
+        finally:
+            scraper.stop()
+        after = _metrics_text(target.metrics)
+        write_new_file(folder / "metrics-before-after.json", json.dumps({"before": before, "after": after}))
+        records = self.convert(point, folder) if ok else None
+        result = {"point": asdict(point), "status": "done" if records else "failed",
+                  "reason": why if not ok else ("" if records else "conversion failed"),
+                  "cache": cache_note, "num_prompts": run.num_prompts, "seed": run.seed,
+                  "started_unix": t0, "wall_s": round(time.time() - t0, 1), "bound_s": round(bound),
+                  "load_before": load_before, "load_after": os.getloadavg()[0]}
+        write_new_file(folder / "run.json", json.dumps(result, indent=2) + "\n")
+        return result
+
+    def convert(self, point: Point, folder: Path) -> Path | None:
+        out = folder / "records.jsonl"
+        cmd = [sys.executable, "-m", "kvbench", "slo", "convert-vllm", str(folder / "vllm-bench.json"),
+               "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}", "--out", str(out)]
+        if slo_supports("convert-vllm", "--cache-state"):
+            cmd += ["--cache-state", point.cache_state]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        (folder / "convert.log").write_text(proc.stdout + proc.stderr)
+        return out if proc.returncode == 0 else None
+
+
+def running_lab(name: str, lab):
+    """The deployment `kvbench lab up` left running for this plan's lab (same ports), if alive."""
+    from kvbench.lab.cli import state_dir
+    from kvbench.lab.procs import LabState
+
+    path = state_dir() / f"{name}.json"
+    if not path.exists():
+        return None
+    st = LabState.from_json(path.read_text())
+    proxy_port = lab.port(0 if name == "aggregated" else 100)
+    if st.endpoint != deploy.url(proxy_port) or not all(s.alive() for s in st.services):
+        return None
+    return st
+
+
+def lab_target(st, model_dir: Path) -> Target:
+    return Target(st.endpoint, st.metrics_endpoints,
+                  [deploy.url(s.port) for s in st.services if s.role != "proxy"], deploy.SERVED_NAME,
+                  str(model_dir))
+
+
+def plan_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def open_out(out: Path, plan_path: str, argv: list[str]) -> None:
+    """Create the sweep folder, or resume one made from the same plan file."""
+    meta = out / "sweep.json"
+    digest = plan_digest(plan_path)
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        if old.get("plan_sha256_16") != digest:
+            raise UsageError(f"{out} holds a sweep of a different plan (or the plan changed); "
+                             "use a new --out folder")
+        print(f"sweep: resuming in {out}", file=sys.stderr)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_new_file(meta, json.dumps({"schema": SCHEMA, "plan": plan_path, "plan_sha256_16": digest,
+                                     "command": ["kvbench", "sweep", *argv],
+                                     "started": utc_stamp()}, indent=2) + "\n")
+    (out / "plan.yaml").write_bytes(Path(plan_path).read_bytes())
+
+
+def run_deployment(sweep: Sweep, name: str, todo: list[Point], counter: list[int], total: int) -> None:
+    """Bring one deployment up (lab) or use its endpoint, run its pending points, take it down."""
+    lab, target_spec = sweep.lab_plan.lab, sweep.lab_plan.targets.get(name)
+    started: list = []
+    with stop_on_exit(started):
+        if target_spec is not None and target_spec.endpoint:
+            load = lab.load if lab else None
+            if not (load and load.model and load.tokenizer):
+                raise UsageError("a plan with endpoints needs lab.load.model and lab.load.tokenizer "
+                                 "for vllm bench serve")
+            target = Target(target_spec.endpoint, target_spec.metrics_endpoints, [], load.model, load.tokenizer)
+        else:
+            from kvbench.lab.cli import model_for
+
+            model = model_for(lab)
+            st = running_lab(name, lab)
+            if st is None:
+                st = deploy.bring_up(lab, name, model, sweep.out / "logs" / name, started)
+            else:
+                print(f"sweep: using {name} started by `kvbench lab up` ({st.endpoint})", file=sys.stderr)
+            target = lab_target(st, model)
+        for p in todo:
+            counter[0] += 1
+            print(f"sweep: [{counter[0]}/{total}] {p.deployment} {p.cache_state} {p.rate_rps:g} rps "
+                  f"rep {p.repeat}: running (bounded)", file=sys.stderr, flush=True)
+            res = sweep.run_point(p, target)
+            print(f"sweep: [{counter[0]}/{total}] {res['status']} in {res['wall_s']:.0f} s"
+                  + (f": {res['reason']}" if res["reason"] else ""), file=sys.stderr, flush=True)
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="kvbench sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", metavar="PLAN.yaml")
+    p.add_argument("--out", help="output folder (default lab-sweep-<UTC stamp>); an existing sweep "
+                   "folder of the same plan is resumed")
+    p.add_argument("--repeats", type=int, default=1, help="runs per point; the report gives medians "
+                   "and the spread across them (default 1)")
+    p.add_argument("--no-handoff-model", action="store_true",
+                   help="skip the p2p NIXL reference and the engine-vs-model comparison")
+    return p
+
+
+def main(argv=None) -> int:
+    from kvbench.lab.planfile import load_lab_plan
+    from kvbench.lab.sweepreport import write_report
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    plan, lab_plan = load_lab_plan(args.plan)
+    local = [n for n, t in lab_plan.targets.items() if not t.endpoint]
+    if local and labenv.missing_reason():
+        raise UsageError(labenv.missing_reason())
+    vllm = bench.find_vllm(labenv.lab_bin("vllm") if lab_plan.lab else None)
+    out = Path(args.out or f"lab-sweep-{utc_stamp()}")
+    open_out(out, args.plan, argv)
+    fit = None
+    if lab_plan.lab and not args.no_handoff_model:
+        fit = reference_fit(lab_plan, out)
+    pts = points(plan, lab_plan, list(plan.deployments), args.repeats)
+    todo = [p for p in pts if not (p.folder(out) / "run.json").exists()]
+    print(f"sweep: {len(pts)} runs, {len(pts) - len(todo)} already done", file=sys.stderr, flush=True)
+    counter = [len(pts) - len(todo)]
+    for name in plan.deployments:
+        mine = [p for p in todo if p.deployment == name]
+        if mine:
+            run_deployment(Sweep(plan, lab_plan, out, args.repeats, vllm), name, mine, counter, len(pts))
+    report = write_report(out, plan, lab_plan, pts, fit)
+    print(report)
+    return 0
+
+
+def reference_fit(lab_plan, out: Path) -> Path:
+    from kvbench.lab.cli import model_for
+    from kvbench.lab.handoff import reference_fit as run_fit
+
+    print("sweep: measuring the NIXL reference with kvbench p2p + fit first", file=sys.stderr, flush=True)
+    return run_fit(model_for(lab_plan.lab), out / "handoff-model", out / "handoff-model.log")
+
+
+def cli(argv=None) -> int:
+    return run_interruptible("kvbench sweep", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
