@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bigfile import add_common_flags, parse_floor, report, run_child, workdir  # noqa: E402
+
 CHUNKS = 16
 RATES = (50.0, 100.0, 200.0, 400.0)
 
@@ -59,54 +56,29 @@ def write_records(path: Path, n: int) -> None:
             fh.writelines(_record(i, d, r) for d, r in runs)
 
 
-def parse_floor(path: Path) -> float:
-    t0 = time.perf_counter()
-    with open(path, "rb") as fh:
-        for line in fh:
-            json.loads(line)
-    return time.perf_counter() - t0
-
-
-def run_analyze(path: Path, out: Path) -> tuple[float, float, int]:
-    cmd = [sys.executable, "-m", "kvbench.slo", "analyze", str(path), "--ttft-max-ms", "500",
-           "--tpot-max-ms", "30", "--denominator", "all_offered_after_warmup",
-           "--attainment-min", "0.9", "--format", "json", "--out", str(out)]
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        sys.exit(f"analyze failed ({res.returncode}): {res.stderr.strip()}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, peak_kib * 1024 / 2**20, res.returncode
+def run_analyze(path: Path, out: Path) -> tuple[float, float]:
+    wall, peak, _ = run_child(["kvbench.slo", "analyze", str(path), "--ttft-max-ms", "500",
+                               "--tpot-max-ms", "30", "--denominator", "all_offered_after_warmup",
+                               "--attainment-min", "0.9", "--format", "json", "--out", str(out)],
+                              "analyze")
+    return wall, peak
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=1_000_000)
-    p.add_argument("--dir", default=None, help="where to write the records (default: a temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the records file")
-    p.add_argument("--note", default="", help="e.g. 'busy machine' (printed with the numbers)")
+    add_common_flags(p)
     args = p.parse_args()
-    tmp = Path(args.dir or tempfile.mkdtemp(prefix="kvbench-big-"))
-    records, report = tmp / "records.jsonl", tmp / "report.json"
-    try:
+    with workdir(args.dir, args.keep, "kvbench-big-", ("records.jsonl", "report.json")) as tmp:
+        records, out = tmp / "records.jsonl", tmp / "report.json"
         write_records(records, args.requests)
         size_mb = records.stat().st_size / 2**20
         lines = sum(1 for _ in open(records, "rb"))
         floor_s = parse_floor(records)
-        wall_s, peak_mib, _ = run_analyze(records, report)
-        groups = len(json.loads(report.read_text())["groups"])
-    finally:
-        if not args.keep:
-            for f in (records, report):
-                f.unlink(missing_ok=True)
-            if args.dir is None:
-                os.rmdir(tmp)
-    print(f"slo analyze: {lines:,} lines ({size_mb:.0f} MiB, {CHUNKS} chunks per request), "
-          f"{groups} runs: {wall_s:.1f} s wall, peak RSS {peak_mib:.0f} MiB"
-          + (f" [{args.note}]" if args.note else ""))
-    print(f"baseline json.loads of every line: {floor_s:.1f} s -> analyze / parse floor = "
-          f"{wall_s / floor_s:.2f}x; peak RSS / file size = {peak_mib / size_mb:.2f}")
+        wall_s, peak_mib = run_analyze(records, out)
+        groups = len(json.loads(out.read_text())["groups"])
+    report(f"slo analyze: {lines:,} lines ({size_mb:.0f} MiB, {CHUNKS} chunks per request), "
+           f"{groups} runs", wall_s, peak_mib, floor_s, size_mb, "analyze", args.note)
     return 0
 
 

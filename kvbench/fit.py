@@ -25,7 +25,15 @@ import numpy as np
 
 from kvbench import linkpath
 from kvbench.cli import ArgumentParser, UsageError, run_main
-from kvbench.fit_data import Collected, Group, collect, group_not_link, group_records
+from kvbench.fit_data import (
+    Collected,
+    Group,
+    collect,
+    group_not_link,
+    group_records,
+    link_mismatch,
+    read_groups,
+)
 from kvbench.fit_regimes import TwoRegimes, find_two_regimes
 from kvbench.fit_stats import (
     GroupSamples,
@@ -36,7 +44,7 @@ from kvbench.fit_stats import (
     interval_refusal,
     size_summary,
 )
-from kvbench.results import SCHEMA_P2P, load_records, utc_stamp, write_new_file
+from kvbench.results import utc_stamp, write_new_file
 from kvbench.units import GB, fmt_bytes
 
 try:  # branch eng adds the one rule for supported percentiles to kvbench.stats
@@ -154,17 +162,20 @@ class GroupFit:
 
 def _resampling(s: GroupSamples, why_not: str | None, n_draws: int) -> dict:
     kinds = [s.stratum_kind[int(st)] for st in s.stratum]
-    return {"n_rounds": kinds.count("rounds"), "n_blocks": kinds.count("blocks"),
-            "unit": " and ".join(sorted({"round" if k == "rounds" else "(record, size) block"
-                                         for k in kinds})),
-            "n_draws": 0 if why_not else n_draws, "none_because": why_not}
+    out = {"n_rounds": kinds.count("rounds"), "n_blocks": kinds.count("blocks"),
+           "unit": " and ".join(sorted({"round" if k == "rounds" else "(record, size) block"
+                                        for k in kinds})),
+           "n_draws": 0 if why_not else n_draws, "none_because": why_not}
+    if s.merged:  # many runs: adjacent units resampled together (kvbench.fit_data.MAX_UNITS)
+        out["units_merged"] = s.merged
+    return out
 
 
 def _empty_group_error(group: Group, c: Collected) -> UsageError:
     why = [f"{c.n_wrong} with wrong received elements"] if c.n_wrong else []
     why += [f"{c.n_empty} without samples"] if c.n_empty else []
     return UsageError(f"group [{group.label}] is empty: no usable samples in "
-                      f"{len(group.records)} record(s) ({', '.join(why) or 'none'})")
+                      f"{group.n_records} record(s) ({', '.join(why) or 'none'})")
 
 
 def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
@@ -177,7 +188,7 @@ def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
         "effective_gb_s_ci95": None, "ms_per_gb": None, "no_interval": None,
         "lack_of_fit": None, "draws": None, "resampling": None,
         "n_samples": int(len(s.ms)), "n_sizes": int(len(s.sizes)),
-        "n_records": len(group.records), "orders": c.orders,
+        "n_records": group.n_records, "orders": c.orders,
         "bytes_min": int(s.sizes[0]), "bytes_max": int(s.sizes[-1]),
         "models": models or None, "sizes": size_rows(s, c.meta), "two_regimes": None,
         "warnings": warnings, "sources": c.sources,
@@ -373,17 +384,25 @@ def fit_records(records: list[dict], *, where: dict[str, str] | None = None,
                 n_boot: int = 1000, seed: int = 0,
                 line_rate: float | None = None,
                 expect_link: str | None = None) -> tuple[list[GroupFit], list[dict]]:
-    """Fit every link group; return the fits and the groups skipped as not a link."""
-    chosen = _check_where(group_records(records), where or {})
+    """Fit every link group of record dicts; return the fits and the groups skipped."""
+    return fit_groups(group_records(records, keep_paths=bool(expect_link)), where=where,
+                      n_boot=n_boot, seed=seed, line_rate=line_rate, expect_link=expect_link)
+
+
+def fit_groups(groups: list[Group], *, where: dict[str, str] | None = None,
+               n_boot: int = 1000, seed: int = 0, line_rate: float | None = None,
+               expect_link: str | None = None) -> tuple[list[GroupFit], list[dict]]:
+    """Fit every link group (kvbench.fit_data); return the fits and the groups skipped."""
+    chosen = _check_where(groups, where or {})
     fits, skipped = [], []
     for g in chosen:
         why = group_not_link(g)
         if why:
             skipped.append({"label": g.label, "group": dict(g.fields), "spec_id": g.spec_id,
-                            "reason": why, "n_records": len(g.records)})
+                            "reason": why, "n_records": g.n_records})
             continue
         fits.append(fit_group(g, n_boot, seed, line_rate))
-        mismatch = linkpath.mismatch(g.records, expect_link) if expect_link else None
+        mismatch = link_mismatch(g, expect_link) if expect_link else None
         if mismatch:  # the path the transport reported is not the declared link
             fits[-1].record["warnings"].append(_warn("link_mismatch", mismatch))
     if not fits:
@@ -602,11 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"--bootstrap must be at least 100 resamples, got {args.bootstrap}")
     where = parse_where(args.where)
     inputs, out, plot = _paths(args)
-    records = load_records(inputs, schemas={SCHEMA_P2P})
-    if not records:
+    groups, n_records = read_groups(inputs, keep_paths=bool(args.expect_link))
+    if not n_records:
         raise UsageError(f"no records in {', '.join(inputs)}")
-    fits, skipped = fit_records(records, where=where, n_boot=args.bootstrap, seed=args.seed,
-                                line_rate=line_rate, expect_link=args.expect_link)
+    fits, skipped = fit_groups(groups, where=where, n_boot=args.bootstrap, seed=args.seed,
+                               line_rate=line_rate, expect_link=args.expect_link)
     doc = fit_document(fits, skipped, inputs, args.bootstrap, args.seed, line_rate)
     png = None
     if plot is not None:

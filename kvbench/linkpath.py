@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 KINDS = ("nvlink", "pcie", "shm", "rdma", "tcp", "host", "unknown")
@@ -151,19 +152,22 @@ def classify_record(rec: dict) -> LinkPath:
 def mismatch(records: Iterable[dict], expect: str) -> str | None:
     """One line for the fit's `link_mismatch` warning when some records' bytes did not (or
     cannot be shown to) go over the expected kind of link; None when all agree."""
-    records = list(records)
+    return mismatch_of(Counter(classify_record(rec) for rec in records), expect)
+
+
+def mismatch_of(paths: Mapping[LinkPath, int], expect: str) -> str | None:
+    """mismatch() from records already classified: LinkPath -> number of records."""
     bad: dict[str, int] = {}
-    for rec in records:
-        lp = classify_record(rec)
+    for lp, count in paths.items():
         if expect not in lp.kinds:
             key = f"{lp.evidence} ({lp.label})"
-            bad[key] = bad.get(key, 0) + 1
+            bad[key] = bad.get(key, 0) + count
     if not bad:
         return None
     n = sum(bad.values())
     said = "; ".join(f"{k} in {v}" for k, v in bad.items())
-    return (f"expected the bytes on {expect}, but {n} of {len(records)} record(s) say otherwise: "
-            f"{said}")
+    return (f"expected the bytes on {expect}, but {n} of {sum(paths.values())} record(s) say "
+            f"otherwise: {said}")
 
 
 def declared(name: str) -> tuple[str, float]:

@@ -479,14 +479,19 @@ def test_bad_input_malformed_samples_and_where(tmp_path):
 
 
 def test_bad_input_rounds_without_their_round_numbers(tmp_path):
+    # the typed record (kvbench.schema.p2p) names the file and line
     recs = rounds_records(SIZES[:2], 0.1, 1.0)
     recs[1]["sample_rounds"] = recs[1]["sample_rounds"][:-1]
     p = write_jsonl(tmp_path / "short.jsonl", recs)
-    assert "one round number" in _bad(tmp_path, str(p))
+    assert "short.jsonl:2: sample_rounds has 19 entries for 20 samples_ms" in _bad(tmp_path, str(p))
     recs = rounds_records(SIZES[:2], 0.1, 1.0)
     recs[0]["order"] = "spiral"
     p = write_jsonl(tmp_path / "spiral.jsonl", recs)
-    assert "unknown order 'spiral'" in _bad(tmp_path, str(p))
+    assert "spiral.jsonl:1: order: must be 'rounds' or 'blocks', got 'spiral'" in _bad(tmp_path, str(p))
+    recs = rounds_records(SIZES[:2], 0.1, 1.0)
+    del recs[1]["sample_rounds"]
+    p = write_jsonl(tmp_path / "none.jsonl", recs)
+    assert "record 2 of group [" in (msg := _bad(tmp_path, str(p))) and "one round number" in msg
 
 
 def test_four_bent_sizes_are_a_poor_fit_not_two_regimes(tmp_path):

@@ -278,7 +278,32 @@ def plain_line(raw: bytes) -> bool:
         return False
     b = raw.translate(_DIGITS)
     s0, s1, s2, s3 = _SUSPECTS
-    return not (s0 in b or s1 in b or s2 in b or s3 in b)
+    if s0 in b:
+        return False
+    return not ((s1 in b or s2 in b or s3 in b) and _exponent_in_number(b))
+
+
+def _exponent_in_number(b: bytes) -> bool:
+    """Is some 3-digit exponent of the screened bytes part of a JSON number?
+
+    A number follows ':', '[' or ',' (and white space); a hex id such as "91e013fad477" matches
+    the byte screen but follows a quote or a letter. Scans only the screen's hits.
+    """
+    for pat in _SUSPECTS[1:]:
+        i = b.find(pat)
+        while i >= 0:
+            j = i - 1
+            while j >= 0 and b[j] in b"0.":  # the mantissa (digits are all b"0" here)
+                j -= 1
+            if j < i - 1:
+                if j >= 0 and b[j] == 45:  # "-"
+                    j -= 1
+                while j >= 0 and b[j] in b" \t\r\n":
+                    j -= 1
+                if j < 0 or b[j] in b":[,":
+                    return True
+            i = b.find(pat, i + 1)
+    return False
 
 
 # ---------------------------------------------------------------------------

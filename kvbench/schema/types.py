@@ -159,10 +159,15 @@ def _keys(v) -> int:
     if t is list:
         return 0 if _SCALARS.issuperset(map(type, v)) else sum(_keys(x) for x in v)
     if isinstance(v, BaseModel):
-        extra = v.model_extra or {}
-        n = len(v.model_fields_set) + len(extra)
-        for x in (*v.__dict__.values(), *extra.values()):
-            if type(x) not in _SCALARS:  # (isinstance on a pydantic model is slow: test it last)
+        extra = v.__pydantic_extra__
+        # (pydantic >= 2.11 lists an Open model's extra keys in model_fields_set too)
+        n = len(v.__pydantic_fields_set__.union(extra)) if extra else len(v.__pydantic_fields_set__)
+        scalars = _SCALARS
+        for x in v.__dict__.values():
+            if type(x) not in scalars:  # (isinstance on a pydantic model is slow: test it last)
+                n += _keys(x)
+        for x in extra.values() if extra else ():
+            if type(x) not in scalars:
                 n += _keys(x)
         return n
     return 0
