@@ -17,6 +17,7 @@ from kvbench.cli import UsageError
 from kvbench.units import GB, fmt_bytes
 
 MAX_GROUPS = 8
+MAX_POINTS = 20_000  # raw samples drawn per group (a file of many runs holds millions)
 
 
 def require_matplotlib() -> None:
@@ -35,11 +36,17 @@ def _size_ticks(ax, sizes) -> None:
 
 
 def _samples_panels(ax_t, ax_r, s) -> None:
-    """Every raw sample (time and bytes/time) and each size's median."""
-    ax_t.scatter(s.bytes, s.ms, s=12, alpha=0.45, color="tab:blue", label="samples", zorder=2)
-    gbs = np.divide(s.bytes / GB, s.ms / 1000.0, out=np.full(len(s.ms), np.nan), where=s.ms > 0)
-    ax_r.scatter(s.bytes, gbs, s=12, alpha=0.45, color="tab:blue",
-                 label="samples (bytes / time)", zorder=2)
+    """Every raw sample (time and bytes/time; a fixed random MAX_POINTS of a bigger group)
+    and each size's median."""
+    shown, what = np.arange(len(s.ms)), "samples"
+    if len(shown) > MAX_POINTS:
+        shown = np.sort(np.random.default_rng(0).choice(len(s.ms), MAX_POINTS, replace=False))
+        what = f"samples ({MAX_POINTS:,} of {len(s.ms):,} shown)"
+    b, ms = s.bytes[shown], s.ms[shown]
+    ax_t.scatter(b, ms, s=12, alpha=0.45, color="tab:blue", label=what, zorder=2)
+    gbs = np.divide(b / GB, ms / 1000.0, out=np.full(len(ms), np.nan), where=ms > 0)
+    ax_r.scatter(b, gbs, s=12, alpha=0.45, color="tab:blue", label=f"{what}: bytes / time",
+                 zorder=2)
     p50 = np.array([np.median(s.of_size(k)) for k in range(len(s.sizes))])
     ax_t.plot(s.sizes, p50, "o", mfc="none", mec="k", ms=7, label="median per size", zorder=4)
     ax_r.plot(s.sizes, s.sizes / GB / (p50 / 1000.0), "o", mfc="none", mec="k", ms=7,
@@ -51,7 +58,16 @@ def _line_panels(ax_t, ax_r, line, grid) -> None:
     rate = line.effective_gb_s
     lab = (f"fit: {line.setup_ms:.3g} ms + bytes / {rate:.4g} GB/s" if rate
            else "fit (no positive rate)")
-    ax_t.plot(grid, pred, color="tab:orange", lw=2, label=lab, zorder=5)
+    ax_t.plot(grid, np.where(pred > 0, pred, np.nan), color="tab:orange", lw=2, label=lab,
+              zorder=5)
+    # A negative setup is no cost (plan uses 0): the model curves use max(setup, 0). Drawn as
+    # fitted, bytes / time would pass through a pole where the line crosses 0 (a spike of
+    # hundreds of GB/s on a rate panel whose samples are at 1 GB/s).
+    setup = max(line.setup_ms, 0.0)
+    if line.setup_ms < 0:
+        pred = setup + line.ms_per_gb * grid / GB
+        ax_t.plot(grid, np.where(pred > 0, pred, np.nan), color="tab:orange", ls=":", lw=1.5,
+                  label="with setup 0 (negative setup: plan uses 0)", zorder=5)
     if line.draws is not None and len(line.draws):
         band = line.draws[:, :1] + line.draws[:, 1:] * grid[None, :] / GB
         lo, hi = np.percentile(band, [2.5, 97.5], axis=0)
@@ -61,7 +77,8 @@ def _line_panels(ax_t, ax_r, line, grid) -> None:
         with np.errstate(divide="ignore", invalid="ignore"):
             curve = grid / GB / (pred / 1000.0)
         ax_r.plot(grid, np.where(pred > 0, curve, np.nan), color="tab:orange", lw=2,
-                  label="model: bytes / (setup + bytes / rate)", zorder=5)
+                  label="model: bytes / (setup + bytes / rate)"
+                  + (" with setup 0" if line.setup_ms < 0 else ""), zorder=5)
         ax_r.axhline(rate, color="tab:orange", ls="--", lw=1.2,
                      label=f"effective rate {rate:.4g} GB/s")
 
@@ -81,6 +98,24 @@ def _regime_panels(ax_t, ax_r, gf) -> None:
             ax.axvspan(*tr.break_ci, color="grey", alpha=0.12, label="break 95% interval")
 
 
+def _rate_top(gf) -> float:
+    """Upper end of the rate axis: what was measured and fitted, never a curve's pole.
+
+    The highest of: each size's median rate, the 99th percentile of the samples' rates and
+    the fitted effective rate (and each regime's), plus 15% headroom.
+    """
+    s = gf.samples
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rates = s.bytes / GB / (s.ms / 1000.0)
+    rates = rates[np.isfinite(rates)]
+    p50 = np.array([np.median(s.of_size(k)) for k in range(len(s.sizes))])
+    tops = [float(np.percentile(rates, 99))] if len(rates) else []
+    tops += [float(r) for r in s.sizes / GB / (p50 / 1000.0) if np.isfinite(r)]
+    fits = [gf.line] + ([gf.regimes.small, gf.regimes.large] if gf.regimes else [])
+    tops += [f.effective_gb_s for f in fits if f is not None and f.effective_gb_s]
+    return 1.15 * max(tops) if tops else 1.0
+
+
 def _dress(ax_t, ax_r, gf) -> None:
     rec, s = gf.record, gf.samples
     if any(w["code"] == "rate_above_line_rate" for w in rec["warnings"]):
@@ -93,7 +128,8 @@ def _dress(ax_t, ax_r, gf) -> None:
     ax_t.set_yscale("log")
     ax_t.set_ylabel("handoff time (ms)")
     ax_r.set_ylabel("end-to-end rate (decimal GB/s)")
-    ax_r.set_ylim(bottom=0)
+    ax_r.set_ylim(0, _rate_top(gf))
+    ax_t.set_ylim(bottom=0.5 * float(s.ms[s.ms > 0].min()) if np.any(s.ms > 0) else None)
     ax_t.legend(fontsize=7, loc="upper left")
     ax_r.legend(fontsize=7, loc="best", framealpha=0.85)
     lof = rec.get("lack_of_fit")
@@ -102,8 +138,19 @@ def _dress(ax_t, ax_r, gf) -> None:
                    f"{rec['n_sizes']} sizes{fit_q}", fontsize=9, loc="left")
 
 
-def plot_fits(fits, title: str | None = None) -> bytes:
-    """PNG bytes for up to MAX_GROUPS GroupFit objects (kvbench.fit)."""
+def plot_fits(fits, title: str | None = None, fmt: str = "png") -> bytes:
+    """PNG (or fmt: svg, pdf) bytes for up to MAX_GROUPS GroupFit objects (kvbench.fit)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(fits, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def figure(fits, title: str | None = None):
+    """The matplotlib figure of plot_fits (the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +169,4 @@ def plot_fits(fits, title: str | None = None) -> bytes:
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
