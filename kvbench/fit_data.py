@@ -45,6 +45,7 @@ LEGACY_GROUP_KEYS = ("transport", "pattern", "granularity", "layout", "dtype", "
 LEGACY_OPTIONAL_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_batch",
                         "nixl_progress_thread", "tp", "prefill_tp", "decode_tp", "block_size")
 LAYERWISE_LINK_VARIANTS = ("xfer", "seq")  # pure transfers measured inside a layerwise run
+_OPTIONAL = frozenset(LEGACY_OPTIONAL_KEYS)
 MAX_UNITS = 2000  # units per stratum beyond which adjacent units are merged (see above)
 _ROUND_BITS = 40  # a rounds unit is (run index << 40) | round; round numbers are < 10^12 < 2^40
 
@@ -284,15 +285,25 @@ class Grouper:
             if group is None:
                 group = self._groups[key] = Group(flatten(spec[1]), spec[1])
         else:
-            self._legacy_present.update(k for k in LEGACY_OPTIONAL_KEYS if k in rec)
-            keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS
-            key = ("legacy",) + tuple(v if type(v) in _SCALARS else _legacy_value(v)
-                                      for v in map(rec.get, keys))
-            group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = Group({k: _plain(rec.get(k)) for k in keys}, None)
+            group = self._legacy_group(rec)
         group.add(rec, source, self.keep_paths)
         self.n_records += 1
+
+    def _legacy_group(self, rec) -> Group:
+        keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS
+        if type(rec) is _Fields:  # (a typed record: its keys and values read without .get)
+            self._legacy_present |= _OPTIONAL & (rec.m.__pydantic_fields_set__ | rec.extra.keys())
+            d, extra = rec.m.__dict__, rec.extra
+            values = [d[k] if k in _Fields._FIELDS else extra.get(k) for k in keys]
+        else:
+            self._legacy_present.update(k for k in LEGACY_OPTIONAL_KEYS if k in rec)
+            values = [rec.get(k) for k in keys]
+        key = ("legacy",) + tuple(v if type(v) in _SCALARS else _legacy_value(v) for v in values)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(dict(zip(keys, map(_plain, values), strict=True)),
+                                              None)
+        return group
 
     def groups(self) -> list[Group]:
         """Legacy groups keep the optional keys that some legacy record has (labels, --where)."""

@@ -135,46 +135,60 @@ def _weighted_medians(vals: np.ndarray, w: np.ndarray) -> np.ndarray:
 def _grid_medians(vals: np.ndarray, units: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """_weighted_medians(vals, counts[:, units]), exactly, without the (B, n) weight matrix.
 
-    vals (n,) sorted, units (n,) the unit of each value, counts (B, U). The sorted values are
-    cut into G segments; the resampled weight before each cut is one matrix product (B, U) x
-    (U, G+1), which finds the segment holding each draw's middle positions; only that segment's
-    weights are summed sample by sample. Counts are integers, so every sum is exact.
+    vals (n,) sorted, units (n,) the unit of each value, counts (B, U). The middle positions of
+    each draw's resampled multiset are found by narrowing down a range of sorted positions:
+    the range is cut into GRID_SPLIT pieces, the resampled weight before each cut is one
+    matrix product (draws, U) x (U, pieces), and each draw goes on into the piece that holds
+    its target; a small range is summed sample by sample. Counts are integers: sums are exact.
     """
     present, local = np.unique(units, return_inverse=True)
     local = local.reshape(-1)
-    c = counts[:, present].astype(float)
-    n, u = len(vals), len(present)
-    n_seg = int(min(n, max(1, math.sqrt(30.0 * n / u))))  # balances the product and the scans
-    cuts = (np.arange(n_seg + 1) * n) // n_seg
-    per = np.bincount(local * n_seg + np.repeat(np.arange(n_seg), np.diff(cuts)),
-                      minlength=u * n_seg).reshape(u, n_seg)
-    below = np.zeros((u, n_seg + 1))
-    np.cumsum(per, axis=1, out=below[:, 1:])
-    before = c @ below  # (B, G+1) resampled weight before each cut
-    total = before[:, -1]
+    # float32 holds every integer up to 2^24 exactly: each sum below is at most one draw's
+    # resampled sample count (about n), so the products are exact and take half the memory
+    exact = np.float32 if counts.max(initial=0) * len(vals) < 2**24 else np.float64
+    c = counts[:, present].astype(exact)
+    total = (c @ np.bincount(local, minlength=len(present)).astype(exact)).astype(float)
     out = np.full(len(c), np.nan)
-    ok = np.flatnonzero(total > 0)
-    lo = _position_of(vals, local, c, before, cuts, ok, (total[ok] - 1) // 2)
-    hi = _position_of(vals, local, c, before, cuts, ok, total[ok] // 2)
-    out[ok] = (vals[lo] + vals[hi]) / 2
+    rows = np.flatnonzero(total > 0)
+    both = _positions(c, local, np.concatenate([rows, rows]),  # the two middle positions
+                      np.concatenate([(total[rows] - 1) // 2, total[rows] // 2]))
+    out[rows] = (vals[both[:len(rows)]] + vals[both[len(rows):]]) / 2
     return out
 
 
-def _position_of(vals, local, c, before, cuts, rows, target) -> np.ndarray:
-    """Per draw (rows), the first sorted position whose resampled cumulative weight > target."""
-    seg = np.array([np.searchsorted(before[b], t, side="right") - 1
-                    for b, t in zip(rows, target, strict=True)], dtype=np.int64)
-    width = int(np.diff(cuts).max())
+GRID_SPLIT = 16  # pieces a range of sorted positions is cut into per step
+GRID_FINE = 256  # a range this short is summed sample by sample
+
+
+def _positions(c: np.ndarray, local: np.ndarray, rows: np.ndarray,
+               target: np.ndarray) -> np.ndarray:
+    """Per (row of c, target), the first sorted position whose cumulative weight exceeds target."""
     pos = np.empty(len(rows), dtype=np.int64)
-    step = max(1, DRAW_CHUNK_ELEMS // width)
-    for i in range(0, len(rows), step):
-        r, g, t = rows[i:i + step], seg[i:i + step], target[i:i + step]
-        at = cuts[g][:, None] + np.arange(width)[None, :]  # the segment, padded to one width
-        inside = at < cuts[g + 1][:, None]
-        w = np.where(inside, c[r[:, None], local[np.minimum(at, len(vals) - 1)]], 0.0)
-        cum = before[r, g][:, None] + np.cumsum(w, axis=1)
-        pos[i:i + step] = cuts[g] + (cum <= t[:, None]).sum(axis=1)
-    return np.minimum(pos, len(vals) - 1)
+    todo = [(0, len(local), np.arange(len(rows)), np.zeros(len(rows)))]
+    while todo:
+        start, end, idx, base = todo.pop()
+        t, width = target[idx], end - start
+        if width <= max(GRID_FINE, c.shape[1] // 2):  # summing is cheaper than another product
+            step = max(1, DRAW_CHUNK_ELEMS // width)
+            for i in range(0, len(idx), step):
+                part = idx[i:i + step]
+                cum = base[i:i + step, None] + np.cumsum(c[rows[part]][:, local[start:end]], axis=1)
+                pos[part] = start + (cum <= t[i:i + step, None]).sum(axis=1)
+            continue
+        cuts = start + (np.arange(GRID_SPLIT + 1) * width) // GRID_SPLIT
+        piece = np.repeat(np.arange(GRID_SPLIT), np.diff(cuts))
+        per = np.bincount(local[start:end] * GRID_SPLIT + piece,
+                          minlength=c.shape[1] * GRID_SPLIT).reshape(-1, GRID_SPLIT)
+        drawn, inverse = np.unique(rows[idx], return_inverse=True)  # (a row may come twice)
+        weights = c if len(drawn) == len(c) else c[drawn]
+        before = base[:, None] + (weights @ np.cumsum(per, axis=1).astype(c.dtype))[
+            inverse.reshape(-1)]
+        which = (before <= t[:, None]).sum(axis=1)  # the piece holding the target
+        for g in np.unique(which):
+            sel = which == g
+            todo.append((int(cuts[g]), int(cuts[g + 1]), idx[sel],
+                         base[sel] if g == 0 else before[sel, g - 1]))
+    return np.minimum(pos, len(local) - 1)
 
 
 def _unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.ndarray:
@@ -186,7 +200,8 @@ def _unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.
         if m < MANY_UNITS:
             counts[:, idx] = rng.multinomial(m, np.full(m, 1 / m), size=n_draws)
         else:  # the same distribution, m draws per resample counted: ~100x faster for m ~ 10^3
-            picks = rng.integers(0, m, size=(n_draws, m)) + m * np.arange(n_draws)[:, None]
+            picks = (rng.integers(0, m, size=(n_draws, m), dtype=np.int32)
+                     + np.int32(m) * np.arange(n_draws, dtype=np.int32)[:, None])
             counts[:, idx] = np.bincount(picks.reshape(-1), minlength=n_draws * m).reshape(n_draws, m)
     return counts
 
