@@ -294,6 +294,18 @@ def load_records(paths: Iterable[str | Path], schemas: Iterable[str] = KNOWN_SCH
     return out
 
 
+def load(paths_or_globs, kind: str = "p2p", **kw):
+    """Results as a pandas DataFrame: p2p records, fits, SLO requests and reports, scrapes.
+
+    kind: p2p | fit | fit-sizes | slo-requests | slo-report | metrics; samples=True for one
+    row per sample (p2p), draw (fit) or chunk (slo-requests). Columns: docs/results.md.
+    Implemented in kvbench.frames (pandas is imported only when this is called).
+    """
+    from kvbench.frames import load as _load
+
+    return _load(paths_or_globs, kind, **kw)
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)

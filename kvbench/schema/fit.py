@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from kvbench.schema.read import MiB, load_json
 from kvbench.schema.types import (
@@ -22,6 +22,7 @@ from kvbench.schema.types import (
     Finite,
     GBps,
     Open,
+    Strict,
     Text,
     TimeMs,
     parse,
@@ -72,6 +73,22 @@ class TwoRegimes(Open):
     large: Regime
 
 
+Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
+
+
+class Draws(Strict):
+    """kvbench.fit/2's joint bootstrap draws: one (setup_ms, ms_per_gb) pair per draw."""
+
+    columns: list[Text]
+    values: list[Pair]
+
+    @model_validator(mode="after")
+    def _two_named_columns(self):
+        if list(self.columns) != ["setup_ms", "ms_per_gb"]:
+            raise refuse(f"draws columns must be ['setup_ms', 'ms_per_gb'], got {self.columns!r}")
+        return self
+
+
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
@@ -84,7 +101,7 @@ class FitGroup(Open):
     sizes: list[SizeRow] = Field(min_length=1)
     two_regimes: TwoRegimes | None = None
     warnings: list[Warning_] = []
-    draws: list[Annotated[list[Finite], Field(min_length=2, max_length=2)]] | None = None
+    draws: Draws | list[Pair] | None = None  # /2 writes Draws; a bare list of pairs is read too
 
 
 class FitDocument(Open):

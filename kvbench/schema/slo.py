@@ -182,3 +182,51 @@ class MappingEntry(Strict):
 class MappingFile(Strict):
     engine: Text
     metrics: dict[str, MappingEntry]
+
+
+# ---------------------------------------------------------------------------
+# `kvbench slo analyze` reports (kvbench.slo.report/1): the per-group numbers results.load reads
+
+Pct = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+PerSecond = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+
+
+class ReportCounts(Open):
+    records: Count
+    offered_after_warmup: Count
+    ok: Count
+    meeting_limits: Count
+
+
+class ReportAttainment(Open):
+    of_all_offered_pct: Pct | None = None
+    of_successful_pct: Pct | None = None
+
+
+class ReportThroughput(Open):
+    throughput_rps: PerSecond | None = None
+    goodput_rps: PerSecond | None = None
+    output_tokens_per_s: PerSecond | None = None
+
+
+class LatencySummary(Open):
+    n: Count
+    p50_ms: TimeMs | None = None
+    p95_ms: TimeMs | None = None
+    p99_ms: TimeMs | None = None
+    max_ms: TimeMs | None = None
+
+
+class ReportGroup(Open):
+    """One (deployment, offered rate, cache state) of a report."""
+
+    deployment: Text
+    offered_rate_rps: RateRps
+    cache_state: Text | None = None
+    counts: ReportCounts
+    attainment: ReportAttainment
+    throughput: ReportThroughput
+    latency_ms: dict[str, LatencySummary] = {}
+    error_rate_pct: Pct | None = None
+    passed: bool | None = None
+    failed_gates: list[Text] = []
