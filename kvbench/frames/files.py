@@ -115,6 +115,9 @@ MAX_JSON_DOC = 256 * MiB
 def frame(rows: list[dict], dtypes: dict[str, str]) -> pd.DataFrame:
     """A chunk of rows with the kind's dtypes (and the dtype of spec_* columns by their values)."""
     df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=list(dtypes))
+    for col in df.columns:
+        if col not in dtypes:  # (from_records turns [2, None] into floats: keep the values)
+            df[col] = pd.Series([r.get(col) for r in rows], index=df.index, dtype=object)
     return apply_dtypes(df, dtypes)
 
 
@@ -128,8 +131,10 @@ def apply_dtypes(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
 
 def _by_values(s: pd.Series) -> str | None:
     """category for text, Int64 for integers, boolean for flags, float64 for numbers."""
-    if s.dtype.name in ("category", "Int64", "boolean", "float64") or not s.notna().any():
+    if s.dtype.name != "object":
         return None
+    if not s.notna().any():
+        return "category"  # a column no row of this chunk has a value for (None and NaN alike)
     return _INFERRED.get(pd.api.types.infer_dtype(s, skipna=True))
 
 
@@ -138,20 +143,29 @@ _INFERRED = {"string": "category", "boolean": "boolean", "integer": "Int64",
 
 
 def concat(chunks: list[pd.DataFrame], dtypes: dict[str, str]) -> pd.DataFrame:
-    """Chunks as one frame; categorical columns keep one dtype (the union of the categories)."""
+    """Chunks as one frame: every column gets the dtype the chunks that hold values gave it
+    (categoricals: the union of their categories), as if the rows had been one chunk."""
     if not chunks:
         return frame([], dtypes)
-    cats: dict[str, set] = {}
-    for df in chunks:
-        for col in df.columns:
-            if isinstance(df[col].dtype, pd.CategoricalDtype):
-                cats.setdefault(col, set()).update(df[col].cat.categories)
-    cats = {col: sorted(values, key=str) for col, values in cats.items()}  # as astype() sorts
     columns = list(dict.fromkeys(c for df in chunks for c in df.columns))  # first seen first
+    final = {col: _common_dtype([df[col] for df in chunks if col in df.columns
+                                 and df[col].notna().any()]) for col in columns}
     for i, df in enumerate(chunks):
-        for col, values in cats.items():
-            s = df[col] if col in df.columns else pd.Series(None, index=df.index, dtype=object)
-            df[col] = s.astype(pd.CategoricalDtype(values))
-        chunks[i] = df.reindex(columns=columns)
-    out = pd.concat(chunks, ignore_index=True, sort=False)
-    return apply_dtypes(out, dtypes)
+        parts = {}
+        for col in columns:
+            if col in df.columns and df[col].notna().any():
+                parts[col] = df[col].astype(final[col])
+            else:
+                parts[col] = pd.Series(None, index=df.index, dtype=object).astype(final[col])
+        chunks[i] = pd.DataFrame(parts, index=df.index)
+    return apply_dtypes(pd.concat(chunks, ignore_index=True, sort=False), dtypes)
+
+
+def _common_dtype(parts: list[pd.Series]):
+    if not parts:
+        return "category"  # no chunk has a value: as frame() types such a column
+    if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+        values = set().union(*(p.cat.categories for p in parts))
+        return pd.CategoricalDtype(sorted(values, key=str))  # as astype("category") sorts
+    kinds = {str(p.dtype) for p in parts}
+    return kinds.pop() if len(kinds) == 1 else object

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvbench.cli import UsageError
+from kvbench.fit_data import LEGACY_OPTIONAL_KEYS
 from kvbench.frames.files import _text_lines
 from kvbench.schema.p2p import P2PRecord, parse_p2p_line, parse_p2p_record
 from kvbench.schema.read import MAX_LINE_BYTES, iter_lines, loads
@@ -35,6 +36,8 @@ DTYPES = {
     "env_gpu": "category", "env_cpu": "category", "env_cpu_count": "Int64",
     "env_load_1m": "float64",
 }
+# record keys of records without a spec that the fit groups by (kvbench.fit_data), as columns
+LEGACY_OPTIONS = tuple(k for k in LEGACY_OPTIONAL_KEYS if k not in ("variant", "block_size"))
 ENV_KEYS = ("host", "kvbench", "python", "torch", "numpy", "mpi4py", "mpi_library", "nccl",
             "nixl", "gpu", "cpu", "cpu_count")
 # CSV cells of these fields are text even when they look like JSON (a spec_id of 12 digits)
@@ -146,6 +149,9 @@ def record_row(rec: P2PRecord, source: str, line: int) -> dict:
     _env(extra, row)
     if rec.spec is not None:
         _flat("spec", rec.spec.model_dump(exclude_unset=True), row)
+    for k in LEGACY_OPTIONS:  # what records without a spec say about how they were measured
+        if k in extra:
+            row[k] = extra[k]
     return row
 
 
