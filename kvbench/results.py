@@ -323,6 +323,14 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages when the run started: a busy machine says so."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def relevant_env() -> dict[str, str]:
     return {
         k: ("<redacted>" if any(s in k for s in _REDACT) else v)
@@ -348,6 +356,7 @@ def environment(extra: dict | None = None) -> dict:
         "gpu": None,
         "nixl": _version("nixl-cu12") or _version("nixl-cu13") or _version("nixl"),
         "ucx": None,
+        "load_average": _load_average(),
         "variables": relevant_env(),
     }
     try:
