@@ -1,0 +1,7 @@
+"""`python -m kvbench.summary` = `kvbench report`."""
+
+import sys
+
+from kvbench.summary import cli
+
+sys.exit(cli())
