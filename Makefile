@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bench test lint venv clean-venv
+.PHONY: bench test lint venv clean-venv bench-self
 
 venv: $(STAMP)
 
@@ -32,6 +32,15 @@ bench: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks
 	$(PY) -m pytest -q -ra
+
+# kvbench's own hot paths (benchmarks/test_*.py, pytest-benchmark) in short mode, compared with
+# the committed baseline; prints ratios and regressions, never fails on timing alone.
+BENCH_JSON ?= /tmp/kvbench-bench-self.json
+bench-self: $(STAMP)
+	KVBENCH_BENCH_SHORT=1 $(PY) -m pytest benchmarks --benchmark-only -q -p no:cacheprovider \
+		--benchmark-min-rounds=2 --benchmark-max-time=0.2 --benchmark-json=$(BENCH_JSON)
+	$(PY) benchmarks/compare.py results/benchmarks/baseline-1.json \
+		results/benchmarks/baseline-2.json $(BENCH_JSON)
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks
