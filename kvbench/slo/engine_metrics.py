@@ -31,6 +31,7 @@ from kvbench.schema.types import parse, show
 from kvbench.slo.engines import ENGINES, NOT_EXPORTED, QUANTITIES, Metric, detect_engine
 from kvbench.slo.gates import TREND_MIN_IN_FLIGHT, TREND_RATIO_MAX
 from kvbench.slo.scrape import SCHEMA_METRICS
+from kvbench.stats import percentile_supported
 
 MIN_SCRAPES_FOR_TREND = 9  # three per third
 QUANTILES = (0.5, 0.9, 0.99)
@@ -118,11 +119,6 @@ def histogram_quantile(q: float, buckets: dict[float, float], scale: float = 1.0
             return (prev_bound + (b - prev_bound) * (rank - prev_count) / (buckets[b] - prev_count)) * scale
         prev_bound, prev_count = b, buckets[b]
     return None
-
-
-def supported(q: float, n: float) -> bool:
-    """A q-quantile needs n >= ceil(1/(1-q)) samples (p90: 10, p99: 100)."""
-    return n >= math.ceil(1.0 / (1.0 - q) - 1e-9)
 
 
 # ---------------------------------------------------------------------------
@@ -257,7 +253,7 @@ def _summary(t0: float, t1: float, time_d: tuple | None, bytes_d: tuple | None) 
                  "mean_ms": time_d[1] / time_d[2] * 1000 if time_d and time_d[2] else None}
     for q in QUANTILES:
         key = f"p{round(q * 100)}_ms"
-        ok = time_d is not None and time_d[2] > 0 and supported(q, time_d[2])
+        ok = time_d is not None and time_d[2] > 0 and percentile_supported(q, time_d[2])
         v = histogram_quantile(q, time_d[0]) if ok else None
         row[key] = v * 1000 if v is not None else None
     row["observed_gb_s"] = (bytes_d[1] / time_d[1] / 1e9 if bytes_d and time_d and time_d[1] > 0
