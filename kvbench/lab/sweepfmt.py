@@ -135,7 +135,7 @@ def plot_sweep(out: Path, report: dict) -> list[str]:
         rows = [r for r in report["points"] if r["cache_state"] == state]
         _latency_axis(axes[0][0], rows, "ttft", "TTFT")
         _latency_axis(axes[0][1], rows, "tpot", "TPOT")
-        _attainment_axis(axes[1][0], rows)
+        _attainment_axis(axes[1][0], rows, report.get("attainment_min_pct"))
         _kv_axis(axes[1][1], [r for r in report["kv_transfers"] if r["cache_state"] == state])
         busy = " (busy machine)" if report["machine"]["busy"] else ""
         fig.suptitle(f"kvbench sweep, cache state {state}{busy}")
@@ -170,10 +170,12 @@ def _latency_axis(ax, rows, metric: str, name: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _attainment_axis(ax, rows) -> None:
+def _attainment_axis(ax, rows, minimum_pct: float | None) -> None:
     for dep, rs in _by_deployment(rows):
         ax.plot([r["rate_rps"] for r in rs], [r["attainment_pct"]["median"] for r in rs], "o-",
                 color=COLORS.get(dep), label=dep)
+    if minimum_pct is not None:
+        ax.axhline(minimum_pct, color="gray", linestyle="--", label=f"plan's minimum {minimum_pct:g}%")
     ax.set(xlabel="offered rate (requests/s)", ylabel="attainment (% of offered after warm-up)",
            title="SLO attainment (declared denominator)")
     ax.legend(fontsize=8)

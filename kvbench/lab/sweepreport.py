@@ -258,8 +258,10 @@ def write_report(out: Path, plan, pts, fit: Path | None) -> str:
               "analysis_errors": {k: a["error"] for k, a in analyses.items() if a and "error" in a},
               "capacity": capacity, "verdicts": verdicts, "points": point_table(analyses, plan),
               "scheduler": scheduler_table(roles), "kv_transfers": kv_table(roles),
-              "handoff_fit": str(fit) if fit else None}
-    report["plots"] = plot_sweep(out, report)
+              "handoff_fit": str(fit) if fit else None,
+              "attainment_min_pct": 100 * plan.criteria.slo_attainment_min}
+    slo_plots = sorted(str(p.relative_to(out)) for p in (out / "analysis").glob("rep*.png") if ".stale-" not in p.name)
+    report["plots"] = plot_sweep(out, report) + slo_plots
     report["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     text = markdown(report, plan)
     (out / "sweep-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
