@@ -45,14 +45,8 @@ from kvbench.results import (
     write_files,
 )
 from kvbench.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.stats import min_samples_for
 from kvbench.units import GB, fmt_bytes
-
-try:  # branch eng adds the one rule for supported percentiles to kvbench.stats
-    from kvbench.stats import min_samples_for
-except ImportError:  # until then, the same rule (CONTRACTS.md section 1), here only
-    def min_samples_for(q: float) -> int:
-        """A q-quantile (0 < q < 1) is more than the maximum only with n >= ceil(1/(1-q))."""
-        return math.ceil(round(1.0 / (1.0 - q), 9))
 
 SCHEMA_FIT = "kvbench.fit/2"
 SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
