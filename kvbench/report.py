@@ -102,8 +102,9 @@ def _dress(ax_t, ax_r, gf) -> None:
                    f"{rec['n_sizes']} sizes{fit_q}", fontsize=9, loc="left")
 
 
-def plot_fits(fits, title: str | None = None) -> bytes:
-    """PNG bytes for up to MAX_GROUPS GroupFit objects (kvbench.fit)."""
+def plot_fits(fits, title: str | None = None, fmt: str = "png") -> bytes:
+    """The plot of up to MAX_GROUPS GroupFit objects (kvbench.fit) as bytes in matplotlib's
+    `fmt` (png, svg or pdf: kvbench.results.plot_format picks it from the file's suffix)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,6 +124,6 @@ def plot_fits(fits, title: str | None = None) -> bytes:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format=fmt, dpi=110)
     plt.close(fig)
     return buf.getvalue()

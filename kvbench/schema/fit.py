@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
+from kvbench.cli import UsageError
 from kvbench.schema.read import MiB, load_json
 from kvbench.schema.types import (
     MAX_TEXT,
@@ -22,10 +23,12 @@ from kvbench.schema.types import (
     Finite,
     GBps,
     Open,
+    SignedMs,
     Text,
     TimeMs,
     parse,
     refuse,
+    show,
 )
 
 MAX_FIT_BYTES = 256 * MiB
@@ -40,7 +43,8 @@ def _ordered(pair: list) -> list:
 
 
 Interval = Annotated[list[Finite | None], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
-GroupValue = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+              | dict[str, Any])
 
 
 class Warning_(Open):
@@ -57,13 +61,24 @@ class SizeRow(Open):
     mean_ms: TimeMs | None = None
 
 
+Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
+
+
+class Draws(Open):
+    """Joint bootstrap draws as kvbench fit writes them: {"columns": [...], "values": [[a, b]]}."""
+
+    columns: list[Text] = []
+    values: list[Pair]
+
+
 class Regime(Open):
-    setup_ms: Finite | None = None
+    setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
     effective_gb_s_ci95: Interval | None = None
     bytes_min: Bytes
     bytes_max: Bytes
+    draws: Draws | None = None
 
 
 class TwoRegimes(Open):
@@ -75,7 +90,7 @@ class TwoRegimes(Open):
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
-    setup_ms: Finite | None = None
+    setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
     effective_gb_s_ci95: Interval | None = None
@@ -84,7 +99,15 @@ class FitGroup(Open):
     sizes: list[SizeRow] = Field(min_length=1)
     two_regimes: TwoRegimes | None = None
     warnings: list[Warning_] = []
-    draws: list[Annotated[list[Finite], Field(min_length=2, max_length=2)]] | None = None
+    draws: Draws | None = None
+
+
+class SkippedGroup(Open):
+    """A group fit left out (not a link), named by plan's note."""
+
+    label: AnyText
+    reason: AnyText
+    group: dict[str, GroupValue] = {}
 
 
 class FitDocument(Open):
@@ -92,9 +115,15 @@ class FitDocument(Open):
     line_rate_gb_s: GBps | None = None
     inputs: list[AnyText] = []
     groups: list[FitGroup]
+    skipped: list[SkippedGroup] = []
 
 
 def load_fit_document(path: str | Path) -> FitDocument:
     """A fit file, bounded and typed; any problem is one line naming the key path."""
     raw = load_json(path, MAX_FIT_BYTES, "fit file", missing="no such file")
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a JSON object written by kvbench fit")
+    if raw.get("schema") not in SCHEMAS:
+        raise UsageError(f"{path}: unknown fit schema {show(raw.get('schema'))} (this kvbench "
+                         f"reads {' and '.join(SCHEMAS)}; expected the output of kvbench fit)")
     return parse(FitDocument, raw, str(path))
