@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bench test lint venv clean-venv bench-self
+.PHONY: bench test test-lab bench-self lint venv clean-venv
 
 venv: $(STAMP)
 
@@ -31,7 +31,12 @@ bench: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not lab"
+
+# The real-vLLM group (docs/lab.md section 8): the lab's own venv first (a few minutes, once).
+test-lab: $(STAMP)
+	$(PY) -m kvbench lab install
+	$(PY) -m pytest -q -ra -m lab
 
 # kvbench's own hot paths (benchmarks/test_*.py, pytest-benchmark) in short mode, compared with
 # the committed baseline; prints ratios and regressions, never fails on timing alone.

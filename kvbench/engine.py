@@ -155,7 +155,7 @@ class Engine:
 
     def run(self, h: Handoff) -> Stamp | None:
         if not h.links and h.hook is None:
-            barrier(self.comm, self.timeout_s, "handoff start", idle=h.idle_sleep)
+            barrier(self.comm, self.timeout_s, "the handoff's start barrier", idle=h.idle_sleep)
             return None
         recv, send, recv_msgs, recv_items, steps = h.layout()
         for lk in h.links:
@@ -163,7 +163,7 @@ class Engine:
         deadline = now() + self.timeout_s
         pending = self.transport.post_many(recv_items) if recv_items else []
         notes = [lk.notice.post_wait() for lk in send]
-        barrier(self.comm, self.timeout_s, "handoff start")
+        barrier(self.comm, self.timeout_s, "the handoff's start barrier")
         hook = h.hook
         t0 = now() if send or hook is not None else None
         sends: list = []
@@ -185,7 +185,7 @@ class Engine:
                 lk.notice.send()
         wait_all(sends, deadline, "send")
         for note in notes:
-            wait_request(note, deadline, "completion notice from a decode rank")
+            wait_request(note, deadline, "the completion notice from a decode rank")
         if t1 is None:
             t1 = now()
         for lk in h.links:
@@ -239,7 +239,7 @@ class Engine:
         if corrupt_elements and sender is not None:
             self.device.run(partial(_corrupt, sender.data, corrupt_elements))
         self._order_before_first_post()
-        barrier(self.comm, self.timeout_s, "data check")
+        barrier(self.comm, self.timeout_s, "the data check's barrier")
         self.run(h)
         return sum(lk.data.count_wrong() for lk in h.links if not lk.is_sender)
 

@@ -14,7 +14,6 @@ resampling in kvbench/fit_data.py. docs/fit-and-plan.md has the method and every
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench import linkpath
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_main
 from kvbench.fit_data import (
     Collected,
     Group,
@@ -44,15 +43,16 @@ from kvbench.fit_stats import (
     interval_refusal,
     size_summary,
 )
-from kvbench.results import utc_stamp, write_new_file
+from kvbench.results import (
+    check_new_file,
+    dumps_json,
+    plot_format,
+    utc_stamp,
+    write_files,
+)
+from kvbench.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.stats import min_samples_for
 from kvbench.units import GB, fmt_bytes
-
-try:  # branch eng adds the one rule for supported percentiles to kvbench.stats
-    from kvbench.stats import min_samples_for
-except ImportError:  # until then, the same rule (CONTRACTS.md section 1), here only
-    def min_samples_for(q: float) -> int:
-        """A q-quantile (0 < q < 1) is more than the maximum only with n >= ceil(1/(1-q))."""
-        return math.ceil(round(1.0 / (1.0 - q), 9))
 
 SCHEMA_FIT = "kvbench.fit/2"
 SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
@@ -468,14 +468,14 @@ def dumps(doc: dict) -> str:
                     for k, x in v.items()}
         return [mark(x) for x in v] if isinstance(v, list) else v
 
-    text = json.dumps(mark(doc), indent=2)
+    text = dumps_json(mark(doc), indent=2)  # NaN or an infinity is refused, never written
     for i, c in enumerate(compact):
         text = text.replace(f'"@draws{i}@"', c, 1)
     return text
 
 
 def _marker(store: list[str], value) -> str:
-    store.append(json.dumps(value, separators=(",", ":")))
+    store.append(dumps_json(value, indent=None))
     return f"@draws{len(store) - 1}@"
 
 
@@ -553,6 +553,9 @@ with a note naming them.
 """
 
 
+MAX_BOOTSTRAP = 100_000  # resamples: far past where a 95% interval stops moving
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="kvbench fit",
@@ -565,7 +568,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="fitted JSON (default: <first input>.fit.json "
                    "beside it; never overwrites)")
     p.add_argument("--plot", metavar="FILE.png", help="also draw time vs bytes with the fitted "
-                   "line and band, and GB/s vs size (needs matplotlib: the 'plot' extra)")
+                   "line and band, and GB/s vs size; .png, .svg or .pdf by the suffix (needs "
+                   "matplotlib: the 'plot' extra). Written together with the JSON or not at all")
     p.add_argument("--line-rate-gbps", metavar="GB/s", help="declared line rate in decimal GB/s; "
                    "a fitted rate above it is flagged as a measurement bug")
     p.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
@@ -573,68 +577,57 @@ def build_parser() -> ArgumentParser:
                    "(link_mismatch) when the path a transport reported says otherwise")
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="fit only groups whose KEY equals VALUE (repeatable; lists as a,b)")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples for the intervals (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--bootstrap", type=arg_int(100, MAX_BOOTSTRAP), default=1000, metavar="N",
+                   help="bootstrap resamples for the intervals (default 1000, at least 100)")
+    p.add_argument("--seed", type=arg_int(0, 2**32 - 1), default=0, help="bootstrap seed (default 0)")
     return p
-
-
-def _check_new(path: Path, what: str) -> None:
-    if path.exists():
-        raise UsageError(f"refusing to overwrite existing file {path} ({what})")
-    if not path.parent.is_dir():
-        raise UsageError(f"{what}: directory {path.parent} does not exist")
 
 
 def _line_rate(text: str | None) -> float | None:
     if text is None:
         return None
-    try:
-        rate = float(text)
-    except ValueError:
-        raise UsageError(f"--line-rate-gbps must be a number, got {text!r}") from None
-    if not (rate > 0 and math.isfinite(rate)):
-        raise UsageError(f"--line-rate-gbps must be positive, got {text}")
-    return rate
+    return bounded_float(text, "--line-rate-gbps", MIN_GBPS, MAX_GBPS)
 
 
-def _paths(args) -> tuple[list[str], Path, Path | None]:
+def _paths(args) -> tuple[list[str], Path, Path | None, str | None]:
+    """(inputs, --out, --plot, the plot's format), both targets checked before any work."""
     inputs = [str(p) for p in args.results]
     for p in inputs:
         if Path(p).is_dir():
             raise UsageError(f"{p} is a directory; pass the .jsonl result files")
     out = Path(args.out) if args.out else default_out(Path(inputs[0]))
-    _check_new(out, "--out")
     plot = Path(args.plot) if args.plot else None
+    fmt = None
     if plot is not None:
-        _check_new(plot, "--plot")
+        fmt = plot_format(plot)
+        if plot.resolve() == out.resolve():
+            raise UsageError(f"--plot {plot} is the same file as --out")
         from kvbench import report
 
         report.require_matplotlib()
-    return inputs, out, plot
+    check_new_file(out)
+    if plot is not None:
+        check_new_file(plot)
+    return inputs, out, plot, fmt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     line_rate = _line_rate(args.line_rate_gbps)
-    if args.bootstrap < 100:
-        raise UsageError(f"--bootstrap must be at least 100 resamples, got {args.bootstrap}")
     where = parse_where(args.where)
-    inputs, out, plot = _paths(args)
+    inputs, out, plot, fmt = _paths(args)
     groups, n_records = read_groups(inputs, keep_paths=bool(args.expect_link))
     if not n_records:
         raise UsageError(f"no records in {', '.join(inputs)}")
     fits, skipped = fit_groups(groups, where=where, n_boot=args.bootstrap, seed=args.seed,
                                line_rate=line_rate, expect_link=args.expect_link)
     doc = fit_document(fits, skipped, inputs, args.bootstrap, args.seed, line_rate)
-    png = None
+    files = [(out, dumps(doc) + "\n")]
     if plot is not None:
         from kvbench import report
 
-        png = report.plot_fits(fits)  # rendered before anything is written
-    write_new_file(out, dumps(doc) + "\n")
-    if png is not None:
-        write_new_file(plot, png)
+        files.append((plot, report.plot_fits(fits, fmt=fmt)))  # rendered before anything is written
+    write_files(files)  # the JSON and its plot appear together or not at all
     if skipped:  # one line, on stderr: what was not fitted and why
         print(f"kvbench fit: note: {skipped_note(skipped)}", file=sys.stderr)
     print(format_table(doc))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kvbench.stats import Measurement, percentile
 from kvbench.transports.base import TransferTimeout
+from kvbench.watchdog import WATCHDOG
 
 NOTICE_TAG = 7001
 PING_TAG = 7002
@@ -35,14 +36,15 @@ def wait_request(req, deadline: float, what: str, idle: bool = False) -> None:
     sleep between tests so they leave the CPUs to the ranks being measured."""
     while not req.Test():
         if now() > deadline:
-            raise TransferTimeout(f"{what}: no answer before the --timeout")
+            raise TransferTimeout(f"{what} got no answer before the --timeout (a peer stopped "
+                                  "answering or died)")
         if idle:
             time.sleep(IDLE_POLL_S)
 
 
 def barrier(comm, timeout_s: float, what: str = "barrier", idle: bool = False) -> None:
     """A barrier that cannot hang forever if a peer died or stopped answering."""
-    wait_request(comm.Ibarrier(), now() + timeout_s, f"{what} (a peer stopped answering)", idle)
+    wait_request(comm.Ibarrier(), now() + timeout_s, what, idle)
 
 
 class Notice:
@@ -70,17 +72,17 @@ def notice_latency_ms(comm, a: int, b: int, timeout_s: float, rounds: int = 200)
 
     buf = np.zeros(1, dtype=np.uint8)
     rank = comm.Get_rank()
-    barrier(comm, timeout_s, "notice latency")
+    barrier(comm, timeout_s, "the notice-latency barrier")
     rtts = []
     deadline = now() + timeout_s
     for _ in range(rounds):
         if rank == a:
             t0 = now()
             comm.Send(buf, dest=b, tag=PING_TAG)
-            wait_request(comm.Irecv(buf, source=b, tag=PING_TAG), deadline, "notice ping")
+            wait_request(comm.Irecv(buf, source=b, tag=PING_TAG), deadline, "a notice ping")
             rtts.append((now() - t0) * 1e3)
         elif rank == b:
-            wait_request(comm.Irecv(buf, source=a, tag=PING_TAG), deadline, "notice ping")
+            wait_request(comm.Irecv(buf, source=a, tag=PING_TAG), deadline, "a notice ping")
             comm.Send(buf, dest=a, tag=PING_TAG)
     return percentile(rtts, 50) / 2 if rank == a else None
 
@@ -95,10 +97,10 @@ class LoopSettings:
 
 def choose_iters(settings: LoopSettings, warm_ms: float) -> int:
     """Requested iterations, cut down so a point takes about `seconds_per_point`, never < min."""
-    if warm_ms <= 0 or math.isnan(warm_ms):
+    if not (warm_ms > 0 and math.isfinite(warm_ms)):
         return settings.iters
-    fit = int(settings.seconds_per_point * 1e3 / warm_ms)
-    return max(settings.min_iters, min(settings.iters, fit))
+    fit = settings.seconds_per_point * 1e3 / warm_ms  # compared as a float: never int(inf)
+    return max(settings.min_iters, settings.iters if fit >= settings.iters else int(fit))
 
 
 @dataclass
@@ -173,6 +175,7 @@ def measure(comm, settings: LoopSettings, handoffs: list[Callable[[], object]], 
     (one round's sum), so that the loop takes about `seconds_per_point` per point measured in
     it (`points`: how many sizes share the rounds), within --min-iters..--iters."""
     k = len(handoffs)
+    WATCHDOG.phase("warm-up")
     cold = [_stamp(h()) for h in handoffs]
     warm: list[list] = [[] for _ in handoffs]
     for _ in range(settings.warmup):
@@ -181,6 +184,7 @@ def measure(comm, settings: LoopSettings, handoffs: list[Callable[[], object]], 
     mine = [_local_ms(w or [c]) for w, c in zip(warm, cold, strict=True)]
     per_round = sum(max(col) for col in zip(*comm.allgather(mine), strict=True))
     n = choose_iters(settings, per_round / max(1, points))
+    WATCHDOG.phase("timing")
     samples: list[list] = [[] for _ in handoffs]
     for i in range(n):
         for j in range(k):
@@ -276,7 +280,7 @@ def estimate_clock(comm, hosts: list[str], method: str, timeout_s: float,
                      [0.0] * size, [0.0] * size)
     buf = np.zeros(1, dtype=np.float64)
     result = [(0.0, 0.0)]
-    barrier(comm, timeout_s, "clock offsets")
+    barrier(comm, timeout_s, "the clock barrier")
     deadline = now() + timeout_s
     for peer in range(1, size):
         seen = []
@@ -284,10 +288,10 @@ def estimate_clock(comm, hosts: list[str], method: str, timeout_s: float,
             if rank == 0:
                 t_a = now()
                 comm.Send(buf, dest=peer, tag=PING_TAG)
-                wait_request(comm.Irecv(buf, source=peer, tag=PING_TAG), deadline, "clock ping")
+                wait_request(comm.Irecv(buf, source=peer, tag=PING_TAG), deadline, "a clock ping")
                 seen.append((t_a, float(buf[0]), now()))
             elif rank == peer:
-                wait_request(comm.Irecv(buf, source=0, tag=PING_TAG), deadline, "clock ping")
+                wait_request(comm.Irecv(buf, source=0, tag=PING_TAG), deadline, "a clock ping")
                 buf[0] = now()
                 comm.Send(buf, dest=0, tag=PING_TAG)
         if rank == 0:

@@ -16,7 +16,6 @@ See docs/fit-and-plan.md for every output field.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -28,13 +27,13 @@ import numpy as np
 from kvbench.cli import (
     ArgumentParser,
     UsageError,
-    non_negative_float,
+    arg_int,
+    bounded_float,
     parse_positive_floats,
     parse_positive_ints,
-    read_text,
     run_main,
 )
-from kvbench.fit import SCHEMA_FIT, SCHEMA_FIT_V1, matches, min_samples_for, parse_where
+from kvbench.fit import SCHEMA_FIT, matches, min_samples_for, parse_where
 from kvbench.fit_data import not_link_reason
 from kvbench.model import (
     DEFAULT_MODEL,
@@ -46,10 +45,13 @@ from kvbench.model import (
     get_dtype,
     resolve_model,
 )
-from kvbench.results import write_new_file
+from kvbench.results import check_new_file, dumps_json, write_new_file
 from kvbench.route import HANDOFF_MODES, LinkCost, breakeven, decide, exposed_ms, interference_at
+from kvbench.schema.fit import load_fit_document
+from kvbench.schema.types import MAX_GBPS, MAX_TOKENS, MIN_GBPS
 
 SCHEMA_PLAN = "kvbench.plan/1"
+MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours
 SCHEMA_ROUTE = "kvbench.route/1"
 
 
@@ -134,22 +136,10 @@ def _draws(d: dict | None) -> np.ndarray | None:
 
 
 def load_fit(path: str) -> dict:
-    p = Path(path)
-    text = read_text(p)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}); "
-                         "expected the output of kvbench fit") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{p}: expected a JSON object written by kvbench fit")
-    schema = doc.get("schema")
-    if schema not in (SCHEMA_FIT, SCHEMA_FIT_V1):
-        raise UsageError(f"{p}: unknown fit schema {schema!r} (this kvbench reads {SCHEMA_FIT} "
-                         f"and {SCHEMA_FIT_V1})")
-    if not isinstance(doc.get("groups"), list):
-        raise UsageError(f"{p}: no 'groups' list")
-    return doc
+    """A fit file through the typed, bounded fit model (kvbench.schema.fit): every field plan
+    computes with is finite and of its type, so no NaN, infinity, denormal rate or string
+    reaches the arithmetic or the table; any problem is one line naming the key path."""
+    return load_fit_document(path).model_dump(by_alias=True)
 
 
 def _group_not_link(g: dict) -> str | None:
@@ -214,7 +204,7 @@ def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
 
 
 def user_links(gbps: str, setup_ms: str | None, includes_setup: bool) -> list[Link]:
-    rates = parse_positive_floats(gbps, "--gbps")
+    rates = parse_positive_floats(gbps, "--gbps", MIN_GBPS, MAX_GBPS)
     if includes_setup:
         if setup_ms is not None:
             raise UsageError("--setup-ms with --includes-setup would count setup twice: an "
@@ -224,7 +214,7 @@ def user_links(gbps: str, setup_ms: str | None, includes_setup: bool) -> list[Li
     if setup_ms is None:
         raise UsageError("--gbps needs --setup-ms (or --includes-setup for a rate measured "
                          "end to end)")
-    setup = non_negative_float(setup_ms, "--setup-ms")
+    setup = bounded_float(setup_ms, "--setup-ms", 0, MAX_MS)
     return [Link(f"{r:g} GB/s + {setup:g} ms setup", "user", r, setup) for r in rates]
 
 
@@ -307,8 +297,9 @@ def _p99_text(r: dict) -> str:
 
 def _plan_row_line(r: dict) -> str:
     setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
-    return (f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {r['effective_gb_s']:>9.4g} "
-            f"{setup:>9} {r['bandwidth_floor_ms']:>12.4f} {r['handoff_floor_ms']:>11.4f} "
+    return (f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {_f(r['effective_gb_s'], '.4g'):>9} "
+            f"{setup:>9} {_f(r['bandwidth_floor_ms'], '.4f'):>12} "
+            f"{_f(r['handoff_floor_ms'], '.4f'):>11} "
             f"{_band_text(r['handoff_floor_ms_band95']):>19} "
             f"{'ok' if r['within_budget'] else 'OVER':>7} "
             f"{_f(r['measured_p50_ms'], '.4f'):>9} {_p99_text(r):>9} "
@@ -366,16 +357,14 @@ def _add_model_args(p: ArgumentParser, tokens_required: bool) -> None:
     g.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
                    help="FP8/INT8 scale overhead (default none)")
     g.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
-    g.add_argument("--block-size", type=int, default=None,
+    g.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
                    help="paged block size in tokens (allocation rounded up to whole blocks)")
 
 
 def _sizings(args) -> tuple:
     model = resolve_model(args.model, args.model_config)
     dtype = get_dtype(args.dtype)
-    tokens = parse_positive_ints(args.prompt_tokens, "--prompt-tokens")
-    if args.block_size is not None and args.block_size <= 0:
-        raise UsageError("--block-size must be positive")
+    tokens = parse_positive_ints(args.prompt_tokens, "--prompt-tokens", hi=MAX_TOKENS)
     sizings = [KVSizing(model, dtype, t, args.scale_mode, args.scale_dtype, args.block_size)
                for t in tokens]
     return model, dtype, sizings
@@ -428,7 +417,8 @@ def build_route_parser() -> ArgumentParser:
     g = p.add_argument_group("serving evidence")
     g.add_argument("--local-interference-ms", required=True, metavar="MS",
                    help="decode stall one local prefill of this prompt causes (per request)")
-    g.add_argument("--interference-at-tokens", type=int, default=None, metavar="N",
+    g.add_argument("--interference-at-tokens", type=arg_int(1, MAX_TOKENS), default=None,
+                   metavar="N",
                    help="the prompt length that interference was measured at: scale it "
                         "linearly to other lengths (default: the same for every length)")
     g.add_argument("--itl-p95-ms", required=True, metavar="MS",
@@ -443,21 +433,21 @@ def build_route_parser() -> ArgumentParser:
 
 
 def _emit(doc: dict, table: str, args) -> None:
-    text = json.dumps(doc, indent=2)
+    text = dumps_json(doc)
     if args.out:
         write_new_file(Path(args.out), text + "\n")
     print(table if args.format == "table" else text)
 
 
 def _check_out(args) -> None:
-    if args.out and Path(args.out).exists():
-        raise UsageError(f"refusing to overwrite existing file {args.out}")
+    if args.out:  # before any work: an existing file or an unwritable folder is one line
+        check_new_file(args.out)
 
 
 def plan_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     _check_out(args)
-    budget = parse_positive_floats(args.budget_ms, "--budget-ms")[0]
+    budget = bounded_float(args.budget_ms, "--budget-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
     model, dtype, sizings = _sizings(args)
     doc = {
@@ -477,11 +467,9 @@ def plan_main(argv: Sequence[str]) -> int:
 def route_main(argv: Sequence[str]) -> int:
     args = build_route_parser().parse_args(argv)
     _check_out(args)
-    interference = non_negative_float(args.local_interference_ms, "--local-interference-ms")
-    p95 = non_negative_float(args.itl_p95_ms, "--itl-p95-ms")
-    target = parse_positive_floats(args.itl_target_ms, "--itl-target-ms")[0]
-    if args.interference_at_tokens is not None and args.interference_at_tokens <= 0:
-        raise UsageError("--interference-at-tokens must be positive")
+    interference = bounded_float(args.local_interference_ms, "--local-interference-ms", 0, MAX_MS)
+    p95 = bounded_float(args.itl_p95_ms, "--itl-p95-ms", 0, MAX_MS)
+    target = bounded_float(args.itl_target_ms, "--itl-target-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
     model, dtype, sizings = _sizings(args)
     interf = interference_at(interference, args.interference_at_tokens)
@@ -527,14 +515,12 @@ def format_route_table(doc: dict) -> str:
         lines.append("")
         lines.append(f"{d['prompt_tokens']} tokens ({d['kv_bytes']:,} B) over {d['link']}:")
         lines.append(f"  verdict  {d['verdict']}")
+        versus = (f"(exposed handoff {_f(d['exposed_handoff_ms'], '.4f')} ms vs local "
+                  f"interference {_f(d['local_interference_ms'], 'g')} ms)")
         if d["added_ms"] is not None:
-            lines.append(f"  adds at least {d['added_ms']:.4f} ms "
-                         f"(exposed handoff {d['exposed_handoff_ms']:.4f} ms vs local "
-                         f"interference {d['local_interference_ms']:g} ms)")
+            lines.append(f"  adds at least {_f(d['added_ms'], '.4f')} ms {versus}")
         else:
-            lines.append(f"  saves at most {d['saved_ms']:.4f} ms "
-                         f"(exposed handoff {d['exposed_handoff_ms']:.4f} ms vs local "
-                         f"interference {d['local_interference_ms']:g} ms)")
+            lines.append(f"  saves at most {_f(d['saved_ms'], '.4f')} ms {versus}")
         lines.append(f"  reason   {d['reason']}")
         for n in d["notes"]:
             lines.append(f"  note     {n}")

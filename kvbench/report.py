@@ -139,7 +139,8 @@ def _dress(ax_t, ax_r, gf) -> None:
 
 
 def plot_fits(fits, title: str | None = None, fmt: str = "png") -> bytes:
-    """PNG (or fmt: svg, pdf) bytes for up to MAX_GROUPS GroupFit objects (kvbench.fit)."""
+    """The plot of up to MAX_GROUPS GroupFit objects (kvbench.fit) as bytes in matplotlib's
+    `fmt` (png, svg or pdf: kvbench.results.plot_format picks it from the file's suffix)."""
     import matplotlib.pyplot as plt
 
     fig = figure(fits, title)

@@ -5,6 +5,7 @@ Bytes are exact integers; GB and GB/s are decimal (1e9); MiB and GiB are binary.
 
 from __future__ import annotations
 
+import math
 import re
 
 GB = 1_000_000_000
@@ -31,10 +32,11 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def gb_per_s(nbytes: int, ms: float) -> float:
-    """Decimal GB/s for nbytes moved in ms milliseconds."""
-    if ms <= 0:
-        return float("inf")
+def gb_per_s(nbytes: int, ms: float) -> float | None:
+    """Decimal GB/s for nbytes moved in ms milliseconds; None when no rate follows (a time of
+    0, below the clock's resolution, or not a number): never an infinity in a record."""
+    if not ms > 0 or not math.isfinite(ms):
+        return None
     return nbytes / GB / (ms / 1000.0)
 
 

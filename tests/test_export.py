@@ -23,7 +23,9 @@ def fit_file(tmp_path, setup_ms=1.0, gb_s=10.0, name="fit.json", groups=1):
         {"label": f"link {i}", "group": {"transport": "nixl", "hosts": ["a", "b"], "n": str(i)},
          "setup_ms": setup_ms, "setup_ms_ci95": [setup_ms * 0.5, setup_ms * 1.5],
          "effective_gb_s": gb_s, "effective_gb_s_ci95": [gb_s * 0.9, gb_s * 1.1],
-         "sizes": [], "warnings": []} for i in range(groups)]}
+         # a valid kvbench fit group (kvbench.schema.fit): at least one measured size
+         "n_samples": 20, "n_sizes": 1, "sizes": [{"bytes": 1 << 30, "n": 20}],
+         "warnings": []} for i in range(groups)]}
     path = tmp_path / name
     path.write_text(json.dumps(doc))
     return str(path)

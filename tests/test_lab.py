@@ -18,7 +18,7 @@ import pytest
 
 from kvbench.lab import env as labenv
 from kvbench.lab import procs
-from kvbench.lab.promtext import fetch
+from kvbench.lab.snapshot import fetch
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = labenv.missing_reason()
@@ -126,14 +126,24 @@ def test_sweep_two_rates_two_deployments_report_and_resume(plan, tmp_path):
     assert {c["deployment"] for c in caps} == {"aggregated", "disaggregated"}
     assert report["verdicts"]["cold"][0]
     kv = report["kv_transfers"]
-    assert [r["rate_rps"] for r in kv] == [2.0, 8.0]
-    assert all(r["transfers"] > 0 and r["engine_vs_model"]["ratio"] > 0 for r in kv)
+    assert [(r["rate_rps"], r["deployment"], r["role"]) for r in kv] == \
+        [(2.0, "disaggregated", "decode"), (8.0, "disaggregated", "decode")]
+    for r in kv:  # the engine's own transfers, beside kvbench's fitted NIXL model and its band
+        m = r["model"]
+        assert r["transfers"]["median"] > 0 and sum(n for _, n in r["time_buckets_ms"]) == r["transfers"]["median"]
+        assert m["ratio"]["median"] > 0 and m["predicted_band_ms"][0] <= m["predicted_ms"]["median"]
+        assert m["ratio_band"][0] <= m["ratio"]["median"] <= m["ratio_band"][1]
+    sched = {(r["deployment"], r["role"]) for r in report["scheduler"]}
+    assert sched == {("aggregated", "aggregated-0"), ("aggregated", "aggregated-1"),
+                     ("disaggregated", "prefill"), ("disaggregated", "decode")}
+    assert all(r["queue_trend"] != ["-"] for r in report["scheduler"])  # >= 9 scrapes: judged
     for r in runs:
         folder = out / "runs" / "cold" / r["point"]["deployment"] / f"{r['point']['rate_rps']:g}rps-rep1"
-        assert {"vllm-bench.json", "records.jsonl", "scrape.jsonl", "metrics-before-after.json"} <= \
-            {p.name for p in folder.iterdir()}
+        assert {"vllm-bench.json", "records.jsonl", "scrape.jsonl", "run.json"} <= {p.name for p in folder.iterdir()}
+        assert json.loads((folder / "scrape.jsonl").read_text().splitlines()[-1])["stopped"] == "SIGTERM"
     assert (out / "sweep-cold.png").stat().st_size > 10_000
-    assert "## Capacity" in (out / "sweep-report.md").read_text()
+    md = (out / "sweep-report.md").read_text()
+    assert "## Capacity" in md and "## Scheduler" in md and "95% band" in md
     again = kvbench("sweep", plan, "--out", out)  # resume: nothing left to run, no deployment started
     assert "4 already done" in again.stderr and "ready on" not in again.stderr
 
@@ -145,7 +155,10 @@ def test_fault_audit_side_channel_under_both_policies(plan, tmp_path):
     assert report["passed"]
     by_policy = {r["policy"]: r for r in report["results"]}
     fail, recompute = by_policy["fail"], by_policy["recompute"]
-    assert fail["outcomes"] == {"complete": 3, "error": 1} and fail["decode_failed_transfers"] == 1
+    assert fail["outcomes"] == {"complete": 3, "error": 1}
+    # vLLM's own counter: 1 in most runs, 2 in one (the handshake failure and the read it
+    # aborted both counted); the audit's claims are the outcomes and positions, not this count
+    assert fail["decode_failed_transfers"] >= 1
     assert recompute["outcomes"] == {"complete": 4} and recompute["decode_recomputed_prompt_tokens"] > 0
     for r in (fail, recompute):
         assert r["duplicate_positions"] == 0 and r["missing_positions"] == 0

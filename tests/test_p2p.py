@@ -171,6 +171,18 @@ def test_corrupted_data_fails_the_run(tmp_path):
 
 
 @pytest.mark.mpi
+def test_corrupted_sharded_data_fails_the_run(tmp_path):
+    """The sharded pattern checks its data too (issue 15 F): 3 elements altered on each of
+    the two prefill ranks are 6 wrong elements at the decode rank."""
+    res, recs, _ = p2p(tmp_path, "--sizes", "16", "--pattern", "sharded", "--prefill-tp", "2",
+                       "--decode-tp", "1", "--debug-corrupt-elements", "3", *FAST, n=3)
+    assert res.returncode == 1
+    checked = [r for r in recs if r["wrong"] is not None]
+    assert checked and all(r["wrong"] == 6 for r in checked), [r["wrong"] for r in recs]
+    assert "data check failed" in res.stderr
+
+
+@pytest.mark.mpi
 def test_stalled_peer_aborts_instead_of_hanging(tmp_path):
     res, recs, _ = p2p(tmp_path, "--sizes", "16", "--timeout", "3", "--debug-stall-rank", "1",
                        *FAST, timeout=90)

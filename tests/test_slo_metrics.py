@@ -29,7 +29,8 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "metrics"
-FIT = ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json"
+FIT = ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json"  # kvbench.fit/1: no draws
+FIT2 = ROOT / "results" / "shaped-link" / "kvbench-p2p-20261203T092334Z.fit.json"  # /2, with draws
 PORTS = iter(range(18100, 18200))  # this branch's range (CONTRACTS.md section 5)
 
 # vLLM's declarations (NixlPromMetrics): buckets exactly as vLLM builds them
@@ -176,7 +177,54 @@ def test_scrape_then_analyze_a_disaggregated_pair(tmp_path, capsys, engines):
     m = kv["model"]
     assert m["predicted_mean_ms"] == pytest.approx(7.17611 + STEP_BYTES / 1.38019e9 * 1000)
     assert m["observed_over_predicted"] == pytest.approx(52.4 / m["predicted_mean_ms"])
+    assert m["predicted_band_ms"] is None and "no joint draws" in m["no_band"]  # a kvbench.fit/1 file
+    # the distribution as the buckets resolve it: per step one transfer in each of the buckets
+    # <= 5, 10, 25, 50 and 200 ms (4, 8, 20, 30 and 200 ms), none elsewhere
+    per_bucket = dict((str(le), n) for le, n in t["time_buckets_ms"])
+    assert sum(per_bucket.values()) == t["transfers"]
+    assert {le for le, n in per_bucket.items() if n} == {"5.0", "10.0", "25.0", "50.0", "200.0"}
+    assert all(n == steps for n in per_bucket.values() if n) and t["time_buckets_ms"][-1][0] == "+Inf"
     assert "exports no rejection counter" in " ".join(roles["decode"]["notes"])
+
+
+def test_the_model_beside_the_engine_carries_the_fits_band():
+    """A kvbench.fit/2 link: the prediction band at the engine's mean bytes is Link.band's, and the
+    ratio's band is the observed time over its two ends."""
+    from kvbench.plan import links_from_fit
+    from kvbench.slo.engine_metrics import model_beside
+
+    link = links_from_fit(str(FIT2), {})[0]
+    nbytes, observed = 2**21, 80.0
+    m = model_beside({"mean_bytes": float(nbytes), "mean_ms": observed}, link)
+    lo, hi = m["predicted_band_ms"]
+    assert [lo, hi] == link.band(nbytes) and lo < m["predicted_mean_ms"] < hi
+    assert m["setup_ms"] == 0.0 and link.setup_ms < 0  # a negative fitted setup is used as 0
+    assert m["predicted_mean_ms"] == pytest.approx(nbytes / (link.effective_gb_s * 1e9) * 1000)
+    assert m["observed_over_band"] == pytest.approx([observed / hi, observed / lo])
+    assert m["no_band"] is None
+
+
+def test_sigterm_ends_a_scrape_cleanly_after_one_last_reading(tmp_path, engines):
+    """A caller (kvbench sweep) stops the scrape when its load ends: a complete file, exit 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, url = engines("decode", queue_grows=True)
+    out = tmp_path / "term.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kvbench", "slo", "scrape", f"decode={url}",
+                             "--interval", "0.5", "--duration", "600", "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # start-up, then a few scrapes
+    proc.send_signal(signal.SIGTERM)
+    t_signal = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert time.monotonic() - t_signal < 10 and "stopped by SIGTERM" in stdout
+    rows = lines_of(out)
+    assert rows[-1]["kind"] == "end" and rows[-1]["stopped"] == "SIGTERM" and not rows[-1]["interrupted"]
+    assert rows[-1]["scrapes"] >= 2 and rows[-2]["kind"] == "sample"
 
 
 def test_an_endpoint_that_goes_away_is_a_gap_and_the_run_goes_on(tmp_path, capsys, engines):

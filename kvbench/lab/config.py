@@ -1,7 +1,9 @@
 """The plan's `lab:` section: how to stand up the local deployments and drive their load.
 
 The `slo` plan checker passes `lab:` through unvalidated (CONTRACTS.md section 4);
-this module owns its keys, defaults and refusals. Every key is optional:
+this module owns its keys, defaults and refusals, checked with kvbench.schema's strict,
+bounded types (pydantic): a wrong type, an unknown key, a value past its bound or an
+unfilled `<...>` placeholder is one line naming `lab.PATH`. Every key is optional:
 
     lab:
       base_port: 19000          # this lab's ports: base .. base+299 (127.0.0.1 only)
@@ -22,16 +24,29 @@ Equal core budgets are enforced: aggregated.instances == prefill + decode == len
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
+from pydantic import AfterValidator, Field
+
+from kvbench.cli import UsageError
 from kvbench.lab.tinymodel import TinyModelSpec
+from kvbench.schema.types import (
+    MAX_TOKENS,
+    Heads,
+    Layers,
+    PositiveTokens,
+    Strict,
+    Text,
+    Width,
+    parse,
+    refuse,
+    show,
+)
+from kvbench.slo.plan import PLACEHOLDER
 
 PORT_RANGE = (19000, 19999)
 PORTS_PER_LAB = 300
-
-
-class LabConfigError(ValueError):
-    """One problem in the `lab:` section, with the dotted path of the field."""
 
 
 @dataclass(frozen=True)
@@ -79,120 +94,134 @@ class LabConfig:
         return self.base_port + offset
 
 
-def _int(v, path, lo=None):
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        raise LabConfigError(f"{path}: must be an integer{f' >= {lo}' if lo is not None else ''}, got {v!r}")
-    return v
+# ---------------------------------------------------------------------------
+# the `lab:` section as read from a plan: strict, bounded types of kvbench.schema. Every
+# field defaults to None, so the defaults above stay the only ones: a field the plan sets
+# replaces the dataclass default, the rest keep it.
+
+MAX_CORES = 1024
+MAX_POLL_DELAY_US = 10**6  # a 1 s poll delay would already stall every transfer
+MAX_LEASE_S = 86_400
+MAX_START_S = 3_600
+Core = Annotated[int, Field(ge=0, le=MAX_CORES - 1)]
+Instances = Annotated[int, Field(ge=1, le=MAX_CORES)]
+Positive = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
-def _flag(v, path):
-    if not isinstance(v, bool):
-        raise LabConfigError(f"{path}: must be true or false, got {v!r}")
-    return v
+def _filled(text: str) -> str:
+    found = PLACEHOLDER.search(text)
+    if found:
+        raise refuse(f"placeholder {found.group(0)!r} not filled in")
+    return text
 
 
-def _mapping(v, path, known):
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise LabConfigError(f"{path}: must be a mapping")
-    for key in v:
-        if key not in known:
-            raise LabConfigError(f"{path}.{key}: unknown key (known: {', '.join(known)})")
-    return v
+LabText = Annotated[Text, AfterValidator(_filled)]
 
 
-def _ints_of(cls, data: dict, path: str, lo: int = 0):
-    """Build a dataclass whose fields are all ints from a mapping (unknown keys refused)."""
-    names = [f.name for f in fields(cls)]
-    _mapping(data, path, names)
-    return cls(**{k: _int(v, f"{path}.{k}", lo) for k, v in data.items()})
+def _port_block(base: int) -> int:
+    lo, hi = PORT_RANGE
+    if base < lo or base + PORTS_PER_LAB - 1 > hi:
+        raise refuse(f"the lab uses base_port..base_port+{PORTS_PER_LAB - 1}, which must lie in "
+                     f"{lo}-{hi}, got {base}")
+    return base
 
 
-def _load(v, path) -> LoadSpec:
-    _mapping(v, path, [f.name for f in fields(LoadSpec)])
-    kw = {}
-    for key, value in v.items():
-        if key in ("model", "tokenizer"):
-            if not isinstance(value, str) or not value:
-                raise LabConfigError(f"{path}.{key}: must be a non-empty string")
-            kw[key] = value
-        else:
-            kw[key] = _int(value, f"{path}.{key}", 0)
-    return LoadSpec(**kw)
+def _distinct(cores: list[int]) -> list[int]:
+    if len(set(cores)) != len(cores):
+        raise refuse(f"must list distinct core numbers, got {show(cores)}")
+    return cores
 
 
-def _cores(v, path):
-    if not isinstance(v, list) or not v or len(set(v)) != len(v):
-        raise LabConfigError(f"{path}: must be a non-empty list of distinct core numbers")
-    return tuple(_int(c, f"{path}[{i}]", 0) for i, c in enumerate(v))
+class _AggregatedIn(Strict):
+    instances: Instances | None = None
 
 
-def _workarounds(v, path) -> Workarounds:
-    _mapping(v, path, [f.name for f in fields(Workarounds)])
-    out = Workarounds()
-    if "nixl_poll_delay_us" in v:
-        out = Workarounds(_int(v["nixl_poll_delay_us"], f"{path}.nixl_poll_delay_us", 0),
-                          out.keep_model_thread_affinity)
-    if "keep_model_thread_affinity" in v:
-        out = Workarounds(out.nixl_poll_delay_us,
-                          _flag(v["keep_model_thread_affinity"], f"{path}.keep_model_thread_affinity"))
-    return out
+class _DisaggregatedIn(Strict):
+    prefill: Instances | None = None
+    decode: Instances | None = None
 
 
-TOP_KEYS = ("base_port", "cores", "aggregated", "disaggregated", "model", "max_model_len",
-            "kv_cache_gib", "kv_load_failure_policy", "kv_lease_s", "workarounds", "load",
-            "start_timeout_s")
+class _ModelIn(Strict):
+    hidden: Width | None = None
+    layers: Layers | None = None
+    heads: Heads | None = None
+    kv_heads: Heads | None = None
+    intermediate: Width | None = None
+    vocab: Width | None = None
+    max_positions: PositiveTokens | None = None
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None
 
 
-def parse_lab(data, path: str = "lab") -> LabConfig:
-    """Check a decoded `lab:` mapping; raises LabConfigError naming the first bad field."""
-    data = _mapping(data, path, TOP_KEYS)
-    kw: dict = {}
-    if "base_port" in data:
-        kw["base_port"] = _int(data["base_port"], f"{path}.base_port", 1)
-    if "cores" in data:
-        kw["cores"] = _cores(data["cores"], f"{path}.cores")
-    agg = _mapping(data.get("aggregated"), f"{path}.aggregated", ["instances"])
-    if "instances" in agg:
-        kw["aggregated_instances"] = _int(agg["instances"], f"{path}.aggregated.instances", 1)
-    dis = _mapping(data.get("disaggregated"), f"{path}.disaggregated", ["prefill", "decode"])
+class _WorkaroundsIn(Strict):
+    nixl_poll_delay_us: Annotated[int, Field(ge=0, le=MAX_POLL_DELAY_US)] | None = None
+    keep_model_thread_affinity: bool | None = None
+
+
+class _LoadIn(Strict):
+    input_len: PositiveTokens | None = None
+    output_len: Annotated[int, Field(ge=2, le=MAX_TOKENS)] | None = None  # TPOT needs two tokens
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] | None = None
+    model: LabText | None = None
+    tokenizer: LabText | None = None
+
+
+class LabIn(Strict):
+    """The `lab:` mapping of a plan, key for key (docs/lab.md section 6)."""
+
+    base_port: Annotated[int, AfterValidator(_port_block)] | None = None
+    cores: Annotated[list[Core], Field(min_length=1, max_length=MAX_CORES),
+                     AfterValidator(_distinct)] | None = None
+    aggregated: _AggregatedIn | None = None
+    disaggregated: _DisaggregatedIn | None = None
+    model: _ModelIn | None = None
+    max_model_len: Positive | None = None
+    kv_cache_gib: Annotated[int, Field(ge=1, le=2**20)] | None = None
+    kv_load_failure_policy: Literal["fail", "recompute"] | None = None
+    kv_lease_s: Annotated[int, Field(ge=1, le=MAX_LEASE_S)] | None = None
+    workarounds: _WorkaroundsIn | None = None
+    load: _LoadIn | None = None
+    start_timeout_s: Annotated[int, Field(ge=1, le=MAX_START_S)] | None = None
+
+
+def _given(model, cls):
+    """cls (a dataclass) with the fields model sets; the rest at the dataclass defaults."""
+    return cls(**({} if model is None else model.model_dump(exclude_none=True)))
+
+
+def parse_lab(data: object, where: str = "plan") -> LabConfig:
+    """Check a decoded `lab:` mapping; any problem is one UsageError line naming lab.PATH."""
+    m = parse(LabIn, {} if data is None else data, where, prefix="lab")
+    kw = {k: v for k, v in m.model_dump(exclude_none=True, include={
+        "base_port", "max_model_len", "kv_cache_gib", "kv_load_failure_policy", "kv_lease_s"}).items()}
+    if m.cores is not None:
+        kw["cores"] = tuple(m.cores)
+    if m.aggregated and m.aggregated.instances is not None:
+        kw["aggregated_instances"] = m.aggregated.instances
     for role in ("prefill", "decode"):
-        if role in dis:
-            kw[f"{role}_instances"] = _int(dis[role], f"{path}.disaggregated.{role}", 1)
-    if "model" in data:
-        kw["model"] = _ints_of(TinyModelSpec, data["model"], f"{path}.model", 1)
-    for key in ("max_model_len", "kv_cache_gib", "kv_lease_s"):
-        if key in data:
-            kw[key] = _int(data[key], f"{path}.{key}", 1)
-    if "kv_load_failure_policy" in data:
-        if data["kv_load_failure_policy"] not in ("fail", "recompute"):
-            raise LabConfigError(f"{path}.kv_load_failure_policy: must be fail or recompute, "
-                                 f"got {data['kv_load_failure_policy']!r}")
-        kw["kv_load_failure_policy"] = data["kv_load_failure_policy"]
-    if "workarounds" in data:
-        kw["workarounds"] = _workarounds(data["workarounds"], f"{path}.workarounds")
-    if "load" in data:
-        kw["load"] = _load(data["load"], f"{path}.load")
-    if "start_timeout_s" in data:
-        kw["start_timeout_s"] = float(_int(data["start_timeout_s"], f"{path}.start_timeout_s", 1))
-    return _check_budget(LabConfig(**kw), path)
+        value = getattr(m.disaggregated, role) if m.disaggregated else None
+        if value is not None:
+            kw[f"{role}_instances"] = value
+    if m.start_timeout_s is not None:
+        kw["start_timeout_s"] = float(m.start_timeout_s)
+    cfg = LabConfig(**kw, model=_given(m.model, TinyModelSpec),
+                    workarounds=_given(m.workarounds, Workarounds), load=_given(m.load, LoadSpec))
+    return _check_budget(cfg, where)
 
 
-def _check_budget(cfg: LabConfig, path: str) -> LabConfig:
+def _check_budget(cfg: LabConfig, where: str) -> LabConfig:
+    """What no single field says: equal core budgets, a model geometry that divides, a
+    prompt that fits the model."""
     n = len(cfg.cores)
     if cfg.aggregated_instances != n or cfg.prefill_instances + cfg.decode_instances != n:
-        raise LabConfigError(
-            f"{path}: not an equal core budget: aggregated runs {cfg.aggregated_instances} "
+        raise UsageError(
+            f"{where}: lab: not an equal core budget: aggregated runs {cfg.aggregated_instances} "
             f"instance(s), disaggregated {cfg.prefill_instances} prefill + {cfg.decode_instances} "
             f"decode, on {n} core(s) each (one instance per core)")
-    lo, hi = PORT_RANGE
-    if cfg.base_port < lo or cfg.base_port + PORTS_PER_LAB - 1 > hi:
-        raise LabConfigError(f"{path}.base_port: the lab uses base_port..base_port+{PORTS_PER_LAB - 1}, "
-                             f"which must lie in {lo}-{hi}")
-    if cfg.load.output_len < 2:
-        raise LabConfigError(f"{path}.load.output_len: must be >= 2 (TPOT needs two tokens)")
+    m = cfg.model
+    if m.hidden % m.heads or m.heads % m.kv_heads:
+        raise UsageError(f"{where}: lab.model: hidden ({m.hidden}) must be a multiple of heads ({m.heads}) "
+                         f"and heads a multiple of kv_heads ({m.kv_heads})")
     if cfg.load.input_len + cfg.load.output_len > cfg.max_model_len:
-        raise LabConfigError(f"{path}.load: input_len + output_len exceeds max_model_len "
-                             f"{cfg.max_model_len}")
+        raise UsageError(f"{where}: lab.load: input_len + output_len = "
+                         f"{cfg.load.input_len + cfg.load.output_len} exceeds max_model_len {cfg.max_model_len}")
     return cfg

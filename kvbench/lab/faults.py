@@ -32,7 +32,7 @@ from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import audit, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import LabState, run_interruptible, stop, stop_on_exit
-from kvbench.lab.promtext import fetch
+from kvbench.lab.snapshot import fetch
 from kvbench.results import utc_stamp, write_new_file
 
 INJECTIONS = ("side_channel", "stop_prefill", "kill_prefill")

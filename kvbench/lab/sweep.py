@@ -1,8 +1,8 @@
 """`kvbench sweep PLAN.yaml`: the plan's equal-budget rate sweep, run and judged.
 
 For every deployment x cache state x offered rate (x repeat) one bounded open-loop
-`vllm bench serve` run, with the deployment's /metrics scraped during it and read
-before and after it; records converted and analysed by `kvbench slo`; one report
+`vllm bench serve` run, with the deployment's /metrics recorded during it by `kvbench slo
+scrape`; records converted and analysed (with the scrapes) by `kvbench slo`; one report
 (kvbench.lab.sweepreport). With a `lab:` section and no endpoints the deployments are
 started locally, one at a time (an idle deployment would share the cores), and stopped
 after their runs or on any failure or Ctrl-C. Every run's files stay in the output
@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +28,6 @@ from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import run_interruptible, stop_on_exit
-from kvbench.lab.scrapeglue import Scraper, slo_supports
 from kvbench.results import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.sweep/1"
@@ -54,9 +55,10 @@ class Target:
     tokenizer: str
 
 
-def points(plan, lab_plan, deployments: list[str], repeats: int) -> list[Point]:
-    return [Point(s, d, r, k) for d in deployments for s in lab_plan.cache_states
-            for r in plan.offered_rates_rps for k in range(1, repeats + 1)]
+def points(plan, repeats: int) -> list[Point]:
+    """Every run the plan requires (slo's Plan.runs()) x repeats, one deployment after the other."""
+    runs = sorted(plan.runs(), key=lambda run: plan.deployments.index(run[1]))
+    return [Point(s, d, r, k) for s, d, r in runs for k in range(1, repeats + 1)]
 
 
 def _post(url: str) -> None:
@@ -66,29 +68,65 @@ def _post(url: str) -> None:
 
 def progress(metrics: dict[str, list[str]]):
     """Tokens generated so far over every instance (None where unreadable): the stall watch."""
-    from kvbench.lab.promtext import fetch
+    from kvbench.lab.snapshot import fetch
 
     def total():
-        snaps = [fetch(u, timeout=3) for urls in metrics.values() for u in urls]
+        snaps = [fetch(u, timeout_s=3) for urls in metrics.values() for u in urls]
         return tuple(None if s is None else s.get("generation_tokens") for s in snaps)
     return total if metrics else None
 
 
-def _metrics_text(metrics: dict[str, list[str]]) -> dict[str, str | None]:
-    out = {}
+def scrape_endpoints(metrics: dict[str, list[str]]) -> list[str]:
+    """ROLE=URL items for `kvbench slo scrape`, numbered when a role has several instances."""
+    out = []
     for role, urls in metrics.items():
         for i, url in enumerate(urls):
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    out[f"{role}-{i}"] = resp.read().decode(errors="replace")
-            except OSError:
-                out[f"{role}-{i}"] = None
+            out.append(f"{role}={url}" if len(urls) == 1 else f"{role}-{i}={url}")
     return out
 
 
+@contextmanager
+def scraping(metrics: dict[str, list[str]], folder: Path, bound_s: float, point: Point):
+    """`kvbench slo scrape` of every /metrics endpoint while the body runs (scrape.jsonl).
+
+    Bounded by the run's own bound; when the load ends, SIGTERM makes it take one last
+    reading and write its file (slo scrape's clean early stop). Its own process group, so
+    a Ctrl-C of the sweep does not cut it before that last reading.
+    """
+    if not metrics:
+        yield
+        return
+    cmd = [sys.executable, "-m", "kvbench", "slo", "scrape", *scrape_endpoints(metrics), "--interval", "1",
+           "--duration", f"{bound_s + 30:.0f}", "--out", str(folder / "scrape.jsonl"),
+           "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
+           "--cache-state", point.cache_state]
+    with open(folder / "scrape.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        time.sleep(max(0.0, t0 + 3.0 - time.monotonic()))  # past its start-up: SIGTERM is handled
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def set_aside(folder: Path) -> None:
+    """A run folder without run.json was cut short: keep its files under another name, rerun."""
+    if folder.exists() and not (folder / "run.json").exists():
+        aside = folder.with_name(f"{folder.name}.partial-{utc_stamp()}")
+        folder.rename(aside)
+        print(f"sweep: {folder} was cut short; kept as {aside.name}, running it again", file=sys.stderr)
+
+
 class Sweep:
-    def __init__(self, plan, lab_plan, out: Path, repeats: int, vllm: str):
-        self.plan, self.lab_plan, self.out, self.repeats, self.vllm = plan, lab_plan, out, repeats, vllm
+    def __init__(self, plan, lab, out: Path, vllm: str):
+        self.plan, self.lab, self.out, self.vllm = plan, lab, out, vllm
         self.c = plan.criteria
 
     def prepare_cache(self, point: Point, target: Target, folder: Path, run: bench.BenchRun) -> str:
@@ -105,35 +143,31 @@ class Sweep:
             return "same prompts sent once before the run (prefix cache warm)" if ok else f"prepass failed: {why}"
         return f"cache state {point.cache_state!r} is a label only (kvbench knows cold and warm)"
 
+    def bench_run(self, point: Point, target: Target) -> bench.BenchRun:
+        load = self.lab.load if self.lab else None
+        return bench.BenchRun(target.endpoint, target.model, target.tokenizer, point.rate_rps,
+                              bench.num_prompts(point.rate_rps, self.c.duration_s, self.c.warmup_requests),
+                              load.input_len if load else 256, load.output_len if load else 32,
+                              (load.seed if load else 0) + point.repeat - 1)
+
     def run_point(self, point: Point, target: Target) -> dict:
         folder = point.folder(self.out)
-        folder.mkdir(parents=True, exist_ok=True)
-        load = self.lab_plan.lab.load if self.lab_plan.lab else None
-        run = bench.BenchRun(target.endpoint, target.model, target.tokenizer, point.rate_rps,
-                             bench.num_prompts(point.rate_rps, self.c.duration_s, self.c.warmup_requests),
-                             load.input_len if load else 256, load.output_len if load else 32,
-                             (load.seed if load else 0) + point.repeat - 1)
+        set_aside(folder)
+        folder.mkdir(parents=True)
+        run = self.bench_run(point, target)
         cache_note = self.prepare_cache(point, target, folder, run)
         load_before = os.getloadavg()[0]
-        before = _metrics_text(target.metrics)
         bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0)
-        scraper = Scraper(target.metrics, folder / "scrape.jsonl", run.num_prompts / run.rate_rps + 10,
-                          {"deployment": point.deployment, "offered_rate": f"{point.rate_rps:g}",
-                           "cache_state": point.cache_state})
         t0 = time.time()
-        scraper.start()
-        try:
+        with scraping(target.metrics, folder, bound, point):
             ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
                                         folder / "vllm-bench.log", bound, progress(target.metrics),
                                         self.c.request_deadline_ms / 1000.0 + 10.0)
-        finally:
-            scraper.stop()
-        after = _metrics_text(target.metrics)
-        write_new_file(folder / "metrics-before-after.json", json.dumps({"before": before, "after": after}))
         records = self.convert(point, folder) if ok else None
         result = {"point": asdict(point), "status": "done" if records else "failed",
                   "reason": why if not ok else ("" if records else "conversion failed"),
                   "cache": cache_note, "num_prompts": run.num_prompts, "seed": run.seed,
+                  "scrape": (folder / "scrape.jsonl").exists(),
                   "started_unix": t0, "wall_s": round(time.time() - t0, 1), "bound_s": round(bound),
                   "load_before": load_before, "load_after": os.getloadavg()[0]}
         write_new_file(folder / "run.json", json.dumps(result, indent=2) + "\n")
@@ -142,9 +176,8 @@ class Sweep:
     def convert(self, point: Point, folder: Path) -> Path | None:
         out = folder / "records.jsonl"
         cmd = [sys.executable, "-m", "kvbench", "slo", "convert-vllm", str(folder / "vllm-bench.json"),
-               "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}", "--out", str(out)]
-        if slo_supports("convert-vllm", "--cache-state"):
-            cmd += ["--cache-state", point.cache_state]
+               "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
+               "--cache-state", point.cache_state, "--out", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         (folder / "convert.log").write_text(proc.stdout + proc.stderr)
         return out if proc.returncode == 0 else None
@@ -195,15 +228,16 @@ def open_out(out: Path, plan_path: str, argv: list[str]) -> None:
 
 def run_deployment(sweep: Sweep, name: str, todo: list[Point], counter: list[int], total: int) -> None:
     """Bring one deployment up (lab) or use its endpoint, run its pending points, take it down."""
-    lab, target_spec = sweep.lab_plan.lab, sweep.lab_plan.targets.get(name)
+    lab, spec = sweep.lab, sweep.plan.deployment_specs[name]
     started: list = []
     with stop_on_exit(started):
-        if target_spec is not None and target_spec.endpoint:
+        if spec.endpoint:
             load = lab.load if lab else None
             if not (load and load.model and load.tokenizer):
                 raise UsageError("a plan with endpoints needs lab.load.model and lab.load.tokenizer "
                                  "for vllm bench serve")
-            target = Target(target_spec.endpoint, target_spec.metrics_endpoints, [], load.model, load.tokenizer)
+            metrics = {role: list(urls) for role, urls in spec.metrics_endpoints.items()}
+            target = Target(spec.endpoint, metrics, [], load.model, load.tokenizer)
         else:
             from kvbench.lab.cli import model_for
 
@@ -243,35 +277,35 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    plan, lab_plan = load_lab_plan(args.plan)
-    local = [n for n, t in lab_plan.targets.items() if not t.endpoint]
+    plan, lab = load_lab_plan(args.plan)
+    local = [n for n, d in plan.deployment_specs.items() if not d.endpoint]
     if local and labenv.missing_reason():
         raise UsageError(labenv.missing_reason())
-    vllm = bench.find_vllm(labenv.lab_bin("vllm") if lab_plan.lab else None)
+    vllm = bench.find_vllm(labenv.lab_bin("vllm") if lab else None)
     out = Path(args.out or f"lab-sweep-{utc_stamp()}")
     open_out(out, args.plan, argv)
     fit = None
-    if lab_plan.lab and not args.no_handoff_model:
-        fit = reference_fit(lab_plan, out)
-    pts = points(plan, lab_plan, list(plan.deployments), args.repeats)
+    if lab and not args.no_handoff_model:
+        fit = reference_fit(lab, out)
+    pts = points(plan, args.repeats)
     todo = [p for p in pts if not (p.folder(out) / "run.json").exists()]
     print(f"sweep: {len(pts)} runs, {len(pts) - len(todo)} already done", file=sys.stderr, flush=True)
     counter = [len(pts) - len(todo)]
+    sweep = Sweep(plan, lab, out, vllm)
     for name in plan.deployments:
         mine = [p for p in todo if p.deployment == name]
         if mine:
-            run_deployment(Sweep(plan, lab_plan, out, args.repeats, vllm), name, mine, counter, len(pts))
-    report = write_report(out, plan, lab_plan, pts, fit)
-    print(report)
+            run_deployment(sweep, name, mine, counter, len(pts))
+    print(write_report(out, plan, pts, fit))
     return 0
 
 
-def reference_fit(lab_plan, out: Path) -> Path:
+def reference_fit(lab, out: Path) -> Path:
     from kvbench.lab.cli import model_for
     from kvbench.lab.handoff import reference_fit as run_fit
 
     print("sweep: measuring the NIXL reference with kvbench p2p + fit first", file=sys.stderr, flush=True)
-    return run_fit(model_for(lab_plan.lab), out / "handoff-model", out / "handoff-model.log")
+    return run_fit(model_for(lab), out / "handoff-model", out / "handoff-model.log")
 
 
 def cli(argv=None) -> int:

@@ -1,11 +1,12 @@
-"""The sweep's one report: capacity, first failing gate and verdict per cache state (from
-`kvbench slo analyze`), medians with their spread over repeats, the KV-transfer
-distribution and the engine-vs-model handoff ratio, plots, and every raw file.
+"""The sweep's one report: capacity, first failing gate and verdict per cache state, medians
+with their spread over repeats, queue trends per role, the KV-transfer distribution and the
+engine-vs-model handoff ratio, plots, and every raw file.
 
-Judging stays in kvbench.slo: this module runs `kvbench slo analyze` once per cache
-state and repeat, then only arranges its answers. A run that produced no records (the
-deployment stopped answering) fails its rate: capacity is cut below it and the
-verdict says so.
+Judging and reading the engines' metrics stay in kvbench.slo: this module runs `kvbench slo
+analyze` once per repeat, over every run's records (`--plan`), every run's scrape
+(`--metrics`, from `kvbench slo scrape`) and the NIXL reference fit (`--fit`), then only
+arranges its answers. A run that produced no records (the deployment stopped answering)
+fails its rate: capacity is cut below it and the verdict says so.
 """
 
 from __future__ import annotations
@@ -18,56 +19,49 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from kvbench.lab import handoff
-from kvbench.lab.planfile import _slo_view
-from kvbench.lab.promtext import bucket_quantile, histogram, histogram_delta
-from kvbench.lab.scrapeglue import slo_has_scrape
-
-XFER = "vllm:nixl_xfer_time_seconds"
-BYTES = "vllm:nixl_bytes_transferred"
+from kvbench.results import utc_stamp
 
 
-def slo_plan_path(out: Path, plan_path: str) -> Path:
-    """The plan as the installed slo checker accepts it (itself, or the adapted view)."""
-    from kvbench.slo.plan import check_plan
-
-    data = yaml.safe_load(Path(plan_path).read_text())
-    if not check_plan(data)[1]:
-        return Path(plan_path)
-    view = out / "analysis" / "plan.slo.yaml"
-    if not view.exists():
-        view.parent.mkdir(parents=True, exist_ok=True)
-        view.write_text(yaml.safe_dump(_slo_view(data), sort_keys=False))
-    return view
-
-
-def analyze_supports(flag: str) -> bool:
-    from kvbench.lab.scrapeglue import slo_supports
-
-    return slo_supports("analyze", flag)
-
-
-def run_analyze(out: Path, plan_path: Path, state: str, rep: int, runs: list[dict], fit: Path | None) -> dict | None:
-    """`kvbench slo analyze` over one cache state and repeat; its JSON report, or None."""
+def _analyze_cmd(plan, runs: list[dict], fit: Path | None, stem: Path) -> list[str]:
     records = [str(r["folder"] / "records.jsonl") for r in runs if r["status"] == "done"]
-    if not records:
+    scrapes = [str(r["folder"] / "scrape.jsonl") for r in runs if (r["folder"] / "scrape.jsonl").exists()]
+    cmd = [sys.executable, "-m", "kvbench", "slo", "analyze", *records, "--plan", plan.path,
+           "--format", "json", "--out", str(stem.with_suffix(".json")), "--plot", str(stem.with_suffix(".png"))]
+    for f in scrapes:
+        cmd += ["--metrics", f]
+    if scrapes and fit is not None:
+        cmd += ["--fit", str(fit)]
+    return cmd
+
+
+def _inputs(cmd: list[str]) -> list[str]:
+    """What an analysis was made of: its command without the output paths."""
+    return [a for a in cmd[cmd.index("analyze") + 1:] if not a.endswith((".json", ".png")) or a.endswith(".fit.json")]
+
+
+def run_analyze(out: Path, plan, rep: int, runs: list[dict], fit: Path | None) -> dict | None:
+    """`kvbench slo analyze` over one repeat (every cache state); its JSON report, or None.
+
+    An analysis already on disk is reused when it was made of the same files; one made
+    before a resumed sweep added runs is kept aside (renamed), never overwritten.
+    """
+    if not any(r["status"] == "done" for r in runs):
         return None
-    stem = out / "analysis" / f"{state}-rep{rep}"
-    if not stem.with_suffix(".json").exists():
-        cmd = [sys.executable, "-m", "kvbench", "slo", "analyze", *records, "--plan", str(plan_path),
-               "--format", "json", "--out", str(stem.with_suffix(".json")), "--plot", str(stem.with_suffix(".png"))]
-        if slo_has_scrape() and analyze_supports("--metrics"):
-            for r in runs:
-                cmd += ["--metrics", str(r["folder"] / "scrape.jsonl")]
-            if fit is not None and analyze_supports("--fit"):
-                cmd += ["--fit", str(fit)]
+    stem = out / "analysis" / f"rep{rep}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    cmd = _analyze_cmd(plan, runs, fit, stem)
+    made = stem.with_suffix(".json")
+    if made.exists() and _inputs(json.loads(made.read_text())["command"]) != _inputs(cmd):
+        stamp = utc_stamp()
+        for suffix in (".json", ".png", ".log"):
+            if stem.with_suffix(suffix).exists():
+                stem.with_suffix(suffix).rename(stem.parent / f"{stem.name}.stale-{stamp}{suffix}")
+    if not made.exists():
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        (stem.with_suffix(".log")).write_text(proc.stdout[-4000:] + proc.stderr)
+        (stem.with_suffix(".log")).write_text(proc.stderr)
         if proc.returncode != 0:
             return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "analyze failed"}
-    return json.loads(stem.with_suffix(".json").read_text())
+    return json.loads(made.read_text())
 
 
 def load_runs(out: Path, pts) -> list[dict]:
@@ -94,20 +88,6 @@ def adjusted_capacity(cap: dict, failed_rates: list[float]) -> dict:
             "produced no result (deployment stopped answering): failing"}
 
 
-def kv_distribution(run: dict) -> dict | None:
-    """Decode's NIXL histograms over one run: transfer count, bytes, time and its buckets."""
-    path = run["folder"] / "metrics-before-after.json"
-    if not path.exists():
-        return None
-    snap = json.loads(path.read_text())
-    key = next((k for k in snap["after"] if k.startswith("decode")), None)
-    if key is None or not snap["before"].get(key) or not snap["after"].get(key):
-        return None
-    xfer = histogram_delta(histogram(snap["before"][key], XFER), histogram(snap["after"][key], XFER))
-    nbytes = histogram_delta(histogram(snap["before"][key], BYTES), histogram(snap["after"][key], BYTES))
-    return {"xfer": xfer, "bytes": nbytes}
-
-
 def median_spread(values: list[float | None]) -> dict:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -115,23 +95,25 @@ def median_spread(values: list[float | None]) -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def point_table(analyses: dict, states, deployments, rates) -> list[dict]:
+def _matching(analyses: dict, key: tuple) -> list[dict]:
+    """slo's groups of one (cache state, deployment, rate), one per repeat."""
+    state, dep, rate = key
+    return [g for a in analyses.values() if a and "groups" in a for g in a["groups"]
+            if g.get("cache_state") == state and g["deployment"] == dep and abs(g["offered_rate_rps"] - rate) < 1e-9]
+
+
+def point_table(analyses: dict, plan) -> list[dict]:
     """Per cache state x deployment x rate: median [min-max] over repeats of the key figures."""
     rows = []
-    for s in states:
-        for d in deployments:
-            for r in rates:
-                groups = [g for a in analyses.get(s, []) if a and "groups" in a for g in a["groups"]
-                          if g["deployment"] == d and abs(g["offered_rate_rps"] - r) < 1e-9]
-                if not groups:
-                    continue
-                rows.append({"cache_state": s, "deployment": d, "rate_rps": r, "repeats": len(groups),
-                             "ttft_p50_ms": _lat(groups, "ttft", 50),
-                             "ttft_p99_ms": _lat(groups, "ttft", 99),
-                             "tpot_p50_ms": _lat(groups, "tpot", 50),
-                             "attainment_pct": median_spread([g["attainment"]["declared_pct"] for g in groups]),
-                             "throughput_rps": median_spread([g["throughput"]["throughput_rps"] for g in groups]),
-                             "passed": [g["passed"] for g in groups]})
+    for state, dep, rate in plan.runs():
+        groups = _matching(analyses, (state, dep, rate))
+        if not groups:
+            continue
+        rows.append({"cache_state": state, "deployment": dep, "rate_rps": rate, "repeats": len(groups),
+                     **{f"{m}_p{q}_ms": _lat(groups, m, q) for m in ("ttft", "tpot") for q in (50, 99)},
+                     "attainment_pct": median_spread([g["attainment"]["declared_pct"] for g in groups]),
+                     "throughput_rps": median_spread([g["throughput"]["throughput_rps"] for g in groups]),
+                     "passed": [g["passed"] for g in groups]})
     return rows
 
 
@@ -139,43 +121,84 @@ def _lat(groups: list[dict], metric: str, q: int) -> dict:
     return median_spread([g["latency_ms"][metric][f"p{q}_ms"] for g in groups])
 
 
-def kv_table(runs: list[dict], fit: Path | None) -> list[dict]:
-    """Per cache state x rate (disaggregated): pooled transfers and the engine-vs-model ratio."""
+def engine_roles(analyses: dict) -> dict[tuple, list[dict]]:
+    """slo's per-role engine analyses by (cache state, deployment, rate, role), one per repeat."""
+    out: dict[tuple, list[dict]] = {}
+    for a in analyses.values():
+        for e in (a or {}).get("engine_metrics") or []:
+            lab = e["labels"]
+            for role in e["roles"]:
+                key = (lab["cache_state"], lab["deployment"], lab["offered_rate_rps"], role["role"])
+                out.setdefault(key, []).append(role)
+    return out
+
+
+def _trend_word(t: dict) -> str:
+    return "-" if t["growing"] is None else ("growing" if t["growing"] else "stable")
+
+
+def scheduler_table(roles: dict[tuple, list[dict]]) -> list[dict]:
+    """Per run and role: queue trend (slo's first/last-third rule), running, KV usage, failures."""
     rows = []
-    keys = sorted({(r["p"].cache_state, r["p"].rate_rps) for r in runs if r["p"].deployment == "disaggregated"})
-    for state, rate in keys:
-        dists = [kv_distribution(r) for r in runs if r["p"].deployment == "disaggregated"
-                 and r["p"].cache_state == state and r["p"].rate_rps == rate]
-        dists = [d for d in dists if d and d["xfer"]["count"] > 0]
-        if not dists:
-            continue
-        pooled = {k: _pool([d[k] for d in dists]) for k in ("xfer", "bytes")}
-        cmp_runs = [handoff.compare(fit, d["xfer"], d["bytes"]) for d in dists] if fit else []
-        rows.append({"cache_state": state, "rate_rps": rate, "transfers": pooled["xfer"]["count"],
-                     "mean_bytes": pooled["bytes"]["sum"] / pooled["bytes"]["count"],
-                     "mean_ms": pooled["xfer"]["sum"] / pooled["xfer"]["count"] * 1000.0,
-                     **{f"p{q}_ms_bucket_estimate": _ms(bucket_quantile(pooled["xfer"], q / 100)) for q in (50, 90, 99)},
-                     "buckets_s": pooled["xfer"]["buckets"],
-                     "engine_vs_model": _pooled_compare(fit, pooled) if fit else None,
-                     "ratio_per_repeat": [c["ratio"] for c in cmp_runs if c]})
+    for (state, dep, rate, role), per_rep in sorted(roles.items(), key=lambda kv: str(kv[0])):
+        rows.append({"cache_state": state, "deployment": dep, "rate_rps": rate, "role": role,
+                     "queue_trend": [_trend_word(r["queue"]) for r in per_rep],
+                     "waiting_first_third": median_spread([r["queue"]["mean_first_third"] for r in per_rep]),
+                     "waiting_last_third": median_spread([r["queue"]["mean_last_third"] for r in per_rep]),
+                     "running_last_third": median_spread([r["running"]["mean_last_third"] for r in per_rep]),
+                     "kv_usage_max": median_spread([(r["kv_usage"] or {}).get("max") for r in per_rep]),
+                     "failed_transfers": _increase(per_rep, "xfer_failures"),
+                     "kv_expired": _increase(per_rep, "kv_expired"),
+                     "scrapes": [r["scrapes"] for r in per_rep]})
     return rows
 
 
-def _pooled_compare(fit, pooled):
-    return handoff.compare(fit, pooled["xfer"], pooled["bytes"])
+def _increase(per_rep: list[dict], key: str) -> float | None:
+    vals = [r[key]["increase"] for r in per_rep if r.get(key)]
+    return sum(vals) if vals else None
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000.0
+def kv_table(roles: dict[tuple, list[dict]]) -> list[dict]:
+    """Per run and role with KV transfers: slo's distribution, and its engine-vs-model comparison."""
+    rows = []
+    for (state, dep, rate, role), per_rep in sorted(roles.items(), key=lambda kv: str(kv[0])):
+        kvs = [r["kv_transfer"] for r in per_rep if (r.get("kv_transfer") or {}).get("source") == "histogram"
+               and r["kv_transfer"]["total"]["transfers"]]
+        if not kvs:
+            continue
+        totals = [k["total"] for k in kvs]
+        models = [k["model"] for k in kvs if k.get("model")]
+        rows.append({"cache_state": state, "deployment": dep, "rate_rps": rate, "role": role,
+                     "repeats": len(kvs), "transfers": median_spread([t["transfers"] for t in totals]),
+                     **{k: median_spread([t[k] for t in totals])
+                        for k in ("mean_bytes", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "observed_gb_s")},
+                     "time_buckets_ms": _pool_buckets([t.get("time_buckets_ms") or [] for t in totals]),
+                     "model": _model_summary(models)})
+    return rows
 
 
-def _pool(hists: list[dict]) -> dict:
-    buckets: dict[float, float] = {}
-    for h in hists:
-        for le, c in h["buckets"]:
-            buckets[le] = buckets.get(le, 0.0) + c
-    return {"buckets": sorted(buckets.items()), "sum": sum(h["sum"] for h in hists),
-            "count": sum(h["count"] for h in hists)}
+def _pool_buckets(per_rep: list[list]) -> list[list]:
+    pooled: dict = {}
+    for buckets in per_rep:
+        for le, n in buckets:
+            pooled[le] = pooled.get(le, 0.0) + n
+    return sorted(([le, n] for le, n in pooled.items()), key=lambda x: float(x[0]))
+
+
+def _model_summary(models: list[dict]) -> dict | None:
+    """The fitted model beside the engine over repeats: prediction, its 95% band, the ratio."""
+    if not models:
+        return None
+    bands = [m["predicted_band_ms"] for m in models if m.get("predicted_band_ms")]
+    ratio_bands = [m["observed_over_band"] for m in models if m.get("observed_over_band")]
+    return {"link": models[0]["link"], "setup_ms": models[0]["setup_ms"],
+            "effective_gb_s": models[0]["effective_gb_s"],
+            "predicted_ms": median_spread([m["predicted_mean_ms"] for m in models]),
+            "predicted_band_ms": [min(b[0] for b in bands), max(b[1] for b in bands)] if bands else None,
+            "no_band": next((m["no_band"] for m in models if m.get("no_band")), None),
+            "ratio": median_spread([m["observed_over_predicted"] for m in models]),
+            "ratio_band": ([min(b[0] for b in ratio_bands), max(b[1] for b in ratio_bands)]
+                           if ratio_bands else None)}
 
 
 def machine_note(runs: list[dict]) -> dict:
@@ -202,36 +225,45 @@ def provenance(out: Path) -> dict:
             "vllm": labenv.VLLM_VERSION, "nixl": labenv.NIXL_VERSION, "python": platform.python_version()}
 
 
-def write_report(out: Path, plan, lab_plan, pts, fit: Path | None) -> str:
-    from kvbench.lab.sweepfmt import markdown, plot_spread_and_kv
+def _capacities(analyses: dict, runs: list[dict], plan) -> tuple[dict, dict]:
+    """capacity[state] and verdicts[state], one entry per repeat, cut below runs that failed."""
+    capacity: dict = {}
+    verdicts: dict = {}
+    for rep, a in sorted(analyses.items()):
+        if not a or "capacity" not in a:
+            continue
+        by_state = {v["cache_state"]: v["text"] for v in a["verdicts"]}
+        for state in plan.cache_states:
+            failed = {d: [r["p"].rate_rps for r in runs if r["p"].repeat == rep and r["p"].cache_state == state
+                          and r["p"].deployment == d and r["status"] != "done"] for d in plan.deployments}
+            caps = [adjusted_capacity(c, failed[c["deployment"]]) for c in a["capacity"]
+                    if c.get("cache_state", state) == state]
+            capacity.setdefault(state, []).append(caps)
+            note = " (runs failed: capacity cut below them)" if any(failed.values()) else ""
+            verdicts.setdefault(state, []).append(by_state.get(state, "no verdict (no run of this state)") + note)
+    return capacity, verdicts
+
+
+def write_report(out: Path, plan, pts, fit: Path | None) -> str:
+    from kvbench.lab.sweepfmt import markdown, plot_sweep
 
     runs = load_runs(out, pts)
-    states, rates = lab_plan.cache_states, list(plan.offered_rates_rps)
     reps = sorted({p.repeat for p in pts})
-    slo_plan = slo_plan_path(out, lab_plan.path)
-    analyses, capacity, verdicts = {}, {}, {}
-    for s in states:
-        for k in reps:
-            mine = [r for r in runs if r["p"].cache_state == s and r["p"].repeat == k]
-            a = run_analyze(out, slo_plan, s, k, mine, fit)
-            analyses.setdefault(s, []).append(a)
-            if a and "capacity" in a:
-                failed = {d: [r["p"].rate_rps for r in mine if r["p"].deployment == d and r["status"] != "done"]
-                          for d in plan.deployments}
-                capacity.setdefault(s, []).append([adjusted_capacity(c, failed.get(c["deployment"], []))
-                                                   for c in a["capacity"]])
-                note = " (runs failed: capacity cut below them)" if any(failed.values()) else ""
-                verdicts.setdefault(s, []).append(a["verdict"]["text"] + note)
-    report = {"schema": "kvbench.lab.sweep-report/1", "plan": lab_plan.path, "machine": machine_note(runs),
+    analyses = {k: run_analyze(out, plan, k, [r for r in runs if r["p"].repeat == k], fit) for k in reps}
+    capacity, verdicts = _capacities(analyses, runs, plan)
+    roles = engine_roles(analyses)
+    report = {"schema": "kvbench.lab.sweep-report/2", "plan": plan.path, "machine": machine_note(runs),
               "provenance": provenance(out),
               "runs": [{k: v for k, v in r.items() if k not in ("folder", "p")} for r in runs],
-              "capacity": capacity, "verdicts": verdicts,
-              "points": point_table(analyses, states, plan.deployments, rates),
-              "kv_transfers": kv_table(runs, fit), "handoff_fit": str(fit) if fit else None}
-    report["plots"] = plot_spread_and_kv(out, report)
+              "analysis_errors": {k: a["error"] for k, a in analyses.items() if a and "error" in a},
+              "capacity": capacity, "verdicts": verdicts, "points": point_table(analyses, plan),
+              "scheduler": scheduler_table(roles), "kv_transfers": kv_table(roles),
+              "handoff_fit": str(fit) if fit else None,
+              "attainment_min_pct": 100 * plan.criteria.slo_attainment_min}
+    slo_plots = sorted(str(p.relative_to(out)) for p in (out / "analysis").glob("rep*.png") if ".stale-" not in p.name)
+    report["plots"] = plot_sweep(out, report) + slo_plots
     report["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     text = markdown(report, plan)
     (out / "sweep-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "sweep-report.md").write_text(text)
     return text
-

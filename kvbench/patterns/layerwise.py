@@ -25,6 +25,7 @@ import sys
 import torch
 
 from kvbench import compute
+from kvbench.cli import arg_float, arg_int
 from kvbench.engine import Handoff
 from kvbench.layout import KVCache, KVSpec
 from kvbench.messages import plan_messages
@@ -85,9 +86,10 @@ class Layerwise(Pattern):
                        help="sender compute per layer: calibrated GEMM tiles for "
                             "--layer-compute-ms (default), or the model's prefill-layer GEMMs "
                             "at the prompt length")
-        g.add_argument("--layer-compute-ms", type=float, default=None, metavar="X",
+        g.add_argument("--layer-compute-ms", type=arg_float(0, 1e4, lo_open=True), default=None,
+                       metavar="X",
                        help="real GEMM work per layer, calibrated to about X ms here (default 1)")
-        g.add_argument("--compute-threads", type=int, default=1, metavar="N",
+        g.add_argument("--compute-threads", type=arg_int(1, 4096), default=1, metavar="N",
                        help="torch threads per rank during layerwise runs (default 1: sender "
                             "compute, receiver and transport progress share the cores)")
         g.add_argument("--layer-poll", action="store_true", default=True,

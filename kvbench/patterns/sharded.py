@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from kvbench.cli import arg_int
 from kvbench.engine import Handoff
 from kvbench.harness import LoopResult
 from kvbench.messages import plan_messages
@@ -219,10 +220,12 @@ class Sharded(Pattern):
     @classmethod
     def add_arguments(cls, parser) -> None:
         g = parser.add_argument_group("sharded pattern")
-        g.add_argument("--tp", type=int, default=None,
+        g.add_argument("--tp", type=arg_int(1, 65536), default=None,
                        help="tensor-parallel size of both sides (world = 2 x TP; default world/2)")
-        g.add_argument("--prefill-tp", type=int, default=None, help="prefill TP size (ranks 0..P-1)")
-        g.add_argument("--decode-tp", type=int, default=None, help="decode TP size (the next D ranks)")
+        g.add_argument("--prefill-tp", type=arg_int(1, 65536), default=None,
+                       help="prefill TP size (ranks 0..P-1)")
+        g.add_argument("--decode-tp", type=arg_int(1, 65536), default=None,
+                       help="decode TP size (the next D ranks)")
 
     @classmethod
     def layout_error(cls, args, world_size, model) -> str | None:
@@ -339,7 +342,9 @@ class Sharded(Pattern):
             "rank_cold_ms": cont.rank_cold_ms,
             "table_note": (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
                            f"rank bytes {[g[0] for g in gathered]}; aggregate "
-                           f"{common['aggregate_gbps']:.2f} GB/s; contended/isolated p50 = "
+                           + ("-" if common["aggregate_gbps"] is None
+                              else f"{common['aggregate_gbps']:.2f}")
+                           + " GB/s; contended/isolated p50 = "
                            + ("-" if ratio is None else f"{ratio:.2f}")
                            + (f"; {plan.note}" if plan.note else "")),
         }

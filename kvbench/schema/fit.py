@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field
 
+from kvbench.cli import UsageError
 from kvbench.schema.read import MiB, load_json
 from kvbench.schema.types import (
     MAX_TEXT,
@@ -22,11 +23,12 @@ from kvbench.schema.types import (
     Finite,
     GBps,
     Open,
-    Strict,
+    SignedMs,
     Text,
     TimeMs,
     parse,
     refuse,
+    show,
 )
 
 MAX_FIT_BYTES = 256 * MiB
@@ -41,7 +43,8 @@ def _ordered(pair: list) -> list:
 
 
 Interval = Annotated[list[Finite | None], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
-GroupValue = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+              | dict[str, Any])
 
 
 class Warning_(Open):
@@ -58,13 +61,24 @@ class SizeRow(Open):
     mean_ms: TimeMs | None = None
 
 
+Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
+
+
+class Draws(Open):
+    """Joint bootstrap draws as kvbench fit writes them: {"columns": [...], "values": [[a, b]]}."""
+
+    columns: list[Text] = []
+    values: list[Pair]
+
+
 class Regime(Open):
-    setup_ms: Finite | None = None
+    setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
     effective_gb_s_ci95: Interval | None = None
     bytes_min: Bytes
     bytes_max: Bytes
+    draws: Draws | None = None
 
 
 class TwoRegimes(Open):
@@ -73,26 +87,11 @@ class TwoRegimes(Open):
     large: Regime
 
 
-Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
-
-
-class Draws(Strict):
-    """kvbench.fit/2's joint bootstrap draws: one (setup_ms, ms_per_gb) pair per draw."""
-
-    columns: list[Text]
-    values: list[Pair]
-
-    @model_validator(mode="after")
-    def _two_named_columns(self):
-        if list(self.columns) != ["setup_ms", "ms_per_gb"]:
-            raise refuse(f"draws columns must be ['setup_ms', 'ms_per_gb'], got {self.columns!r}")
-        return self
-
 
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
-    setup_ms: Finite | None = None
+    setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
     effective_gb_s_ci95: Interval | None = None
@@ -104,14 +103,28 @@ class FitGroup(Open):
     draws: Draws | list[Pair] | None = None  # /2 writes Draws; a bare list of pairs is read too
 
 
+class SkippedGroup(Open):
+    """A group fit left out (not a link), named by plan's note."""
+
+    label: AnyText
+    reason: AnyText
+    group: dict[str, GroupValue] = {}
+
+
 class FitDocument(Open):
     schema_: Literal["kvbench.fit/1", "kvbench.fit/2"] = Field(alias="schema")
     line_rate_gb_s: GBps | None = None
     inputs: list[AnyText] = []
     groups: list[FitGroup]
+    skipped: list[SkippedGroup] = []
 
 
 def load_fit_document(path: str | Path) -> FitDocument:
     """A fit file, bounded and typed; any problem is one line naming the key path."""
     raw = load_json(path, MAX_FIT_BYTES, "fit file", missing="no such file")
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a JSON object written by kvbench fit")
+    if raw.get("schema") not in SCHEMAS:
+        raise UsageError(f"{path}: unknown fit schema {show(raw.get('schema'))} (this kvbench "
+                         f"reads {' and '.join(SCHEMAS)}; expected the output of kvbench fit)")
     return parse(FitDocument, raw, str(path))

@@ -38,6 +38,9 @@ from kvbench.schema.types import (
 SCHEMA_P2P = "kvbench.p2p/1"
 Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None
 Rank = Annotated[int, Field(ge=0, le=2**20)]
+# cpu-async: the ordering-test device (CPU memory behind a CUDA-stream-like queue; its times
+# mean nothing, docs/p2p.md "Device ordering"); its records are test records, readable all the same
+Device = Literal["cpu", "cuda", "cpu-async"]
 
 
 class World(Open):
@@ -57,7 +60,7 @@ class HandoffSpec(Open):
     layout: Literal["contiguous", "paged", "raw"]
     block_size: PositiveTokens | None = None
     dtype: Text | None = None
-    device: Literal["cpu", "cuda"]
+    device: Device
     pack_kernel: Text | None = None
     model: Text | None = None
     compute: dict[str, Any] | None = None
@@ -82,7 +85,7 @@ class P2PRecord(Open):
     granularity: Text
     layout: Literal["contiguous", "paged", "raw"]
     dtype: Text | None = None
-    device: Literal["cpu", "cuda"]
+    device: Device
     model: dict[str, Any] | None = None
     block_size: PositiveTokens | None = None
     world_size: Annotated[int, Field(ge=1, le=2**20)]

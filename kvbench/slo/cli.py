@@ -331,7 +331,7 @@ def cmd_scrape(args, argv) -> int:
               "cache_state": args.cache_state, "kept": "all" if args.all_metrics else sorted(families),
               "parser": f"prometheus-client {version('prometheus-client')}"}
     end = run_scrape(endpoints, args.interval, args.duration, Path(args.out), keep, header)
-    note = " (interrupted)" if end["interrupted"] else ""
+    note = " (interrupted)" if end["interrupted"] else (" (stopped by SIGTERM)" if end.get("stopped") else "")
     print(f"{args.out}: {end['scrapes']} scrapes, {end['gaps']} gaps, {len(endpoints)} endpoint(s) "
           f"over {end['t_s']:.1f} s{note}")
     return 130 if end["interrupted"] else 0

@@ -31,6 +31,7 @@ from kvbench.schema.types import parse, show
 from kvbench.slo.engines import ENGINES, NOT_EXPORTED, QUANTITIES, Metric, detect_engine
 from kvbench.slo.gates import TREND_MIN_IN_FLIGHT, TREND_RATIO_MAX
 from kvbench.slo.scrape import SCHEMA_METRICS
+from kvbench.stats import percentile_supported
 
 MIN_SCRAPES_FOR_TREND = 9  # three per third
 QUANTILES = (0.5, 0.9, 0.99)
@@ -118,11 +119,6 @@ def histogram_quantile(q: float, buckets: dict[float, float], scale: float = 1.0
             return (prev_bound + (b - prev_bound) * (rank - prev_count) / (buckets[b] - prev_count)) * scale
         prev_bound, prev_count = b, buckets[b]
     return None
-
-
-def supported(q: float, n: float) -> bool:
-    """A q-quantile needs n >= ceil(1/(1-q)) samples (p90: 10, p99: 100)."""
-    return n >= math.ceil(1.0 / (1.0 - q) - 1e-9)
 
 
 # ---------------------------------------------------------------------------
@@ -257,7 +253,7 @@ def _summary(t0: float, t1: float, time_d: tuple | None, bytes_d: tuple | None) 
                  "mean_ms": time_d[1] / time_d[2] * 1000 if time_d and time_d[2] else None}
     for q in QUANTILES:
         key = f"p{round(q * 100)}_ms"
-        ok = time_d is not None and time_d[2] > 0 and supported(q, time_d[2])
+        ok = time_d is not None and time_d[2] > 0 and percentile_supported(q, time_d[2])
         v = histogram_quantile(q, time_d[0]) if ok else None
         row[key] = v * 1000 if v is not None else None
     row["observed_gb_s"] = (bytes_d[1] / time_d[1] / 1e9 if bytes_d and time_d and time_d[1] > 0
@@ -299,6 +295,8 @@ def kv_transfer(ok: list[dict], table: dict[str, Metric], window_s: float, link=
     if cur_t is not None or cur_b is not None:
         windows.append(_summary(w_start, pts[-1][0], cur_t, cur_b))
     total = _summary(pts[0][0], pts[-1][0], total_t, total_b)
+    if total_t is not None:
+        total["time_buckets_ms"] = bucket_counts(total_t[0])
     out = {"source": "histogram", "time_metric": table["xfer_time"].name if "xfer_time" in table else None,
            "bytes_metric": table["xfer_bytes"].name if "xfer_bytes" in table else None,
            "window_s": window_s, "resets_skipped": resets, "total": total, "windows": windows}
@@ -307,15 +305,37 @@ def kv_transfer(ok: list[dict], table: dict[str, Metric], window_s: float, link=
     return out
 
 
+def bucket_counts(cumulative: dict[float, float]) -> list[list]:
+    """[[upper bound in ms ("+Inf" for the last), transfers in that bucket], ...] from cumulative
+    counts per upper bound in s: the distribution as the engine's buckets resolve it."""
+    out, below = [], 0.0
+    for le in sorted(cumulative):
+        out.append(["+Inf" if math.isinf(le) else le * 1000, cumulative[le] - below])
+        below = cumulative[le]
+    return out
+
+
 def model_beside(total: dict, link) -> dict | None:
-    """kvbench's fitted handoff for the engine's mean transfer, beside what the engine saw."""
+    """kvbench's fitted handoff for the engine's mean transfer, beside what the engine saw.
+
+    The prediction is the link's cost at the mean bytes (its two-regime fit where it has one,
+    a negative setup used as 0); the band is the 95% band of that prediction from the fit's
+    joint bootstrap draws of (setup, slope) (`Link.band`), so the ratio has a band too.
+    """
     b, t = total.get("mean_bytes"), total.get("mean_ms")
     if not b:
         return None
-    setup = max(link.setup_ms or 0.0, 0.0)
-    predicted = setup + b / (link.effective_gb_s * 1e9) * 1000.0
-    return {"link": link.label, "setup_ms": link.setup_ms, "effective_gb_s": link.effective_gb_s,
-            "mean_bytes": b, "predicted_mean_ms": predicted, "observed_mean_ms": t,
+    cost, regime, notes, _, _ = link.for_payload(round(b))
+    predicted = cost.handoff_floor(round(b))[1]
+    band = link.band(round(b))
+    ratio_band = ([t / band[1], t / band[0]] if band and t is not None and band[0] > 0 else None)
+    return {"link": link.label, "setup_ms": cost.setup_ms, "effective_gb_s": cost.effective_gb_s,
+            "regime": regime, "mean_bytes": b, "predicted_mean_ms": predicted,
+            "predicted_band_ms": band, "no_band": None if band else (link.no_band or "no bootstrap draws in the fit"),
+            "observed_mean_ms": t,
             "observed_over_predicted": t / predicted if t is not None and predicted > 0 else None,
-            "note": "prediction = setup_ms + mean bytes / (GB/s x 1e9) x 1000; the engine's time "
-                    "is its own transfer timer (e.g. vLLM NIXL: post to completion)"}
+            "observed_over_band": ratio_band, "notes": notes,
+            "note": "prediction = setup_ms + mean bytes / (GB/s x 1e9) x 1000; band: 95% of the fit's "
+                    "joint bootstrap draws at those bytes (the model's uncertainty, not the spread of "
+                    "single transfers); the engine's time is its own transfer timer (e.g. vLLM NIXL: "
+                    "post to completion)"}

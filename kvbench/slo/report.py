@@ -73,9 +73,14 @@ def _transfer_lines(kv: dict | None) -> list[str]:
     m = kv.get("model")
     if m:
         out.append(f"    vs model     {m['link']}: setup {_f(m['setup_ms'], '.4g')} ms + {m['effective_gb_s']:.4g} GB/s "
-                   f"-> {_ms(m['predicted_mean_ms'])} ms for the mean transfer; engine observed "
-                   f"{_ms(m['observed_mean_ms'])} ms = {_f(m['observed_over_predicted'], '.3f')} x the model")
+                   f"-> {_ms(m['predicted_mean_ms'])} ms{_band(m['predicted_band_ms'])} for the mean transfer; "
+                   f"engine observed {_ms(m['observed_mean_ms'])} ms = {_f(m['observed_over_predicted'], '.3f')} "
+                   f"x the model{_band(m['observed_over_band'], '.3f')}")
     return out
+
+
+def _band(band: list | None, spec: str = ".3f") -> str:
+    return "" if not band else f" [95% band {band[0]:{spec}}-{band[1]:{spec}}]"
 
 
 def _inc(counter: dict | None) -> str:

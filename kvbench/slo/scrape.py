@@ -15,7 +15,9 @@ Each endpoint is labelled by its role (prefill, decode, aggregated, or any name)
     {"kind": "end", "t_s": 120.0, "scrapes": 240, "gaps": 1, "interrupted": false}
 
 `t_s` is seconds since the first scrape on one monotonic clock; the header has the wall
-time it started. The run is bounded: it stops after `--duration`, no fetch outlives its
+time it started. The run is bounded: it stops after `--duration`, or at once after one
+last scrape when it receives SIGTERM (the end line then says `"stopped": "SIGTERM"`: a
+caller ending the scrape with its load, not an interruption), no fetch outlives its
 timeout (at most the interval), and a response larger than 32 MiB is a gap. An endpoint
 that fails, hangs or stops answering is a gap and the run goes on. The file appears at
 `--out` only when the run ends (atomically; an existing file is never replaced).
@@ -24,12 +26,15 @@ that fails, hangs or stops answering is a gap and the run goes on. The file appe
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,36 +130,66 @@ def scrape_once(ep: Endpoint, t0: float, timeout_s: float, keep: Callable[[str],
 
 def run_scrape(endpoints: Sequence[Endpoint], interval_s: float, duration_s: float, out: Path,
                keep: Callable[[str], bool], header: dict, progress=sys.stderr) -> dict:
-    """Scrape until duration_s; write the file atomically at out; return the end record."""
+    """Scrape until duration_s (or SIGTERM); write the file atomically at out; return the end record."""
     out = check_new_file(out)
     timeout_s = min(interval_s, 10.0)
     counts = {"scrapes": 0, "gaps": 0}
     t0 = time.monotonic()
-    with new_file_stream(out) as fh, ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
+    with _stop_on_sigterm() as stop, new_file_stream(out) as fh, \
+            ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
         fh.write(dumps_json({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
                              **header}, indent=None) + "\n")
-        end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress)
+        end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress, stop)
         fh.write(dumps_json(end, indent=None) + "\n")
     return end
 
 
-def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress) -> dict:
-    tick, interrupted, last_note = 0, False, t0
+@contextmanager
+def _stop_on_sigterm():
+    """A flag SIGTERM sets: a caller (e.g. `kvbench sweep`, when its load ends) stops the scrape
+    early and cleanly. Only the main thread can take a signal; elsewhere the flag stays unset."""
+    stop = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        stop[0] = True
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _sleep_until(due: float, stop: list[bool]) -> bool:
+    """Sleep until the monotonic time due; True at once when SIGTERM asked to stop."""
+    while not stop[0] and (left := due - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
+    return stop[0]
+
+
+def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress, stop) -> dict:
+    tick, interrupted, last_note, final = 0, False, t0, False
     try:
         while True:
             due = t0 + tick * interval_s
             if due - t0 > duration_s + 1e-9:
                 break
-            time.sleep(max(0.0, due - time.monotonic()))
+            final = _sleep_until(due, stop)  # asked to stop: one last reading, taken now
             for line in pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep), endpoints):
                 counts["scrapes" if line["kind"] == "sample" else "gaps"] += 1
                 fh.write(dumps_json(line, indent=None) + "\n")
             fh.flush()
             tick += 1
+            if final:
+                break
             if progress is not None and time.monotonic() - last_note >= 10.0:
                 last_note = time.monotonic()
                 print(f"kvbench slo scrape: {last_note - t0:.0f}/{duration_s:g} s, "
                       f"{counts['scrapes']} samples, {counts['gaps']} gaps", file=progress, flush=True)
     except KeyboardInterrupt:  # keep what was scraped: the file says it was cut short
         interrupted = True
-    return {"kind": "end", "t_s": round(time.monotonic() - t0, 6), **counts, "interrupted": interrupted}
+    end = {"kind": "end", "t_s": round(time.monotonic() - t0, 6), **counts, "interrupted": interrupted}
+    return {**end, "stopped": "SIGTERM"} if final else end

@@ -189,10 +189,15 @@ class TorchDistTransport(Transport):
         kwargs = {}
         if self.backend == "nccl" and self.ctx.dev.name == "cuda":  # eager communicator
             kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group(self.backend, init_method=url, rank=self.ctx.rank,
-                                world_size=self.ctx.comm.Get_size(),
-                                timeout=datetime.timedelta(seconds=max(30, self.ctx.timeout_s)),
-                                **kwargs)
+        try:
+            dist.init_process_group(self.backend, init_method=url, rank=self.ctx.rank,
+                                    world_size=self.ctx.comm.Get_size(),
+                                    timeout=datetime.timedelta(seconds=max(30, self.ctx.timeout_s)),
+                                    **kwargs)
+        except RuntimeError as exc:  # DistStoreError and friends: one line, not a traceback
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TransportError(f"{self.name}: torch.distributed set-up at {url} failed: "
+                                 f"{first[:300]}") from None
         self.init_ms = (time.perf_counter() - t0) * 1e3
         self.url = url
         self.waiter = _Waiter()

@@ -246,11 +246,15 @@ class _Exchange:
         return self.recv(tag, what)
 
     def finish_sends(self) -> None:
+        """Every object sent has left (polled: a stopped peer cannot hold this forever)."""
         from mpi4py import MPI
 
-        if self.sends:
-            MPI.Request.Waitall(self.sends)
-            self.sends = []
+        deadline = now() + self.timeout_s
+        while self.sends and not MPI.Request.Testall(self.sends):
+            if now() > deadline:
+                raise TransferTimeout(f"nixl: rank {self.peer} did not take this rank's "
+                                      "set-up messages before the --timeout")
+        self.sends = []
 
     def cancel_sends(self) -> None:
         for r in self.sends:
