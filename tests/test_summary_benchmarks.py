@@ -40,6 +40,10 @@ def test_the_floor_ratio_removes_a_slower_machine():
     line = next(x for x in compare.compare([base, base], slower_machine)
                 if x.startswith("test_x "))
     assert line.split()[3] == "2.000" and line.split()[5] == "1.000"
+    assert line.endswith("ok (floor too)")
+    kvbench_only = _doc({"test_x": 2.0, "test_floor_x": 0.5}, floor)  # the floor did not move
+    line = next(x for x in compare.compare([base, base], kvbench_only) if x.startswith("test_x "))
+    assert line.split()[5] == "2.000" and line.endswith("REGRESSION")
 
 
 def test_compare_prints_and_exits_0_on_timing(tmp_path):
