@@ -103,8 +103,13 @@ launch() {
 
 p2p() {  # one benchmark step: p2p ARGS... (writes its records into $OUT)
     [[ -n $OUT ]] || kvb_make_out
+    # At least KVBENCH_MIN_ITERS (10) rounds per step: fewer support no interval in the fit,
+    # and the largest size's time budget alone would stop a token sweep at 9. Left out when
+    # KVBENCH_P2P_ARGS sets the iterations itself.
+    local rounds=(--min-iters "${KVBENCH_MIN_ITERS:-10}")
+    [[ " $KVBENCH_P2P_ARGS " =~ [[:space:]]--(min-)?iters([[:space:]=]) ]] && rounds=()
     # shellcheck disable=SC2086  # KVBENCH_P2P_ARGS is a list of words by design
-    launch "$KVBENCH_PY" -m kvbench.p2p "$@" $KVBENCH_P2P_ARGS --out "$OUT"
+    launch "$KVBENCH_PY" -m kvbench.p2p "$@" "${rounds[@]}" $KVBENCH_P2P_ARGS --out "$OUT"
 }
 
 fit_all() {

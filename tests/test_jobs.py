@@ -63,6 +63,7 @@ def test_dry_run_prints_commands_the_benchmark_and_the_fit_accept(script, tmp_pa
     for c in steps:
         args = c[c.index("kvbench.p2p") + 1:]
         p2p.raw_sizes(p2p.build_parser().parse_args(args))
+        assert args[args.index("--min-iters") + 1] == "10"  # the fewest rounds an interval needs
         launcher = c[2] if c[0] == "env" else c[0]  # env VAR=value: a step's own setting
         assert launcher == "srun" and "--mpi=pmix" in c  # the default launcher
     fargs = fit.build_parser().parse_args(fits[0][fits[0].index("kvbench.fit") + 1:])
@@ -85,6 +86,7 @@ def test_dry_run_by_environment_and_settings_by_environment(tmp_path):
         assert Path(c[0]).name == "mpirun" and c[1:3] == ["-n", "4"]
         assert c[c.index("--tp") + 1] == "2" and c[c.index("--sizes") + 1] == "16,64"
         assert "--iters" in c and "--require-cuda" not in " ".join(cmds[0])
+        assert "--min-iters" not in c  # KVBENCH_P2P_ARGS sets the iterations itself
         assert c[c.index("--out") + 1].startswith(str(tmp_path / "sharded_tp-local-"))
     fit_cmd = cmds[-1]
     assert fit_cmd[fit_cmd.index("--line-rate-gbps") + 1] == "25"
