@@ -23,6 +23,7 @@ stop to the job's end is printed (pytest -s) for docs/robustness.md; it is not a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -88,13 +89,16 @@ class Job:
         self.lines: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, errors="replace")
+                                stderr=subprocess.PIPE, text=True, errors="replace",
+                                start_new_session=True)  # a hung launcher is killed with it
         reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
         reader.start()
         try:
             self.rc = proc.wait(timeout=HANG_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            # the whole group: killing the wrapper alone left a hung prterun behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             self.rc = None
         self.t_end = time.monotonic()
         reader.join(timeout=10)
