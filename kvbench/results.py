@@ -19,14 +19,13 @@ import secrets
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
 from kvbench.cli import OutputIOError, UsageError
 
 SCHEMA_P2P = "kvbench.p2p/1"
-KNOWN_SCHEMAS = {SCHEMA_P2P}
 ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISIBLE", "NIXL_",
                 "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
 # Secrets have no place in a results file even if someone exported them under these prefixes.
@@ -268,30 +267,6 @@ def write_records(out_dir: Path, records: Sequence[dict], prefix: str,
             continue
         return paths[0], paths[1]
     raise UsageError(f"could not find a free file name in {out_dir}")
-
-
-def load_records(paths: Iterable[str | Path], schemas: Iterable[str] = KNOWN_SCHEMAS) -> list[dict]:
-    """Read JSONL records, each tagged with the file it came from; bad input is a UsageError.
-
-    Lines are read one at a time through kvbench.schema's bounded JSON reader (nesting,
-    huge integers, NaN/Infinity and duplicate keys refused with FILE:LINE).
-    """
-    from kvbench.schema.read import iter_jsonl
-
-    allowed = set(schemas)
-    out: list[dict] = []
-    for path in paths:
-        p = Path(path)
-        for where, rec in iter_jsonl(p, "results file", missing="no such file"):
-            if not isinstance(rec, dict):
-                raise UsageError(f"{where}: expected a JSON object")
-            schema = rec.get("schema")
-            if schema not in allowed:
-                raise UsageError(f"{where}: unknown schema {schema!r} "
-                                 f"(this kvbench reads {', '.join(sorted(allowed))})")
-            rec["_source"] = str(p)
-            out.append(rec)
-    return out
 
 
 def load(paths_or_globs, kind: str = "p2p", **kw):
