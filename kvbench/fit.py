@@ -51,7 +51,7 @@ from kvbench.results import (
     write_files,
 )
 from kvbench.schema.types import MAX_GBPS, MIN_GBPS
-from kvbench.stats import min_samples_for
+from kvbench.stats import min_samples_for, percentile_if_supported
 from kvbench.units import GB, fmt_bytes
 
 SCHEMA_FIT = "kvbench.fit/2"
@@ -86,8 +86,9 @@ def _fmt(v, spec: str = ".5g") -> str:
 
 
 def _quantile_or_none(v: np.ndarray, q: float) -> float | None:
-    """The q-quantile only where n supports it (a p99 of 20 samples is about their maximum)."""
-    return _r(float(np.percentile(v, 100 * q))) if len(v) >= min_samples_for(q) else None
+    """The q-quantile only where n supports it, rounded as the document's numbers are."""
+    value = percentile_if_supported(v, q)
+    return None if value is None else _r(value)
 
 
 def size_rows(s: GroupSamples, meta: dict) -> list[dict]:

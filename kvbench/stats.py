@@ -29,6 +29,14 @@ def min_samples_for(q: float) -> int:
     return math.ceil(round(1 / (1 - frac), 9))  # round: 1/(1-0.99) is 100.00000000000009
 
 
+def percentile_if_supported(samples: Sequence[float], q: float) -> float | None:
+    """The q-quantile of the samples (q as in min_samples_for), or None where their number
+    cannot support it (a p99 of 20 samples is about their maximum)."""
+    if len(samples) < min_samples_for(q):
+        return None
+    return percentile(samples, q if q >= 1 else 100 * q)
+
+
 def percentile_supported(q: float, n: int) -> bool:
     return n >= min_samples_for(q)
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.stats import Measurement, min_samples_for, percentile_cell, percentile_supported
+from kvbench.stats import (
+    Measurement,
+    min_samples_for,
+    percentile_cell,
+    percentile_if_supported,
+    percentile_supported,
+)
 
 
 @pytest.mark.parametrize("q,need", [(0.5, 2), (50, 2), (0.9, 10), (0.95, 20), (95, 20),
@@ -27,3 +33,11 @@ def test_unsupported_percentiles_are_marked_not_printed():
     assert percentile_cell(m.p50, 50, len(m)) == "10.000"
     m.add(20)
     assert percentile_cell(m.p95, 95, len(m)) == f"{m.p95:.3f}"
+
+
+def test_percentile_if_supported_takes_fractions_and_percentages():
+    nineteen, twenty = list(range(1, 20)), list(range(1, 21))
+    assert percentile_if_supported(nineteen, 95) is None
+    assert percentile_if_supported(nineteen, 0.95) is None
+    assert percentile_if_supported(twenty, 0.95) == percentile_if_supported(twenty, 95) == 19.05
+    assert percentile_if_supported(twenty, 99) is None

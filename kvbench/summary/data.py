@@ -20,6 +20,7 @@ import pandas as pd
 from kvbench.fit_data import LEGACY_GROUP_KEYS, LEGACY_OPTIONAL_KEYS, label_of
 from kvbench.frames import iter_frames, load
 from kvbench.frames.files import expand
+from kvbench.stats import percentile_if_supported
 
 
 @dataclass
@@ -87,15 +88,10 @@ def _pooled(files: list[Path], records: pd.DataFrame, say) -> pd.DataFrame:
     for (folder, config, nbytes), parts in pools.items():
         ms = np.concatenate(parts)
         rows.append({"folder": folder, "config": config, "payload_bytes": nbytes, "n": len(ms),
-                     "p50_ms": float(np.percentile(ms, 50)), "p95_ms": _pct(ms, 95),
-                     "p99_ms": _pct(ms, 99)})
+                     "p50_ms": float(np.percentile(ms, 50)),
+                     "p95_ms": percentile_if_supported(ms, 95),
+                     "p99_ms": percentile_if_supported(ms, 99)})
     return pd.DataFrame(rows)
-
-
-def _pct(ms: np.ndarray, q: float) -> float | None:
-    from kvbench.stats import min_samples_for
-
-    return float(np.percentile(ms, q)) if len(ms) >= min_samples_for(q) else None
 
 
 def read(root: Path, say: Callable[[str], None] | None = None,
