@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """How often do kvbench fit's 95% intervals contain the truth under correlated load?
 
-Simulates p2p runs of a link with known setup and rate (kvbench/fit_sim.py: per-round and
+Simulates p2p runs of a link with known setup and rate (kvbench/fit/sim.py: per-round and
 per-size shifts, stalled samples and rounds, a slow drift), fits each with kvbench fit and with
-the per-sample bootstrap kvbench used before (tests/per_sample_bootstrap.py), and prints, per
+the per-sample bootstrap kvbench used before (tests/fit/per_sample_bootstrap.py), and prints, per
 scenario, the share of runs whose setup and rate intervals contain the truth, with the median
 relative width of the rate interval. docs/fit-and-plan.md quotes its output.
 
@@ -23,8 +23,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kvbench.cli import ArgumentParser  # noqa: E402
-from kvbench.fit_sim import SIZES, Load, coverage, kvbench_method  # noqa: E402
-from tests.per_sample_bootstrap import Samples, fit_line  # noqa: E402
+from kvbench.fit.sim import SIZES, Load, coverage, kvbench_method  # noqa: E402
+from tests.fit.per_sample_bootstrap import Samples, fit_line  # noqa: E402
 
 SCENARIOS = [
     ("rounds: 20 rounds, default load (the CI test)", dict(rounds=20)),
@@ -52,7 +52,7 @@ def per_sample_bootstrap(records):
 
 def widths(method, trials: int, **kw) -> float:
     """Median width of the rate interval relative to the true rate (a few trials)."""
-    from kvbench.fit_sim import simulate
+    from kvbench.fit.sim import simulate
 
     out = []
     for t in range(min(trials, 40)):
@@ -98,8 +98,8 @@ def main(argv=None) -> int:
 
 def lack_of_fit_false_alarms(trials: int, rounds: int) -> str:
     """How often the lack-of-fit test fires on a line that is right (no per-size shift)."""
-    from kvbench.fit import fit_records
-    from kvbench.fit_sim import simulate
+    from kvbench.fit.fitting import fit_records
+    from kvbench.fit.sim import simulate
 
     ps = []
     for t in range(trials):

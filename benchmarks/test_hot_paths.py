@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvbench.layout import KVCache, KVSpec
 from kvbench.model import get_dtype, resolve_model
+from kvbench.p2p.layout import KVCache, KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 300  # the README's short prompt: 98,304,000 B of the default model in bf16
@@ -93,11 +93,11 @@ def test_floor_copy_same_bytes(benchmark):
 
 
 def _records(n: int = 100, samples: int = 1000) -> list[dict]:
-    from kvbench.harness import LoopResult
-    from kvbench.p2p import make_record
-    from kvbench.patterns.base import Point
-    from kvbench.spec import HandoffSpec
-    from kvbench.stats import Measurement
+    from kvbench.p2p.cli import make_record
+    from kvbench.p2p.harness import LoopResult
+    from kvbench.p2p.patterns.base import Point
+    from kvbench.p2p.spec import HandoffSpec
+    from kvbench.records.stats import Measurement
 
     rng = np.random.default_rng(0)
     spec = HandoffSpec(transport="mpi", pattern="sequential", granularity="whole", layout="raw",
@@ -123,7 +123,7 @@ def test_build_records(benchmark):
 
 
 def test_write_records(benchmark, tmp_path):
-    from kvbench.results import write_records
+    from kvbench.records.write import write_records
 
     recs = _records()
     benchmark.extra_info["floor"] = "test_floor_json_dumps_records"
@@ -141,9 +141,9 @@ def test_floor_json_dumps_records(benchmark):
 
 
 def test_fit_1e5_samples(benchmark, heavy_rounds):
-    """50 simulated runs x 400 rounds x 5 sizes (kvbench.fit_sim), 1000 resamples."""
-    from kvbench.fit import fit_records
-    from kvbench.fit_sim import simulate
+    """50 simulated runs x 400 rounds x 5 sizes (kvbench.fit.sim), 1000 resamples."""
+    from kvbench.fit.fitting import fit_records
+    from kvbench.fit.sim import simulate
 
     recs = simulate(np.random.default_rng(0), setup_ms=0.5, gb_s=2.0, rounds=400, runs=50)
     assert sum(len(r["samples_ms"]) for r in recs) == 100_000
@@ -163,8 +163,8 @@ def requests_file(tmp_path_factory) -> Path:
 
 def test_slo_analyze_1e5_requests(benchmark, heavy_rounds, requests_file):
     """Read, check and judge 10^5 request records (16 chunks each; 2 deployments x 4 rates)."""
+    from kvbench.records.requests import iter_records
     from kvbench.slo.gates import Criteria, analyze
-    from kvbench.slo.records import iter_records
 
     benchmark.extra_info["floor"] = "test_floor_json_loads_requests"
     crit = Criteria(denominator="all_offered_after_warmup", slo_attainment_min=0.9,

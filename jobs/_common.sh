@@ -41,10 +41,10 @@ fi
 
 # The declared link: arms the fit's line-rate check and its link check (which path NCCL,
 # UCX or the MPI library says carried the bytes). KVBENCH_LINK names one of
-# `python -m kvbench.linkpath links`; KVBENCH_LINE_RATE_GBPS / KVBENCH_EXPECT_LINK override.
+# `python -m kvbench.p2p.linkpath links`; KVBENCH_LINE_RATE_GBPS / KVBENCH_EXPECT_LINK override.
 KVBENCH_LINK=${KVBENCH_LINK:-$KVBENCH_DEFAULT_LINK}
 if [[ -z ${KVBENCH_LINE_RATE_GBPS:-} || -z ${KVBENCH_EXPECT_LINK:-} ]]; then
-    _declared=$("$KVBENCH_PY" -m kvbench.linkpath declared "$KVBENCH_LINK") || exit 2
+    _declared=$("$KVBENCH_PY" -m kvbench.p2p.linkpath declared "$KVBENCH_LINK") || exit 2
     KVBENCH_EXPECT_LINK=${KVBENCH_EXPECT_LINK:-${_declared% *}}
     KVBENCH_LINE_RATE_GBPS=${KVBENCH_LINE_RATE_GBPS:-${_declared#* }}
 fi
@@ -119,7 +119,7 @@ fit_all() {
 }
 
 need_cuda() {  # GPU jobs: one line and exit 2 on a node without a CUDA GPU, before any launch
-    kvb_run "$KVBENCH_PY" -m kvbench.gpu_select --require-cuda
+    kvb_run "$KVBENCH_PY" -m kvbench.p2p.gpu_select --require-cuda
 }
 
 words() { echo "${1//,/ }"; }  # "a,b" -> "a b", for loops over comma lists

@@ -10,11 +10,11 @@ import sys
 
 COMMANDS = {
     "model": ("kvbench.model", "KV-cache size and handoff floors for a model and links"),
-    "p2p": ("kvbench.p2p", "measure prefill->decode KV handoff between MPI ranks (run under mpirun)"),
-    "fit": ("kvbench.fit", "fit setup_ms and effective GB/s to measured samples"),
-    "plan": ("kvbench.plan", "handoff floors, budget verdicts and routing from fitted numbers"),
-    "slo": ("kvbench.slo", "serving SLO analysis: TTFT/TPOT/ITL, attainment, capacity"),
-    "report": ("kvbench.summary", "summarise a results folder: tables, fits, environment, warnings"),
+    "p2p": ("kvbench.p2p.cli", "measure prefill->decode KV handoff between MPI ranks (run under mpirun)"),
+    "fit": ("kvbench.fit.cli", "fit setup_ms and effective GB/s to measured samples"),
+    "plan": ("kvbench.plan.cli", "handoff floors, budget verdicts and routing from fitted numbers"),
+    "slo": ("kvbench.slo.cli", "serving SLO analysis: TTFT/TPOT/ITL, attainment, capacity"),
+    "report": ("kvbench.report.cli", "summarise a results folder: tables, fits, environment, warnings"),
     "lab": ("kvbench.lab", "a real local vLLM (CPU): install, up, down"),
     "sweep": ("kvbench.lab.sweep", "rate sweep of a plan's deployments with vllm bench serve, judged"),
     "faults": ("kvbench.lab.faults", "inject failed KV transfers into the P/D deployment and audit"),

@@ -27,7 +27,7 @@ from kvbench.cli import (
     parse_positive_ints,
     run_main,
 )
-from kvbench.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
+from kvbench.records.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
 from kvbench.units import GiB, MiB, transfer_ms
 
 MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
@@ -171,10 +171,10 @@ DEFAULT_MODEL = "seed-70b-gqa"
 def load_hf_config(path: str | Path) -> ModelSpec:
     """Read a local Hugging Face config.json into a ModelSpec (no network access).
 
-    The file goes through kvbench.schema (bounded JSON, typed fields, physical bounds), so
+    The file goes through kvbench.records.schema (bounded JSON, typed fields, physical bounds), so
     a malformed value is one line naming the key, never a traceback or a wrong size.
     """
-    from kvbench.schema.hf_config import load_hf_config_file
+    from kvbench.records.schema.hf_config import load_hf_config_file
 
     cfg, raw = load_hf_config_file(path)
     p = Path(path)
@@ -510,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup = non_negative_float(args.setup_ms, "--setup-ms", MAX_SETUP_MS)
     budget = parse_positive_floats(args.budget_ms, "--budget-ms", hi=MAX_BUDGET_MS)[0]
     if args.out:
-        from kvbench.results import check_new_file
+        from kvbench.records.write import check_new_file
 
         check_new_file(args.out)
     results = [
@@ -520,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in tokens
     ]
     payload = results[0] if args.prompt_tokens is None else results
-    from kvbench.results import dumps_json, write_new_file
+    from kvbench.records.write import dumps_json, write_new_file
 
     text = dumps_json(payload)
     if args.out:

@@ -1,5 +1,5 @@
 """Run p2p configurations in one MPI job, optionally with one of the protocol's device orderings
-planted out, and report what each run saw. Used by tests/test_engine.py:
+planted out, and report what each run saw. Used by tests/p2p/test_engine.py:
 
     mpirun -n N python -m tests.plant FAULT CASES_FILE
 
@@ -7,7 +7,7 @@ Each line of CASES_FILE is `name<TAB>p2p arguments`; the driver runs `kvbench.p2
 (records go where its --out says) and rank 0 prints one JSON line per case:
 {"case": name, "rc": exit status, "waits": host waits per rank, "seconds": wall time}.
 
-Faults (each removes exactly one ordering the engine owes the device; see kvbench/engine.py):
+Faults (each removes exactly one ordering the engine owes the device; see kvbench/p2p/engine.py):
     none                  the code as it is
     no-readiness          the engine hands transports no readiness event after producing
     no-order-before-post  fills/wipes (set-up and data check) are not synchronised before posting
@@ -35,7 +35,7 @@ def plant(fault: str) -> None:
     elif fault == "no-device-completion":
         engine.Engine._complete_on_device = lambda self: None
     elif fault == "sync-per-post":
-        from kvbench.transports import nixl
+        from kvbench.p2p.transports import nixl
 
         post = nixl.NIXLChannel.post
 

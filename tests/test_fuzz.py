@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvbench.model
-import kvbench.slo
+import kvbench.slo.cli
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
+from tests.slo.test_slo_vllm import vllm_result
 from tests.test_robust import ANALYZE, LLAMA, cohort_lines, run
-from tests.test_slo_vllm import vllm_result
 
 FUZZ = settings(max_examples=50, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -162,7 +162,7 @@ def test_fuzz_plan_yaml(data):
     d = workdir()
     text, must = mutate(plan, data.draw(mutation(plan)), "yaml")
     (d / "plan.yaml").write_text(text)
-    check(run(kvbench.slo.cli, "validate-plan", d / "plan.yaml"), None, must)
+    check(run(kvbench.slo.cli.cli, "validate-plan", d / "plan.yaml"), None, must)
 
 
 def mutated_jsonl(data, lines: list[dict], line: int, path: Path) -> bool:
@@ -180,7 +180,7 @@ def test_fuzz_request_records(data, line):
     d = workdir()
     must = mutated_jsonl(data, cohort_lines(), line, d / "r.jsonl")
     out = d / "report.json"
-    check(run(kvbench.slo.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", out), out, must)
+    check(run(kvbench.slo.cli.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", out), out, must)
 
 
 @FUZZ
@@ -191,7 +191,7 @@ def test_fuzz_vllm_result(data):
     text, must = mutate(doc, data.draw(mutation(doc)), "json")
     (d / "v.json").write_text(text)
     out = d / "o.jsonl"
-    result = run(kvbench.slo.cli, "convert-vllm", d / "v.json", "--deployment", "agg", "--out", out)
+    result = run(kvbench.slo.cli.cli, "convert-vllm", d / "v.json", "--deployment", "agg", "--out", out)
     check(result, out, must and "NaN" not in text and "Infinity" not in text)  # vLLM's unread NaN is kept
 
 
@@ -212,7 +212,7 @@ def test_fuzz_scrape_file(data, line):
     d = workdir()
     must = mutated_jsonl(data, scrape_lines(), line, d / "s.jsonl")
     out = d / "report.json"
-    check(run(kvbench.slo.cli, "analyze", "--metrics", d / "s.jsonl", "--out", out), out, must)
+    check(run(kvbench.slo.cli.cli, "analyze", "--metrics", d / "s.jsonl", "--out", out), out, must)
 
 
 @FUZZ
@@ -225,7 +225,7 @@ def test_fuzz_mapping_file(data):
     (d / "map.yaml").write_text(text)
     (d / "s.jsonl").write_text("\n".join(json.dumps(x) for x in scrape_lines()) + "\n")
     out = d / "report.json"
-    check(run(kvbench.slo.cli, "analyze", "--metrics", d / "s.jsonl", "--metrics-map", d / "map.yaml",
+    check(run(kvbench.slo.cli.cli, "analyze", "--metrics", d / "s.jsonl", "--metrics-map", d / "map.yaml",
               "--out", out), out, must)
 
 
@@ -233,8 +233,8 @@ def test_fuzz_mapping_file(data):
 @given(st.data())
 def test_fuzz_fit_document_and_p2p_record(data):
     """The models fit/plan adopt later: a mutated file is read or refused in one line."""
-    from kvbench.schema.fit import load_fit_document
-    from kvbench.schema.p2p import iter_p2p_records
+    from kvbench.records.schema.fit import load_fit_document
+    from kvbench.records.schema.p2p import iter_p2p_records
 
     d = workdir()
     fit = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json").read_text())
@@ -261,13 +261,13 @@ FLAGS = [
     (kvbench.model.cli, (), "--setup-ms"), (kvbench.model.cli, (), "--budget-ms"),
     (kvbench.model.cli, (), "--tp"), (kvbench.model.cli, (), "--block-size"),
     (kvbench.model.cli, (), "--short-prompt-tokens"),
-    *[(kvbench.slo.cli, ("analyze", "RECORDS", *ANALYZE), f) for f in
+    *[(kvbench.slo.cli.cli, ("analyze", "RECORDS", *ANALYZE), f) for f in
       ("--deadline-s", "--max-itl-ms", "--send-lag-max-ms", "--duration-s", "--warmup-requests",
        "--min-tokens-for-tpot")],
-    (kvbench.slo.cli, ("synth", "sweep", "--duration-s", "1"), "--rates"),
-    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
-    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
-    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "1"), "--rates"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
 ]
 
 
@@ -297,9 +297,9 @@ def test_fuzz_numeric_flags(records_file, which, value):
 @given(st.data(), st.integers(0, 99))
 def test_fast_record_path_never_accepts_what_the_careful_one_refuses(data, line):
     """A line the fast (pydantic JSON) path accepts is accepted, equal, by the careful path."""
-    from kvbench.schema.read import decode_line
-    from kvbench.schema.slo import RequestIn
-    from kvbench.schema.types import parse, parse_line_fast
+    from kvbench.records.schema.read import decode_line
+    from kvbench.records.schema.slo import RequestIn
+    from kvbench.records.schema.types import parse, parse_line_fast
 
     lines = cohort_lines()
     text, _ = mutate(lines[line], data.draw(mutation(lines[line])), "json")

@@ -21,10 +21,11 @@ import pytest
 import yaml
 
 import kvbench.model
-import kvbench.plan
-import kvbench.slo
+import kvbench.plan.cli
+import kvbench.slo.cli
 from kvbench.cli import UsageError
-from kvbench.results import (
+from kvbench.records.requests import record_to_json
+from kvbench.records.write import (
     check_destination,
     fresh_stem,
     write_files,
@@ -32,9 +33,8 @@ from kvbench.results import (
     write_records,
 )
 from kvbench.slo import synth
-from kvbench.slo.records import record_to_json
 from tests.conftest import ROOT, run_cli
-from tests.test_slo_vllm import vllm_result
+from tests.slo.test_slo_vllm import vllm_result
 
 TUTORIAL_PLAN = ROOT / "examples" / "pd-benchmark-plan.yaml"
 HUGE = 10**400
@@ -108,7 +108,7 @@ def test_hf_config_inconsistent_geometry(tmp_path, patch, fragment):
 def test_hf_config_through_plan_and_as_a_user_runs_it(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json_with(LLAMA, "hidden_size", str(HUGE)))
-    refused(run(kvbench.plan.cli, "--model-config", cfg, "--gbps", "10", "--setup-ms", "1",
+    refused(run(kvbench.plan.cli.cli, "--model-config", cfg, "--gbps", "10", "--setup-ms", "1",
                 "--prompt-tokens", "100"), "integer with 401 digits")
     res = run_cli("kvbench.model", "--model-config", str(cfg))
     refused((res.returncode, res.stdout, res.stderr), "integer with 401 digits")
@@ -144,7 +144,7 @@ def test_slo_records_malformed_values(tmp_path, key, raw, fragment):
     f = tmp_path / "records.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in lines[:5]) + json_with(lines[5], key, raw) + "\n")
     out = tmp_path / "report.json"
-    refused(run(kvbench.slo.cli, "analyze", f, *ANALYZE, "--out", out), f"{f}:6: ", fragment)
+    refused(run(kvbench.slo.cli.cli, "analyze", f, *ANALYZE, "--out", out), f"{f}:6: ", fragment)
     assert not out.exists()
 
 
@@ -152,7 +152,7 @@ def test_slo_record_with_a_duplicated_key(tmp_path):
     f = tmp_path / "records.jsonl"
     line = json.dumps(cohort_lines()[0])
     f.write_text(line[:-1] + ', "status": "ok"}\n')
-    refused(run(kvbench.slo.cli, "analyze", f, *ANALYZE), f"{f}:1: duplicate key 'status'")
+    refused(run(kvbench.slo.cli.cli, "analyze", f, *ANALYZE), f"{f}:1: duplicate key 'status'")
 
 
 def plan_text(**replace_raw) -> str:
@@ -176,7 +176,7 @@ def plan_text(**replace_raw) -> str:
 def test_plan_yaml_hostile(tmp_path, text, fragment):
     f = tmp_path / "plan.yaml"
     f.write_text(text)
-    refused(run(kvbench.slo.cli, "validate-plan", f), fragment)
+    refused(run(kvbench.slo.cli.cli, "validate-plan", f), fragment)
 
 
 def test_yaml_alias_bomb_is_refused_at_once(tmp_path):
@@ -199,7 +199,7 @@ def test_vllm_result_hostile(tmp_path, key, raw, fragment):
     f = tmp_path / "vllm.json"
     f.write_text(json_with(vllm_result(), key, raw))
     out = tmp_path / "o.jsonl"
-    refused(run(kvbench.slo.cli, "convert-vllm", f, "--deployment", "aggregated", "--out", out), fragment)
+    refused(run(kvbench.slo.cli.cli, "convert-vllm", f, "--deployment", "aggregated", "--out", out), fragment)
     assert not out.exists()
 
 
@@ -208,18 +208,18 @@ def test_vllm_infinity_in_unread_fields_is_kept_out_of_the_records(tmp_path):
     f = tmp_path / "vllm.json"
     f.write_text(json_with(vllm_result(), "burstiness", "Infinity"))
     out = tmp_path / "o.jsonl"
-    rc, _, err = run(kvbench.slo.cli, "convert-vllm", f, "--deployment", "aggregated", "--out", out)
+    rc, _, err = run(kvbench.slo.cli.cli, "convert-vllm", f, "--deployment", "aggregated", "--out", out)
     assert rc == 0, err
     assert "Infinity" not in out.read_text() and "NaN" not in out.read_text()
-    rc, _, err = run(kvbench.slo.cli, "analyze", out, *ANALYZE)
+    rc, _, err = run(kvbench.slo.cli.cli, "analyze", out, *ANALYZE)
     assert rc == 0, err
 
 
 def test_p2p_record_and_fit_document_models():
     """The models fit/plan/results adopt later: the issue's record and fit-file cases."""
-    from kvbench.schema.fit import FitDocument
-    from kvbench.schema.p2p import P2PRecord
-    from kvbench.schema.types import parse
+    from kvbench.records.schema.fit import FitDocument
+    from kvbench.records.schema.p2p import P2PRecord
+    from kvbench.records.schema.types import parse
 
     rec = json.loads((ROOT / "results" / "kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
     parse(P2PRecord, rec, "r.jsonl:1")
@@ -262,11 +262,11 @@ def test_p2p_record_and_fit_document_models():
     (kvbench.model.cli, ("--prompt-tokens", ""), "--prompt-tokens: empty list"),
     (kvbench.model.cli, ("--budget-ms", "nan"), "--budget-ms must be positive numbers"),
     (kvbench.model.cli, ("--prompt-tokens", "999999999", "--model", "deepseek-v3"), None),
-    (kvbench.plan.cli, ("--gbps", "1e-320", "--setup-ms", "1", "--prompt-tokens", "300"), "--gbps must be positive"),
-    (kvbench.plan.cli, ("--gbps", "10", "--setup-ms", "inf", "--prompt-tokens", "300"), "--setup-ms must be"),
-    (kvbench.slo.cli, ("synth", "sweep", "--duration-s", "inf", "--out", "x"), "argument --duration-s"),
-    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1e9", "--out", "x"), "--rates must be positive numbers"),
-    (kvbench.slo.cli, ("synth", "sweep", "--rates", "1000", "--duration-s", "100000", "--out", "x"),
+    (kvbench.plan.cli.cli, ("--gbps", "1e-320", "--setup-ms", "1", "--prompt-tokens", "300"), "--gbps must be positive"),
+    (kvbench.plan.cli.cli, ("--gbps", "10", "--setup-ms", "inf", "--prompt-tokens", "300"), "--setup-ms must be"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "inf", "--out", "x"), "argument --duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1e9", "--out", "x"), "--rates must be positive numbers"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1000", "--duration-s", "100000", "--out", "x"),
      "synth writes at most 2,000,000"),
 ])
 def test_numeric_flags_are_bounded(tmp_path, monkeypatch, cli, argv, fragment):
@@ -286,7 +286,7 @@ def test_analyze_flags_are_bounded(tmp_path, flag, value):
     f = tmp_path / "r.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
     out = tmp_path / "report.json"
-    refused(run(kvbench.slo.cli, "analyze", f, *ANALYZE, flag, value, "--out", out), f"argument {flag}")
+    refused(run(kvbench.slo.cli.cli, "analyze", f, *ANALYZE, flag, value, "--out", out), f"argument {flag}")
     assert not out.exists()
 
 
@@ -336,11 +336,11 @@ def test_slo_plot_svg_is_svg_and_comes_with_the_json(tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
     out, plot = tmp_path / "report.json", tmp_path / "plot.svg"
-    rc, _, err = run(kvbench.slo.cli, "analyze", f, *ANALYZE, "--out", out, "--plot", plot)
+    rc, _, err = run(kvbench.slo.cli.cli, "analyze", f, *ANALYZE, "--out", out, "--plot", plot)
     assert rc == 0, err
     assert plot.read_bytes().lstrip().startswith(b"<?xml") and b"<svg" in plot.read_bytes()[:2000]
     assert json.loads(out.read_text())["schema"] == "kvbench.slo.report/1"
-    refused(run(kvbench.slo.cli, "analyze", f, *ANALYZE, "--plot", tmp_path / "p.gif"),
+    refused(run(kvbench.slo.cli.cli, "analyze", f, *ANALYZE, "--plot", tmp_path / "p.gif"),
             "use a .png, .svg or .pdf file name")
 
 
@@ -368,7 +368,7 @@ def test_full_disk_is_exit_3_and_leaves_nothing(tiny_fs):
     assert exc.value.exit_code == 3 and "No space left on device" in str(exc.value)
     assert list(tiny_fs.iterdir()) == []
     f = tiny_fs / "cohort.jsonl"
-    assert run(kvbench.slo.cli, "synth", "sweep", "--rates", "1,2", "--duration-s", "60", "--out", f)[0] == 3
+    assert run(kvbench.slo.cli.cli, "synth", "sweep", "--rates", "1,2", "--duration-s", "60", "--out", f)[0] == 3
     assert list(tiny_fs.iterdir()) == []
 
 
@@ -394,11 +394,11 @@ def test_huge_model_is_refused_before_any_sizing(tmp_path):
 def test_mapping_file_is_bounded(tmp_path):
     f = tmp_path / "map.yaml"
     f.write_text("engine: toy\nmetrics:\n  waiting: {name: q, kind: gauge, scale: .nan}\n")
-    refused(run(kvbench.slo.cli, "analyze", "--metrics", f, "--metrics-map", f), ".nan is not a finite number")
+    refused(run(kvbench.slo.cli.cli, "analyze", "--metrics", f, "--metrics-map", f), ".nan is not a finite number")
     f.write_text("engine: toy\nmetrics:\n  waiting: {name: q, kind: gauge, scale: -1}\n")
     m = tmp_path / "s.jsonl"
     m.write_text(json.dumps({"kind": "header", "schema": "kvbench.slo.metrics/1"}) + "\n")
-    refused(run(kvbench.slo.cli, "analyze", "--metrics", m, "--metrics-map", f), "metrics.waiting.scale: must be > 0")
+    refused(run(kvbench.slo.cli.cli, "analyze", "--metrics", m, "--metrics-map", f), "metrics.waiting.scale: must be > 0")
 
 
 def test_scrape_lines_are_typed(tmp_path):
@@ -406,14 +406,14 @@ def test_scrape_lines_are_typed(tmp_path):
     head = json.dumps({"kind": "header", "schema": "kvbench.slo.metrics/1"})
     m.write_text(head + "\n" + json.dumps({"kind": "sample", "role": "decode", "t_s": "1",
                                            "samples": {}}) + "\n")
-    refused(run(kvbench.slo.cli, "analyze", "--metrics", m), f"{m}:2: t_s: must be a number, got '1'")
+    refused(run(kvbench.slo.cli.cli, "analyze", "--metrics", m), f"{m}:2: t_s: must be a number, got '1'")
     m.write_text(head + "\n" + json.dumps({"kind": "sample", "role": "decode", "t_s": 1.0,
                                            "samples": {"x": [[{"le": "1"}, "7"]]}}) + "\n")
-    refused(run(kvbench.slo.cli, "analyze", "--metrics", m), "a sample value must be a number")
+    refused(run(kvbench.slo.cli.cli, "analyze", "--metrics", m), "a sample value must be a number")
 
 
 def test_plan_yaml_and_config_file_size_limits(tmp_path):
     f = tmp_path / "plan.yaml"
     f.write_text("# " + "x" * (2 * 2**20) + "\n")
-    refused(run(kvbench.slo.cli, "validate-plan", f), "larger than 1 MiB")
+    refused(run(kvbench.slo.cli.cli, "validate-plan", f), "larger than 1 MiB")
     assert yaml.safe_load(TUTORIAL_PLAN.read_text())  # the real plan is far below the limit

@@ -20,7 +20,7 @@ from kvbench.lab import deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.config import parse_lab
 from kvbench.lab.procs import stop_on_exit
-from kvbench.results import write_new_file
+from kvbench.records.write import write_new_file
 
 WORDS = "import os sys json time def class return if else for in while with as try except".split()
 
@@ -75,6 +75,6 @@ def capture_metrics(out_dir: Path, n: int) -> int:
 
 
 def deploy_model(cfg):
-    from kvbench.lab.cli import model_for
+    from kvbench.lab.deploy import model_for
 
     return model_for(cfg)

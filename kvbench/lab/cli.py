@@ -19,7 +19,6 @@ from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import LabState, run_interruptible, stop_all, stop_on_exit, write_state
-from kvbench.lab.tinymodel import ensure_model
 
 
 def state_dir() -> Path:
@@ -34,11 +33,6 @@ def require_env() -> None:
     reason = labenv.missing_reason()
     if reason:
         raise UsageError(reason)
-
-
-def model_for(cfg) -> Path:
-    """The cached tiny model for this config (built on first use, ~10 s)."""
-    return ensure_model(cfg.model, labenv.lab_home(), labenv.lab_python(), deploy.REPO_ROOT)
 
 
 def build_parser() -> ArgumentParser:
@@ -72,7 +66,7 @@ def cmd_up(args) -> int:
     if clash:
         raise UsageError(f"{clash[0]} is already up (state {state_dir() / (clash[0] + '.json')}); "
                          "run `kvbench lab down` first")
-    model = model_for(cfg)
+    model = deploy.model_for(cfg)
     started: list = []
     written: list[Path] = []
     try:
@@ -126,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kvbench.lab.planfile import load_lab_section
 
         require_env()
-        print(model_for(load_lab_section(args.plan)))
+        print(deploy.model_for(load_lab_section(args.plan)))
         return 0
     if args.command == "capture-metrics":
         from kvbench.lab.capture import capture_metrics

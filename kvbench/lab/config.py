@@ -1,7 +1,7 @@
 """The plan's `lab:` section: how to stand up the local deployments and drive their load.
 
 The `slo` plan checker passes `lab:` through unvalidated (CONTRACTS.md section 4);
-this module owns its keys, defaults and refusals, checked with kvbench.schema's strict,
+this module owns its keys, defaults and refusals, checked with kvbench.records.schema's strict,
 bounded types (pydantic): a wrong type, an unknown key, a value past its bound or an
 unfilled `<...>` placeholder is one line naming `lab.PATH`. Every key is optional:
 
@@ -31,7 +31,7 @@ from pydantic import AfterValidator, Field
 
 from kvbench.cli import UsageError
 from kvbench.lab.tinymodel import TinyModelSpec
-from kvbench.schema.types import (
+from kvbench.records.schema.types import (
     MAX_TOKENS,
     Heads,
     Layers,
@@ -95,7 +95,7 @@ class LabConfig:
 
 
 # ---------------------------------------------------------------------------
-# the `lab:` section as read from a plan: strict, bounded types of kvbench.schema. Every
+# the `lab:` section as read from a plan: strict, bounded types of kvbench.records.schema. Every
 # field defaults to None, so the defaults above stay the only ones: a field the plan sets
 # replaces the dataclass default, the rest keep it.
 

@@ -24,6 +24,7 @@ import kvbench
 from kvbench.lab import env as labenv
 from kvbench.lab.config import LabConfig
 from kvbench.lab.procs import LabState, Service, spawn, stop_all
+from kvbench.lab.tinymodel import ensure_model
 
 SERVED_NAME = "tiny"
 REPO_ROOT = Path(kvbench.__file__).resolve().parent.parent
@@ -191,3 +192,8 @@ def bring_up(cfg: LabConfig, deployment: str, model_dir: Path, logs: Path,
 
 def bring_down(state: LabState) -> None:
     stop_all(state.services)
+
+
+def model_for(cfg) -> Path:
+    """The cached tiny model for this config (built on first use, ~10 s)."""
+    return ensure_model(cfg.model, labenv.lab_home(), labenv.lab_python(), REPO_ROOT)

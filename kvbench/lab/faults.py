@@ -33,7 +33,7 @@ from kvbench.lab import audit, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import LabState, run_interruptible, stop, stop_on_exit
 from kvbench.lab.snapshot import fetch
-from kvbench.results import utc_stamp, write_new_file
+from kvbench.records.write import utc_stamp, write_new_file
 
 INJECTIONS = ("side_channel", "stop_prefill", "kill_prefill")
 POLICIES = ("fail", "recompute")
@@ -210,7 +210,7 @@ class FaultRun:
 
 
 def run_policy(cfg, policy: str, injections, out: Path, n: int) -> list[dict]:
-    from kvbench.lab.cli import model_for
+    from kvbench.lab.deploy import model_for
 
     cfg = replace(cfg, kv_load_failure_policy=policy)
     out.mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,7 @@ def ttft(st, model_dir: Path, rate: float, seconds: float, folder: Path) -> dict
 
 
 def measure(cfg, name: str, w: Workarounds, out: Path, rate: float, seconds: float) -> dict:
-    from kvbench.lab.cli import model_for
+    from kvbench.lab.deploy import model_for
 
     cfg = replace(cfg, workarounds=w)
     folder = out / name.split(" (")[0].replace(" ", "-")

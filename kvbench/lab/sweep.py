@@ -28,7 +28,7 @@ from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import run_interruptible, stop_on_exit
-from kvbench.results import utc_stamp, write_new_file
+from kvbench.records.write import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.sweep/1"
 
@@ -239,7 +239,7 @@ def run_deployment(sweep: Sweep, name: str, todo: list[Point], counter: list[int
             metrics = {role: list(urls) for role, urls in spec.metrics_endpoints.items()}
             target = Target(spec.endpoint, metrics, [], load.model, load.tokenizer)
         else:
-            from kvbench.lab.cli import model_for
+            from kvbench.lab.deploy import model_for
 
             model = model_for(lab)
             st = running_lab(name, lab)
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
 
 
 def reference_fit(lab, out: Path) -> Path:
-    from kvbench.lab.cli import model_for
+    from kvbench.lab.deploy import model_for
     from kvbench.lab.handoff import reference_fit as run_fit
 
     print("sweep: measuring the NIXL reference with kvbench p2p + fit first", file=sys.stderr, flush=True)

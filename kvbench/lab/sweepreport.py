@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvbench.results import utc_stamp
+from kvbench.records.write import utc_stamp
 
 
 def _analyze_cmd(plan, runs: list[dict], fit: Path | None, stem: Path) -> list[str]:

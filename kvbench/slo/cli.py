@@ -16,8 +16,15 @@ from kvbench.cli import (
     parse_positive_floats,
     run_main,
 )
-from kvbench.results import check_new_file, dumps_json, new_file_stream, write_files, write_new_file
-from kvbench.schema.types import MAX_RATE_RPS, MAX_SECONDS, MAX_TOKENS
+from kvbench.records.requests import dumps_jsonl, iter_records, record_to_json
+from kvbench.records.schema.types import MAX_RATE_RPS, MAX_SECONDS, MAX_TOKENS
+from kvbench.records.write import (
+    check_new_file,
+    dumps_json,
+    new_file_stream,
+    write_files,
+    write_new_file,
+)
 from kvbench.slo import synth
 from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
 from kvbench.slo.engines import ENGINES, all_known_families, load_mapping
@@ -29,7 +36,6 @@ from kvbench.slo.gates import (
     analyze,
 )
 from kvbench.slo.plan import Plan, load_plan
-from kvbench.slo.records import dumps_jsonl, iter_records, record_to_json
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 from kvbench.slo.vllm import convert_vllm
@@ -244,8 +250,8 @@ def _fit_link(args):
         if args.where:
             raise UsageError("--where selects a group of a --fit file")
         return None
-    from kvbench.fit import parse_where
-    from kvbench.plan import links_from_fit
+    from kvbench.fit.fitting import parse_where
+    from kvbench.plan.floors import links_from_fit
 
     links = links_from_fit(args.fit, parse_where(args.where))
     if len(links) > 1:

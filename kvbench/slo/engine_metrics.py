@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.schema.read import iter_jsonl
-from kvbench.schema.slo import SCRAPE_LINES, ScrapeHeader
-from kvbench.schema.types import parse, show
+from kvbench.records.schema.read import iter_jsonl
+from kvbench.records.schema.slo import SCRAPE_LINES, ScrapeHeader
+from kvbench.records.schema.types import parse, show
+from kvbench.records.stats import percentile_supported
 from kvbench.slo.engines import ENGINES, NOT_EXPORTED, QUANTITIES, Metric, detect_engine
 from kvbench.slo.gates import TREND_MIN_IN_FLIGHT, TREND_RATIO_MAX
 from kvbench.slo.scrape import SCHEMA_METRICS
-from kvbench.stats import percentile_supported
 
 MIN_SCRAPES_FOR_TREND = 9  # three per third
 QUANTILES = (0.5, 0.9, 0.99)
@@ -46,7 +46,7 @@ class ScrapeFile:
 
 
 def load_scrape(path: str | Path) -> ScrapeFile:
-    """A scrape file, streamed line by line; every line checked (kvbench.schema.slo)."""
+    """A scrape file, streamed line by line; every line checked (kvbench.records.schema.slo)."""
     p = Path(path)
     out: ScrapeFile | None = None
     for where, rec in iter_jsonl(p, "scrape file", missing="no such file"):

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.schema.read import MiB, load_json, load_yaml
-from kvbench.schema.slo import MappingEntry, MappingFile
-from kvbench.schema.types import parse
+from kvbench.records.schema.read import MiB, load_json, load_yaml
+from kvbench.records.schema.slo import MappingEntry, MappingFile
+from kvbench.records.schema.types import parse
 
 KINDS = ("gauge", "counter", "histogram")
 MAX_MAPPING_BYTES = MiB

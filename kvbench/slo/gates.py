@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kvbench.cli import UsageError
-from kvbench.slo.metrics import PERCENTILE_METHOD, RequestMetrics, summarize
-from kvbench.slo.records import STATUSES, RequestRecord
+from kvbench.records.request_metrics import PERCENTILE_METHOD, RequestMetrics, summarize
+from kvbench.records.requests import STATUSES, RequestRecord
 from kvbench.slo.runs import OK, Run, to_runs
 
 NUMERATORS = {

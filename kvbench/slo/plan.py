@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from kvbench.cli import UsageError
-from kvbench.schema.read import MiB, load_yaml
-from kvbench.schema.types import (
+from kvbench.records.schema.read import MiB, load_yaml
+from kvbench.records.schema.types import (
     MAX_RATE_RPS,
     MAX_SECONDS,
     MAX_TEXT,
@@ -75,7 +75,7 @@ class PlanError(Exception):
 
 # ---------------------------------------------------------------------------
 # scalar checks: each returns the cleaned value or raises PlanError. The types and bounds
-# are kvbench.schema's (strict: no bool for a number, no "8" for 8; finite; bounded).
+# are kvbench.records.schema's (strict: no bool for a number, no "8" for 8; finite; bounded).
 
 
 def _leaf(tp, expected: str, upper: str | None = None) -> Callable:

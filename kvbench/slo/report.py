@@ -255,6 +255,6 @@ def render_plot(r: dict, fmt: str) -> bytes:
 
 def plot_format(path: Path) -> str:
     """The plot's format from its suffix (kvbench.results.plot_format: png, svg or pdf)."""
-    from kvbench.results import plot_format as by_suffix
+    from kvbench.records.write import plot_format as by_suffix
 
     return by_suffix(path)

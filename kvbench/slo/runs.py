@@ -17,7 +17,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from kvbench.slo.records import STATUSES, RequestRecord
+from kvbench.records.requests import STATUSES, RequestRecord
 
 STATUS_CODE = {s: i for i, s in enumerate(STATUSES)}
 OK = STATUS_CODE["ok"]

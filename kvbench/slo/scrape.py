@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.results import check_new_file, dumps_json, new_file_stream
+from kvbench.records.write import check_new_file, dumps_json, new_file_stream
 
 SCHEMA_METRICS = "kvbench.slo.metrics/1"
 MAX_RESPONSE_BYTES = 32 * 2**20

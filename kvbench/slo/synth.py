@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.slo.records import RequestRecord
+from kvbench.records.requests import RequestRecord
 
 COHORT_ERRORS = (13, 37, 58, 79, 96)
 COHORT_SLOW_TTFT = (7, 29, 44)

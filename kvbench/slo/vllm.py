@@ -18,10 +18,10 @@ import math
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.schema.read import MiB, loads_many, read_text_bounded
-from kvbench.schema.slo import VllmResult
-from kvbench.schema.types import parse, show
-from kvbench.slo.records import RequestRecord, parse_record, record_to_json
+from kvbench.records.requests import RequestRecord, parse_record, record_to_json
+from kvbench.records.schema.read import MiB, loads_many, read_text_bounded
+from kvbench.records.schema.slo import VllmResult
+from kvbench.records.schema.types import parse, show
 
 MAX_VLLM_BYTES = 1024 * MiB  # --save-detailed keeps every chunk gap: large, but not unbounded
 
@@ -41,7 +41,7 @@ def classify_error(text: str) -> str:
 
 
 def load_vllm_result(path: str | Path, index: int | None = None) -> VllmResult:
-    """The chosen result of a vLLM result file, its per-request lists checked (kvbench.schema)."""
+    """The chosen result of a vLLM result file, its per-request lists checked (kvbench.records.schema)."""
     p = Path(path)
     docs = loads_many(read_text_bounded(p, MAX_VLLM_BYTES, "vLLM result file"), str(p), finite=False)
     if not docs:

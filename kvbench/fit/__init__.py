@@ -1,0 +1,13 @@
+"""`python -m kvbench.fit`: setup_ms and effective GB/s fitted to measured samples.
+
+    data.py      stream p2p records into per-group columns (link groups, not-link reasons)
+    stats.py     the weighted line, round/block bootstrap, lack-of-fit
+    regimes.py   two-regime (BIC) detection
+    fitting.py   one group's fit, warnings, the kvbench.fit/2 document and its table
+    plots.py     the fit's figure (matplotlib)
+    sim.py       simulated runs with known truth (coverage checks and benchmarks)
+    cli.py       flags and the command
+
+May import: kvbench.units, kvbench.cli, kvbench.records, kvbench.p2p.linkpath (link names).
+Never plan, slo, lab or report.
+"""

@@ -1,0 +1,405 @@
+"""From p2p records to fit groups: which records are replicates, which are links, and which
+samples share a moment's load.
+
+Group key: the frozen `spec` a record carries (CONTRACTS.md section 1: everything that defines
+what was measured except the payload size), so no option can be pooled by omission. Records
+without a spec (written before it existed) fall back to the legacy keys below.
+
+Not a link (skipped, never fitted): a record that says `fit_as_link: false`, a payload of zero
+bytes, and for records without that field the legacy rules: layerwise variants that include the
+sender's compute (`compute`, and the overlapped handoff itself), and `sharded` `isolated` (bytes
+summed over edges, time a maximum over edges that ran separately: a rate never observed).
+
+Units of resampling: in `order: "rounds"` a unit is one round (run_id, round) with every sample
+taken in it; otherwise (blocks order, or a record without `order`) a unit is the whole record,
+one back-to-back block of one size. A stratum with more than MAX_UNITS units (a file of many
+runs) has its units merged, in the order they were first seen, into MAX_UNITS runs of adjacent
+units: a block bootstrap that keeps every dependence the round bootstrap keeps, at a bounded cost.
+
+Reading streams: `read_groups` checks each line against the typed record
+(kvbench.records.schema.p2p) and folds it into its group's columns (8 bytes per sample for the time,
+its size and its unit), so memory follows the number of samples, not the file's text or one
+Python object per record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.cli import UsageError
+from kvbench.fit.stats import GroupSamples
+from kvbench.p2p import linkpath
+from kvbench.records.schema.p2p import (
+    LEGACY_GROUP_KEYS,
+    LEGACY_OPTIONAL_KEYS,
+    P2PRecord,
+    parse_p2p_line,
+    spec_id_of,
+)
+from kvbench.records.schema.read import decode_line, iter_lines
+
+LAYERWISE_LINK_VARIANTS = ("xfer", "seq")  # pure transfers measured inside a layerwise run
+_OPTIONAL = frozenset(LEGACY_OPTIONAL_KEYS)
+MAX_UNITS = 2000  # units per stratum beyond which adjacent units are merged (see above)
+_ROUND_BITS = 40  # a rounds unit is (run index << 40) | round; round numbers are < 10^12 < 2^40
+
+spec_id = spec_id_of  # (kept under its old name: tests and fit_sim import it from here)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested mappings as dotted keys ({"world": {"size": 2}} -> {"world.size": 2})."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def label_of(fields: dict) -> str:
+    parts = []
+    for k, v in fields.items():
+        if v is None or v == {} or v == []:
+            continue
+        if isinstance(v, (list, tuple)):
+            v = ",".join(map(str, v))
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+def not_link_reason(rec: dict) -> str | None:
+    """Why a record's time is not bytes over a link, or None when it is a link."""
+    if rec.get("bytes") == 0:
+        return "zero bytes (compute only)"
+    if "fit_as_link" in rec:
+        if rec.get("fit_as_link") is False:
+            return str(rec.get("not_link_reason") or "declared not a link by its pattern")
+        return None
+    pattern, variant = rec.get("pattern"), rec.get("variant")
+    if pattern == "layerwise" and variant not in LAYERWISE_LINK_VARIANTS:
+        what = "overlapped handoff" if variant is None else f"variant '{variant}'"
+        return f"layerwise {what} includes the sender's compute"
+    if pattern == "sharded" and variant == "isolated":
+        return ("sharded isolated: bytes summed over edges, time a maximum over edges run "
+                "separately (a rate never observed)")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# a record, typed or not, as the fold reads it
+
+
+class _Fields:
+    """dict-like read access to a typed record (fields and kept extra keys) without copying it."""
+
+    __slots__ = ("m", "extra")
+    _FIELDS = frozenset(P2PRecord.model_fields)
+
+    def __init__(self, m: P2PRecord):
+        self.m, self.extra = m, m.model_extra or {}
+
+    def get(self, key: str, default=None):
+        if key in self._FIELDS:
+            return self.m.__dict__.get(key, default)
+        return self.extra.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.m.model_fields_set or key in self.extra
+
+
+class _SpecsAsWritten:
+    """The spec dict of a typed record, with its keys in the file's order (labels and the fit
+    file show them in that order): decoded once per spec_id, whose hash the schema checked."""
+
+    def __init__(self):
+        self._by_id: dict[str, dict] = {}
+
+    def of(self, rec: P2PRecord, raw: bytes, where: str) -> tuple[str, dict] | None:
+        if rec.spec is None:
+            return None
+        sid = rec.spec_id
+        spec = self._by_id.get(sid) if sid else None
+        if spec is None:
+            spec = decode_line(raw, where)["spec"]
+            if sid and len(self._by_id) < 4096:
+                self._by_id[sid] = spec
+        return sid or spec_id_of(spec), spec
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _legacy_value(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(json.dumps(x, sort_keys=True) if isinstance(x, (dict, list)) else x
+                     for x in v)
+    return json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+
+
+def _plain(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+# ---------------------------------------------------------------------------
+# groups
+
+
+@dataclass
+class Group:
+    """Records measuring one thing (the same spec, or the same legacy key values), folded into
+    columns as they are read: every usable sample's size, time and unit of resampling."""
+
+    fields: dict  # flat key -> value: labels and --where
+    spec: dict | None
+    n_records: int = 0
+    sources: list[str] = field(default_factory=list)
+    not_link: str | None = None  # the first record's reason, when some record is not a link
+    error: str | None = None  # a record whose samples cannot be used; raised if it is fitted
+    n_wrong: int = 0
+    n_empty: int = 0
+    orders: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)  # bytes -> {"prompt_tokens": set, "models": set}
+    paths: Counter = field(default_factory=Counter)  # LinkPath -> records (with keep_paths)
+    _bytes: array = field(default_factory=lambda: array("q"))
+    _ms: array = field(default_factory=lambda: array("d"))
+    _unit: array = field(default_factory=lambda: array("q"))  # >= 0 a round, < 0 a block
+    _runs: dict = field(default_factory=dict)  # run_id -> index, in first-seen order
+
+    @property
+    def label(self) -> str:
+        return label_of(self.fields)
+
+    @property
+    def spec_id(self) -> str | None:
+        return None if self.spec is None else spec_id_of(self.spec)
+
+    def add(self, rec, source: str, keep_paths: bool = False) -> None:
+        index = self.n_records
+        self.n_records += 1
+        if source not in self.sources:
+            self.sources.append(source)
+        why = not_link_reason(rec)
+        if why and self.not_link is None:
+            self.not_link = why
+        if keep_paths:
+            self.paths[linkpath.classify(str(rec.get("transport") or ""),
+                                         rec.get("transport_info"))] += 1
+        if why or self.error:
+            return  # a group with a record that is not a link is skipped whole
+        try:
+            self._add_samples(rec, index)
+        except ValueError as exc:
+            self.error = f"{source}: record {index + 1} of group [{self.label}]: {exc}"
+
+    def _add_samples(self, rec, index: int) -> None:
+        if rec.get("wrong"):  # a run that received wrong elements measured nothing worth fitting
+            self.n_wrong += 1
+            return
+        # a typed record's bytes and samples were checked by its schema (and bytes 0 is no link)
+        nbytes, samples = ((rec.m.bytes, rec.m.samples_ms) if type(rec) is _Fields
+                           else samples_of(rec))
+        if not samples:
+            self.n_empty += 1
+            return
+        self._ms.extend(samples)
+        self._bytes.extend([nbytes] * len(samples))
+        self._unit.extend(self._units(rec, index, len(samples)))
+        order = rec.get("order") or "blocks (no order recorded)"
+        if order not in self.orders:
+            self.orders.append(order)
+        m = self.meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})
+        if rec.get("prompt_tokens") is not None:
+            m["prompt_tokens"].add(rec.get("prompt_tokens"))
+        model = rec.get("model")
+        name = model.get("name") if isinstance(model, dict) else None
+        if name:
+            m["models"].add(str(name))
+
+    def _units(self, rec, index: int, n: int) -> list[int]:
+        """Per sample: its unit as one integer (a round of a run, or the record's block)."""
+        order = rec.get("order")
+        if order == "rounds":
+            rounds = rec.get("sample_rounds")
+            if rounds is None or type(rec) is not _Fields and (  # (typed: counts, one a sample)
+                    not isinstance(rounds, list) or len(rounds) != n
+                    or not all(isinstance(r, int) and not isinstance(r, bool)
+                               and 0 <= r < 1 << _ROUND_BITS for r in rounds)):
+                raise ValueError("order 'rounds' needs 'sample_rounds', one round number "
+                                 "(int >= 0) per sample")
+            run = self._runs.setdefault(json.dumps(rec.get("run_id")), len(self._runs))
+            return [(run << _ROUND_BITS) | r for r in rounds]
+        if order not in (None, "blocks"):
+            raise ValueError(f"unknown order {order!r} (expected 'rounds' or 'blocks')")
+        return [-(index + 1)] * n
+
+    def collected(self) -> Collected:
+        """The group's usable samples with their units; a deferred record error is raised here."""
+        if self.error:
+            raise UsageError(self.error)
+        samples = _group_samples(self._bytes, self._ms, self._unit) if len(self._ms) else None
+        return Collected(samples, self.n_wrong, self.n_empty, self.meta, self.sources,
+                         self.orders)
+
+
+def samples_of(rec) -> tuple[int, list[float]]:
+    """(bytes, samples_ms) of a record; ValueError says what is wrong (record dicts are not
+    typed: a file's records are, by kvbench.records.schema.p2p)."""
+    nbytes = rec.get("bytes")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"'bytes' must be a positive integer, got {nbytes!r}")
+    samples = rec.get("samples_ms")
+    if not isinstance(samples, list):
+        raise ValueError("'samples_ms' must be a list of milliseconds")
+    for v in samples:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"'samples_ms' holds {v!r}, not a non-negative time in ms")
+    return nbytes, [float(v) for v in samples]
+
+
+class Grouper:
+    """Folds records into groups in first-seen order; `groups()` when all are read."""
+
+    def __init__(self, keep_paths: bool = False):
+        self.keep_paths = keep_paths
+        self._groups: dict[tuple, Group] = {}
+        self._legacy_present: set[str] = set()  # optional legacy keys some legacy record has
+        self.n_records = 0
+
+    def add(self, rec, source: str, spec: tuple[str, dict] | None = None) -> None:
+        """rec: a record dict, or a typed record (kvbench.records.schema.p2p.P2PRecord) with its
+        (spec_id, spec as written) when it has a spec."""
+        if isinstance(rec, P2PRecord):
+            rec = _Fields(rec)
+        elif isinstance(rec.get("spec"), dict):
+            spec = spec_id_of(rec["spec"]), rec["spec"]
+        if spec is not None:
+            key = ("spec", spec[0])
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = Group(flatten(spec[1]), spec[1])
+        else:
+            group = self._legacy_group(rec)
+        group.add(rec, source, self.keep_paths)
+        self.n_records += 1
+
+    def _legacy_group(self, rec) -> Group:
+        keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS
+        if type(rec) is _Fields:  # (a typed record: its keys and values read without .get)
+            self._legacy_present |= _OPTIONAL & (rec.m.__pydantic_fields_set__ | rec.extra.keys())
+            d, extra = rec.m.__dict__, rec.extra
+            values = [d[k] if k in _Fields._FIELDS else extra.get(k) for k in keys]
+        else:
+            self._legacy_present.update(k for k in LEGACY_OPTIONAL_KEYS if k in rec)
+            values = [rec.get(k) for k in keys]
+        key = ("legacy",) + tuple(v if type(v) in _SCALARS else _legacy_value(v) for v in values)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(dict(zip(keys, map(_plain, values), strict=True)),
+                                              None)
+        return group
+
+    def groups(self) -> list[Group]:
+        """Legacy groups keep the optional keys that some legacy record has (labels, --where)."""
+        drop = set(LEGACY_OPTIONAL_KEYS) - self._legacy_present
+        for g in self._groups.values():
+            if g.spec is None:
+                g.fields = {k: v for k, v in g.fields.items() if k not in drop}
+        return list(self._groups.values())
+
+
+def group_records(records: Iterable[dict], keep_paths: bool = False) -> list[Group]:
+    """Spec groups and legacy groups of record dicts (each may name its file in `_source`)."""
+    grouper = Grouper(keep_paths)
+    for rec in records:
+        grouper.add(rec, str(rec.get("_source", "?")))
+    return grouper.groups()
+
+
+def read_groups(paths: Iterable[str | Path], keep_paths: bool = False) -> tuple[list[Group], int]:
+    """Groups of the records in p2p result files, each line checked by the typed record and
+    folded into its group as it is read; returns (groups, records read)."""
+    grouper = Grouper(keep_paths)
+    specs = _SpecsAsWritten()
+    for path in paths:
+        source = str(path)
+        for where, raw in iter_lines(path, "results file", missing="no such file"):
+            rec = parse_p2p_line(raw, where)
+            grouper.add(rec, source, specs.of(rec, raw, where))
+    return grouper.groups(), grouper.n_records
+
+
+def group_not_link(group: Group) -> str | None:
+    return group.not_link
+
+
+def link_mismatch(group: Group, expect: str) -> str | None:
+    """The fit's link_mismatch line for a group read with keep_paths (kvbench.p2p.linkpath)."""
+    return linkpath.mismatch_of(group.paths, expect)
+
+
+# ---------------------------------------------------------------------------
+# samples and their units
+
+
+@dataclass
+class Collected:
+    samples: GroupSamples | None
+    n_wrong: int
+    n_empty: int
+    meta: dict  # bytes -> {"prompt_tokens": set, "models": set}
+    sources: list[str]
+    orders: list[str]
+
+
+def collect(group: Group) -> Collected:
+    return group.collected()
+
+
+def _first_seen_ids(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids numbered in order of first appearance, and each id's first position."""
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.reshape(-1)], first[order]
+
+
+def _group_samples(b: array, ms: array, unit_code: array) -> GroupSamples:
+    nbytes = np.frombuffer(b, dtype=np.int64)
+    codes = np.frombuffer(unit_code, dtype=np.int64)
+    # stratum: all rounds together (-1); the blocks of one size together (its byte count)
+    stratum_code = np.where(codes >= 0, -1, nbytes)
+    units, unit_first = _first_seen_ids(codes)
+    strata, stratum_first = _first_seen_ids(stratum_code)
+    unit_stratum = strata[unit_first]
+    kinds = ["rounds" if c < 0 else "blocks" for c in stratum_code[stratum_first]]
+    merged = None
+    if np.bincount(unit_stratum).max() > MAX_UNITS:
+        units, unit_stratum, merged = _merge_units(units, unit_stratum)
+    return GroupSamples(nbytes.copy(), np.frombuffer(ms, dtype=np.float64).copy(), units,
+                        unit_stratum, kinds, merged)
+
+
+def _merge_units(units: np.ndarray, unit_stratum: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Adjacent units of a stratum with more than MAX_UNITS units merged into MAX_UNITS runs."""
+    new_code = np.empty(len(unit_stratum), dtype=np.int64)
+    before, after = 0, 0
+    for s in range(int(unit_stratum.max()) + 1):
+        idx = np.flatnonzero(unit_stratum == s)  # this stratum's units, in first-seen order
+        per = math.ceil(len(idx) / MAX_UNITS)
+        new_code[idx] = (s << 32) | (np.arange(len(idx)) // per)
+        before += len(idx)
+        after += math.ceil(len(idx) / per)
+    merged_ids, first = _first_seen_ids(new_code[units])
+    new_stratum = unit_stratum[units[first]]
+    return merged_ids, new_stratum, {"units_read": before, "units_resampled": after,
+                                     "max_units_per_stratum": MAX_UNITS}

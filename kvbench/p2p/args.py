@@ -1,0 +1,327 @@
+"""The point-to-point KV handoff benchmark. Run it under MPI:
+
+    mpirun -n 2 python -m kvbench.p2p --sizes 300,2000,8192
+
+Rank 0 plays the prefill worker, rank 1 the decode worker (patterns with more ranks say
+how they split them). For each size it allocates a real KV cache, hands it over again and
+again, checks every element once, and reports p50/p95/p99 handoff times and GB/s.
+
+This module: the job's flags, parsed, bounded and checked before any rank allocates or
+measures (the run itself is kvbench.p2p.cli).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench.cli import (
+    EXIT_USAGE,
+    ArgumentParser,
+    UsageError,
+    arg_float,
+    arg_int,
+    parse_positive_ints,
+)
+from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
+from kvbench.p2p import patterns, transports
+from kvbench.p2p.patterns.base import Point
+from kvbench.p2p.watchdog import PHASES, slug
+from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
+from kvbench.units import parse_bytes
+
+PROG = "kvbench p2p"
+P2P_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8")
+DEFAULT_SIZES = "300,2000,8192"
+DEFAULT_TIMEOUT = 120.0
+DEFAULT_MIN_ITERS = 5
+MAX_ITERS = 10**6
+MAX_SECONDS = 86_400.0  # a day: a --timeout or --seconds-per-point beyond it is a typo
+MAX_SIZES = 256  # points in one run
+
+_EPILOG = """\
+how it times:
+  The receiver pre-posts every receive; both ranks meet at a barrier; the sender takes t0,
+  (packs and) posts every send; the receiver waits for every byte (on GPU: synchronises its
+  stream), unpacks into its own cache, and sends a 1-byte completion notice; the sender
+  takes t1 when the notice arrives. Samples are t1 - t0 on the sender's clock. The notice's
+  one-way latency is measured separately and recorded as notice_ms. The first handoff of
+  each point is reported as cold_ms (lazy connection set-up, registration) and kept out of
+  the samples; --warmup more handoffs follow, then the timed ones. After timing, the
+  receiver wipes its copy, one more handoff runs, and every element is checked.
+
+examples:
+  mpirun -n 2 python -m kvbench.p2p                               # 300,2000,8192 tokens
+  mpirun -n 2 python -m kvbench.p2p --transport gloo --granularity layer
+  mpirun -n 2 python -m kvbench.p2p --layout paged --block-size 16 --granularity block --sizes 512
+  mpirun -n 2 python -m kvbench.p2p --bytes 4K,1M,64M             # raw link sweep
+  mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
+"""
+
+
+def build_parser(rank: int = 0) -> ArgumentParser:
+    class _Parser(ArgumentParser):
+        def error(self, message):  # only rank 0 speaks; every rank exits the same way
+            if rank == 0:
+                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
+
+        def print_help(self, file=None):
+            if rank == 0:
+                super().print_help(file)
+
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2].rsplit("\n\nThis module:", 1)[0],
+                epilog=_EPILOG)
+    what = p.add_argument_group("what moves")
+    what.add_argument("--sizes", default=None, metavar="TOKENS",
+                      help="prompt lengths in tokens, comma-separated (default 300,2000,8192)")
+    what.add_argument("--bytes", default=None, metavar="SIZES",
+                      help="raw message sizes instead of tokens, e.g. 4K,1M,64M (binary suffixes)")
+    what.add_argument("-b", "--minbytes", default=None, help="raw sweep start, e.g. 1M (with -e, -f)")
+    what.add_argument("-e", "--maxbytes", default=None, help="raw sweep end, e.g. 256M")
+    what.add_argument("-f", "--stepfactor", type=arg_int(2, 1024), default=2,
+                      help="raw sweep multiplier (default 2)")
+    what.add_argument("--model", default=None, help=f"model preset (default seed-70b-gqa): {', '.join(PRESETS)}")
+    what.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json instead")
+    what.add_argument("--dtype", default="bf16", help=f"KV dtype: {', '.join(P2P_DTYPES)} (FP8 moves as bytes)")
+    what.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
+                      help="contiguous per-layer tensors, or paged blocks scattered in a pool")
+    what.add_argument("--block-size", type=arg_int(1, 1 << 20), default=16,
+                      help="paged block size in tokens (default 16)")
+    what.add_argument("--pack-kernel", choices=("torch", "cuda"), default="torch",
+                      help="how a paged KV is packed for layer/whole messages on a GPU: torch "
+                           "index ops (default) or the CUDA kernels in cuda/kv_pack.cu (needs CuPy)")
+    what.add_argument("--device", choices=("auto", "cpu", "cuda", "cpu-async"), default="auto",
+                      help="where the KV lives (default: cuda when a GPU is visible, else cpu); "
+                           "cpu-async: CPU memory with a CUDA-stream-like queue, to test the "
+                           "protocol's device ordering without a GPU (its times mean nothing)")
+    how = p.add_argument_group("how it moves")
+    how.add_argument("--transport", default="auto",
+                     help="auto (nccl on GPU, mpi otherwise), or one of: "
+                          + ", ".join(f"{n} ({c.description})" for n, c in transports.available().items()))
+    how.add_argument("--pattern", default="sequential",
+                     help="comma-separated handoff patterns: " + ", ".join(patterns.available()))
+    how.add_argument("--allow-shared-gpu", action="store_true",
+                     help="let two ranks of a node use one GPU (refused by default: a handoff "
+                          "inside one device measures no link)")
+    how.add_argument("--granularity", choices=("whole", "layer", "block"), default="whole",
+                     help="one packed message, one per layer tensor, or one per paged block")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--order", choices=("rounds", "blocks"), default="rounds",
+                        help="rounds (default): each round times every size and variant once, in "
+                             "a rotating order, so drifting load falls on all alike; blocks: all "
+                             "samples of one size back to back (less memory: one size at a time)")
+    timing.add_argument("--clock", choices=("auto", "pingpong"), default="auto",
+                        help="one timeline for every rank: auto = shared perf_counter on one "
+                             "host, ping-pong offset estimates across hosts; pingpong = always "
+                             "estimate (records the offsets and their uncertainty)")
+    timing.add_argument("--warmup", type=arg_int(0, MAX_ITERS), default=2,
+                        help="untimed handoffs after the cold one (default 2)")
+    timing.add_argument("--iters", type=arg_int(1, MAX_ITERS), default=20,
+                        help="timed handoffs per point (default 20; p95 needs >= 20, p99 >= 100)")
+    timing.add_argument("--min-iters", type=arg_int(1, MAX_ITERS), default=None,
+                        help="never fewer timed handoffs (default 5, or --iters if smaller)")
+    timing.add_argument("--seconds-per-point", type=arg_float(0, MAX_SECONDS, lo_open=True),
+                        default=5.0,
+                        help="cut --iters so the timed handoffs take about this long per point "
+                             "(default 5; with --order rounds the budget of all points is "
+                             "shared, so 300,2000,8192 tokens get all 20 rounds on a 5 GB/s link)")
+    timing.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                        help="verify every received element after timing (default on)")
+    timing.add_argument("--timeout", type=arg_float(0, MAX_SECONDS, lo_open=True), default=DEFAULT_TIMEOUT,
+                        help="seconds any wait on another rank may take before the job is "
+                             "aborted, in every phase from MPI start-up to tear-down (default 120)")
+    timing.add_argument("--baseline", action="store_true",
+                        help="also time a yardstick on the same bytes and print the ratio: bare "
+                             "mpi4py Send/Recv (host memory), same-GPU and GPU-to-GPU copies (cuda)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="results", help="directory for the .jsonl/.csv records (default results/)")
+    out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    # Fault injection for the test suite: proves the data check and the timeout really bite.
+    p.add_argument("--debug-corrupt-elements", type=arg_int(0, 1 << 40), default=0, help=argparse.SUPPRESS)
+    p.add_argument("--debug-stall-rank", type=arg_int(0, 1 << 20), default=None, help=argparse.SUPPRESS)
+    # SIGSTOP one rank as it enters a phase (RANK:PHASE, phases as in kvbench.watchdog.PHASES)
+    p.add_argument("--debug-stop", type=stop_spec, default=None, help=argparse.SUPPRESS)
+    for cls in transports.available().values():
+        cls.add_arguments(p)
+    for cls in patterns.available().values():
+        cls.add_arguments(p)
+    return p
+
+
+# ---------------------------------------------------------------------------
+# validation: computed identically on every rank, then agreed collectively
+
+
+def stop_spec(text: str) -> tuple[int, str]:
+    """--debug-stop RANK:PHASE (a test hook: that rank SIGSTOPs itself entering PHASE)."""
+    rank, _, phase = str(text).partition(":")
+    phases = [slug(p) for p in PHASES]
+    if not (rank.isdigit() and len(rank) < 8) or phase not in phases:
+        raise argparse.ArgumentTypeError(f"expects RANK:PHASE with PHASE one of "
+                                         f"{', '.join(phases)}, got {text!r}")
+    return int(rank), phase
+
+
+def prescan(argv: Sequence[str]) -> tuple[float, tuple[int, str] | None]:
+    """(--timeout, --debug-stop) read before MPI starts, so the start-up is bounded too. A value
+    that does not parse is left to the full parse, which refuses it once MPI is up."""
+    found: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        for flag in ("--timeout", "--debug-stop"):
+            if arg == flag and i + 1 < len(argv):
+                found[flag] = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                found[flag] = arg.split("=", 1)[1]
+    timeout, stop = DEFAULT_TIMEOUT, None
+    try:
+        if "--timeout" in found:
+            timeout = arg_float(0, MAX_SECONDS, lo_open=True)(found["--timeout"])
+        if "--debug-stop" in found:
+            stop = stop_spec(found["--debug-stop"])
+    except argparse.ArgumentTypeError:
+        pass
+    return timeout, stop
+
+
+def _byte_size(text: str, what: str) -> int:
+    try:
+        n = parse_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    if not 1 <= n <= MAX_BYTES:
+        raise UsageError(f"{what}: byte sizes must be positive and at most 2^53 - 1, got {text!r}")
+    return n
+
+
+def raw_sizes(args) -> list[int] | None:
+    """The --bytes list or the -b/-e/-f sweep (None: token sizes). Every size is 1 .. 2^53-1
+    bytes, so a sweep ends (-b 0 used to repeat size 0 forever) after at most 53 steps."""
+    if args.bytes is not None:
+        items = [t.strip() for t in args.bytes.split(",")]
+        if not any(items):
+            raise UsageError("--bytes: empty list")
+        sizes = [_byte_size(t, "--bytes") for t in items]
+    elif args.minbytes is not None or args.maxbytes is not None:
+        lo = _byte_size(args.minbytes if args.minbytes is not None else args.maxbytes, "-b/--minbytes")
+        hi = _byte_size(args.maxbytes if args.maxbytes is not None else args.minbytes, "-e/--maxbytes")
+        if hi < lo:
+            raise UsageError("-e/--maxbytes must not be below -b/--minbytes")
+        sizes, s = [], lo
+        while s <= hi:
+            sizes.append(s)
+            s *= args.stepfactor
+    else:
+        return None
+    if len(sizes) > MAX_SIZES:
+        raise UsageError(f"--bytes: at most {MAX_SIZES} sizes in one run, got {len(sizes)}")
+    return sizes
+
+
+def token_sizes(args) -> list[int]:
+    text = DEFAULT_SIZES if args.sizes is None else args.sizes
+    tokens = parse_positive_ints(text, "--sizes", hi=MAX_TOKENS)
+    if len(tokens) > MAX_SIZES:
+        raise UsageError(f"--sizes: at most {MAX_SIZES} sizes in one run, got {len(tokens)}")
+    return tokens
+
+
+def iteration_counts(args) -> None:
+    """--min-iters defaults to 5, or to --iters when that is smaller (--iters 3 runs 3); an
+    explicit --min-iters above --iters is refused rather than silently winning."""
+    if args.min_iters is None:
+        args.min_iters = min(DEFAULT_MIN_ITERS, args.iters)
+    elif args.min_iters > args.iters:
+        raise UsageError(f"--min-iters {args.min_iters} is above --iters {args.iters}: the run "
+                         "would time more handoffs than asked; lower --min-iters or raise --iters")
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "cpu-async":
+        return requested
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    return requested
+
+
+def validate(args, world_size: int):
+    """Everything that can be checked before allocating. Raises UsageError."""
+    raws = (args.bytes, args.minbytes, args.maxbytes)
+    if args.sizes is not None and any(v is not None for v in raws):
+        raise UsageError("give either --sizes (tokens) or --bytes/-b/-e (raw bytes), not both")
+    iteration_counts(args)
+    raw = raw_sizes(args)
+    tokens = None if raw else token_sizes(args)
+    model = resolve_model(args.model, args.model_config)
+    if args.dtype not in P2P_DTYPES:
+        raise UsageError(f"unknown dtype {args.dtype!r}; choose from {', '.join(P2P_DTYPES)}")
+    dtype = get_dtype(args.dtype)
+    for t in tokens or ():  # refuses a KV beyond 2^53 bytes before anything is sized
+        KVSizing(model, dtype, t, block_size=args.block_size if args.layout == "paged" else None)
+    if raw and args.granularity != "whole":
+        raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
+    device = resolve_device(args.device)
+    if args.pack_kernel == "cuda":
+        from kvbench.p2p.cuda_kernels import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise UsageError(reason)
+        if device != "cuda" or args.layout != "paged":
+            raise UsageError("--pack-kernel cuda packs paged blocks on a GPU: use it with "
+                             "--device cuda --layout paged")
+    tcls = transport_class(args.transport, device)
+    pclasses = pattern_classes(args, world_size, model)
+    points = [Point(raw_bytes=b) for b in raw] if raw else [Point(prompt_tokens=t) for t in tokens]
+    return model, dtype, device, tcls, pclasses, points
+
+
+def transport_class(name: str, device: str):
+    if name == "auto":
+        name = "nccl" if device == "cuda" else "mpi"
+    try:
+        tcls = transports.get(name)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    if tcls.gpu_only and device != "cuda":
+        raise UsageError(f"transport {name} needs a GPU: --device cuda (no GPU here?)")
+    reason = tcls.unavailable_reason(device)
+    if reason:
+        raise UsageError(f"transport {name}: {reason}")
+    return tcls
+
+
+def pattern_classes(args, world_size: int, model) -> list:
+    pnames = [p.strip() for p in args.pattern.split(",") if p.strip()]
+    if not pnames:
+        raise UsageError(f"--pattern: empty list; choose from {', '.join(patterns.available())}")
+    pclasses = []
+    for pn in pnames:
+        try:
+            pclasses.append(patterns.get(pn))
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+    if world_size < 2:
+        raise UsageError("run under MPI with at least 2 ranks, e.g. mpirun -n 2 python -m kvbench.p2p")
+    for pc in pclasses:
+        err = pc.layout_error(args, world_size, model)
+        if err:
+            raise UsageError(err)
+    return pclasses
+
+
+def mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,417 @@
+"""`kvbench p2p`: the job's run on every rank: MPI up under the watchdog, flags agreed, the
+patterns measured on the one engine, records written, the table printed, MPI down."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench.cli import (
+    EXIT_USAGE,
+    UsageError,
+)
+from kvbench.model import PRESETS
+from kvbench.p2p import world as mpi_world
+from kvbench.p2p.args import PROG, build_parser, mem_available_bytes, prescan, validate
+from kvbench.p2p.baseline import LABELS, baseline_gbps
+from kvbench.p2p.devices import make_device
+from kvbench.p2p.engine import Engine, close_links
+from kvbench.p2p.gpu_select import select_local_gpu
+from kvbench.p2p.harness import (
+    LoopResult,
+    LoopSettings,
+    Progress,
+    critical_paths,
+    estimate_clock,
+    measure,
+    notice_latency_ms,
+)
+from kvbench.p2p.patterns.base import PatternContext, Point
+from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
+from kvbench.p2p.transports.base import TransportContext, TransportError
+from kvbench.p2p.watchdog import EXIT_STALLED, WATCHDOG
+from kvbench.records.stats import min_samples_for, percentile_cell
+from kvbench.records.write import (
+    SCHEMA_P2P,
+    check_destination,
+    environment,
+    utc_stamp,
+    write_records,
+)
+from kvbench.units import GB, GiB, MiB, gb_per_s
+
+
+def agree(comm, error: UsageError | str | None) -> UsageError | None:
+    """Every rank learns the first error any rank hit, and its exit status (2, or 3 for an
+    I/O failure), so all can exit together."""
+    mine = None if error is None else (str(error), getattr(error, "exit_code", EXIT_USAGE))
+    errors = comm.allgather(mine)
+    hit = [(rank, e) for rank, e in enumerate(errors) if e]
+    if not hit:
+        return None
+    rank, (message, code) = hit[0]
+    if len({e[0] for _, e in hit}) > 1:
+        message = f"rank {rank}: {message}"
+    exc = UsageError(message)
+    exc.exit_code = code
+    return exc
+
+
+# ---------------------------------------------------------------------------
+# records and table
+
+
+NOT_LINK_ZERO = "moves no bytes"
+
+
+def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
+    """The record's frozen 'what was measured' (everything but the payload size)."""
+    prefill, decode = pattern.roles()
+    return HandoffSpec(**common, pattern=pattern.name, variant=fields.get("variant"),
+                       granularity=fields["granularity"],
+                       pack_kernel=pattern.ctx.args.pack_kernel if fields.get("packed") else None,
+                       world={"size": len(common["hosts"]), "prefill_ranks": prefill,
+                              "decode_ranks": decode},
+                       **pattern.spec_fields())
+
+
+def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None) -> dict:
+    loop: LoopResult = fields.pop("loop")
+    s = loop.samples
+    nbytes = fields["bytes"]
+    if nbytes == 0:
+        fields["fit_as_link"], fields["not_link_reason"] = False, NOT_LINK_ZERO
+    rec = {
+        "schema": SCHEMA_P2P,
+        **base,
+        "prompt_tokens": point.prompt_tokens,
+        **fields,
+        "iters": loop.iters,
+        "n_samples": len(s),
+        "samples_ms": s.samples_ms,
+        "sample_rounds": loop.rounds,
+        **s.summary(),
+        "gbps": gb_per_s(nbytes, s.p50),
+        "gbps_best": gb_per_s(nbytes, s.min),
+        "cold_ms": loop.cold_ms,
+        "warmup_ms": loop.warmup_ms,
+        "notice_ms": notice_ms,
+    }
+    return rec
+
+
+def format_table(records: list[dict]) -> str:
+    w = max([11] + [len(r["pattern"]) + 1 + len(r["variant"]) for r in records if r.get("variant")])
+    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
+            f"{'n':>4} {'p50 ms':>9} {'p95 ms':>11} {'p99 ms':>12} {'GB/s':>7} {'cold ms':>9} "
+            f"{'wrong':>6}")
+    lines = [head, "-" * len(head)]
+    for r in records:
+        tok = "-" if r["prompt_tokens"] is None else str(r["prompt_tokens"])
+        wrong = "-" if r["wrong"] is None else str(r["wrong"])
+        variant = r.get("variant")
+        name = r["pattern"] + (f"/{variant}" if variant else "")
+        n = r["n_samples"]
+        # a bytes/time rate only where the record is a transfer (not compute, not summed edges)
+        rate = f"{_num(r['gbps'] if r.get('fit_as_link', True) else None, '.2f'):>7}"
+        lines.append(
+            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
+            f"{r['bytes'] / MiB:>9.1f} {n:>4} {r['p50_ms']:>9.3f} "
+            f"{percentile_cell(r['p95_ms'], 95, n):>11} {percentile_cell(r['p99_ms'], 99, n):>12} "
+            f"{rate} {_num(r['cold_ms'], '.3f'):>9} {wrong:>6}")
+        if r.get("table_note"):
+            lines.append(f"    {r['table_note']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# main
+
+
+def choose_order(comm, args, pats, points, hosts, device) -> tuple[str | None, str | None, str | None]:
+    """(order, note, error). Rounds keep every size's data alive at once: when that does not fit
+    but one size at a time does, measure in blocks and say so in one line; when even one size
+    does not fit, refuse. Estimated per host, before allocating, against MemAvailable."""
+    rank = comm.Get_rank()
+    alive = [p.bytes_per_rank(pt) for p in pats for pt in points]
+    need = {"rounds": sum(alive), "blocks": max(alive)}
+    free = mem_available_bytes()
+    if device == "cuda" or free is None:
+        return args.order, None, None
+    fits = {}
+    for order, mine in need.items():
+        per_host: dict[str, int] = {}
+        for h, n in zip(hosts, comm.allgather(mine), strict=True):
+            per_host[h] = per_host.get(h, 0) + n
+        fits[order] = per_host[hosts[rank]] <= 0.9 * free
+        need[order] = per_host[hosts[rank]]
+    fits = {k: all(comm.allgather(v)) for k, v in fits.items()}
+    if not fits["blocks"]:
+        return None, None, (f"payload would not fit in memory on {hosts[rank]}: the ranks there "
+                            f"need about {need['blocks'] / GB:.1f} GB, {free / GB:.1f} GB is "
+                            "available; use smaller --sizes or fewer ranks per host")
+    if args.order == "rounds" and not fits["rounds"]:
+        return "blocks", (f"note: every size at once needs about {need['rounds'] / GB:.1f} GB on "
+                          f"{hosts[rank]}, {free / GB:.1f} GB is available: measuring one size at "
+                          "a time (--order blocks) instead"), None
+    return args.order, None, None
+
+
+def measure_all(ctx: PatternContext, pats, points, order: str) -> list[tuple]:
+    """[(pattern, point, record fields...)] for every pattern and point (collective). In rounds
+    order every point is set up first and all are timed in one interleaved loop; in blocks
+    order one point at a time."""
+    comm, progress, clock = ctx.comm, ctx.progress, ctx.clock
+    on_round = progress.iteration if ctx.rank == 0 else None
+    groups = [[(p, pt)] for p in pats for pt in points] if order == "blocks" else \
+        [[(p, pt) for p in pats for pt in points]]
+    out = []
+    for group in groups:
+        label = "; ".join(f"{p.name} {pt.label}" for p, pt in group)
+        progress.start(f"{ctx.transport.name} {ctx.args.granularity} {label}"
+                       + (" (interleaved rounds)" if len(group) > 1 else ""))
+        WATCHDOG.phase("set-up")
+        runs = [p.setup(pt) for p, pt in group]
+        try:
+            local = measure(comm, ctx.settings, [h for r in runs for h in r.handoffs],
+                            points=len(runs), on_round=on_round)
+            WATCHDOG.phase("gathering samples")
+            loops = critical_paths(comm, local, clock.offset_s)
+            k = 0
+            for (p, pt), run in zip(group, runs, strict=True):
+                mine = loops[k:k + len(run.handoffs)] if loops else None
+                k += len(run.handoffs)
+                WATCHDOG.phase("data check")
+                wrong = (ctx.engine.check(run.checked, ctx.args.debug_corrupt_elements)
+                         if ctx.args.check and run.checked else None)
+                WATCHDOG.phase("gathering records")
+                out.append((p, pt, run.records(mine, wrong)))
+                progress.finish("; ".join(f"{f.get('variant') or p.name} p50 "
+                                          f"{f['loop'].samples.p50:.3f} ms" for f in out[-1][2]))
+        finally:
+            for run in runs:
+                close_links(run.links)
+    return out
+
+
+def run(argv: Sequence[str] | None, comm) -> int:
+    """The benchmark on every rank (collective); returns this rank's exit status."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    WATCHDOG.phase("validation")
+    args = build_parser(rank).parse_args(argv)
+    WATCHDOG.timeout_s = args.timeout
+    error = None
+    try:
+        model, dtype, device, tcls, pclasses, points = validate(args, world)
+        if rank == 0 and not args.no_write:  # a bad --out costs a second, not a measurement
+            check_destination(args.out)
+    except UsageError as exc:
+        error = exc
+    error = agree(comm, error)
+    if error:
+        return usage_exit(rank, error)
+    hosts = comm.allgather(os.uname().nodename)
+    gpus = None
+    if device == "cuda":  # one GPU per rank, by node-local rank; refuses two ranks on one GPU
+        gpus, error = select_local_gpu(comm, args.allow_shared_gpu)
+        if error:
+            return usage_exit(rank, error)
+    dev = make_device(device)
+    try:
+        return _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points)
+    finally:
+        dev.close()
+
+
+def usage_exit(rank: int, error: UsageError | str) -> int:
+    if rank == 0:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+    return getattr(error, "exit_code", EXIT_USAGE)
+
+
+def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points) -> int:
+    rank = comm.Get_rank()
+    WATCHDOG.phase("preparation")
+    settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
+    progress = Progress(enabled=rank == 0 and not args.quiet)
+    tctx = TransportContext(comm, dev.name, args.timeout, args, hosts, dev)
+    transport = tcls(tctx)
+    engine = Engine(comm, transport, dev, args.timeout)
+    ctx = PatternContext(comm, args, transport, model, dtype, dev.name, settings, progress,
+                         args.timeout, engine)
+    pats = [pc(ctx) for pc in pclasses]
+    tctx.pairs = sorted({pair for p in pats for pair in p.pairs()})
+    order, note, error = choose_order(comm, args, pats, points, hosts, dev.name)
+    if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
+        reasons = [p.prepare(points) for p in pats]
+        error = agree(comm, next((r for r in reasons if r), None))
+    if error:
+        return usage_exit(rank, error)
+    if note and rank == 0:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    WATCHDOG.phase("connect")
+    t_open = time.perf_counter()
+    with WATCHDOG.bounded(f"opening the {tcls.name} transport"):
+        transport.open()
+    open_ms = (time.perf_counter() - t_open) * 1e3
+    ctx.clock = estimate_clock(comm, hosts, args.clock, args.timeout)
+    notice = notice_latency_ms(comm, 0, 1, args.timeout)
+    envs = comm.gather(environment(), root=0)
+    run_id = comm.bcast(f"{utc_stamp()}-{uuid.uuid4().hex[:8]}" if rank == 0 else None, root=0)
+    spec_common, base_common = common_fields(args, argv, comm, hosts, gpus, dev, model, dtype,
+                                             transport, points)
+    base_common.update(transport_open_ms=open_ms, run_id=run_id, order=order,
+                       clock=ctx.clock.as_dict())
+    if args.debug_stall_rank == rank:  # injected fault: this rank stops answering
+        time.sleep(3 * args.timeout + 30)
+    progress.total = len(points) * len(pats) if order == "blocks" else 1
+    measured = measure_all(ctx, pats, points, order)
+    records = assemble(args, comm, dev.name, measured, spec_common, base_common, notice)
+    WATCHDOG.phase("tear-down")
+    info = transport.info()
+    with WATCHDOG.bounded(f"closing the {transport.name} transport"):
+        transport.close()
+    if rank != 0:
+        return 0
+    return report(args, records, info, envs, notice)
+
+
+def common_fields(args, argv, comm, hosts, gpus, dev, model, dtype, transport, points
+                  ) -> tuple[dict, dict]:
+    """(the spec entries every record of the run shares, the record fields they share)."""
+    raw = points[0].raw_bytes is not None
+    tcls = type(transport)
+    spec_common = {
+        "transport": tcls.name, "transport_options": transport.spec_options(),
+        "layout": "raw" if raw else args.layout, "device": dev.name, "hosts": hosts,
+        "block_size": args.block_size if args.layout == "paged" and not raw else None,
+        "dtype": None if raw else dtype.name,
+        "model": None if raw else model_key(model.name, model.geometry(),
+                                            PRESETS[model.name].geometry()
+                                            if model.name in PRESETS else None),
+    }
+    base_common = {
+        "transport": tcls.name, "layout": spec_common["layout"], "dtype": spec_common["dtype"],
+        "device": dev.name,
+        "model": None if raw else {"name": model.name, **model.geometry()},
+        "block_size": spec_common["block_size"],
+        "world_size": comm.Get_size(), "hosts": hosts,
+        "gpus": gpus,
+        "argv": [sys.executable, "-m", "kvbench.p2p", *argv],
+        **transport.record_fields(),
+    }
+    return spec_common, base_common
+
+
+def assemble(args, comm, device: str, measured, spec_common: dict, base_common: dict,
+             notice: float | None) -> list[dict]:
+    """Records from the measured fields (rank 0; others get an empty list), with the
+    yardstick of --baseline timed per point (collective)."""
+    records = []
+    for pat, pt, results in measured:
+        yardstick = None
+        if args.baseline:
+            WATCHDOG.phase("baseline")
+            yardstick = baseline_gbps(comm, results[0]["bytes"] if comm.Get_rank() == 0 else None,
+                                      device, args)
+        for fields in results:
+            spec = make_spec(spec_common, pat, fields).as_dict()
+            rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
+            rec.update(spec=spec, spec_id=spec_id_of(spec))
+            if yardstick:
+                add_baseline(rec, yardstick)
+            records.append(rec)
+    return records
+
+
+def add_baseline(rec: dict, yardstick: dict[str, float | None]) -> None:
+    """Yardstick figures and kvbench's ratio to the last (most demanding) one."""
+    for kind, gbps in yardstick.items():
+        rec[f"baseline_{kind}_gbps"] = gbps
+    kind, gbps = list(yardstick.items())[-1]
+    rec["baseline_kind"] = kind
+    rec["vs_baseline"] = rec["gbps"] / gbps if gbps and rec["gbps"] is not None else None
+    ratio = "-" if rec["vs_baseline"] is None else f"{rec['vs_baseline']:.3f}"
+    rec["table_note"] = (f"{LABELS[kind]} {_num(gbps, '.2f')} GB/s; "
+                         f"kvbench/{kind.replace('_', ' ')} = {ratio}")
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(args, records: list[dict], info: dict, envs: list[dict], notice: float) -> int:
+    """Rank 0: finish the records, print the table, write the files, return the exit status."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for rec in records:
+        rec["transport_info"] = info
+        rec["env"] = {"ranks": envs, **{k: envs[0][k] for k in ("torch", "mpi4py", "mpi_library",
+                                                                  "nccl", "nixl", "gpu", "cpu")}}
+        rec["timestamp"] = stamp
+    print(format_table(records))
+    print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
+          f"GB/s = bytes / p50 (decimal); n = samples; p95 needs n >= "
+          f"{min_samples_for(95)}, p99 n >= {min_samples_for(99)}; order {records[0]['order']}")
+    rss = [v for r in records for v in (r.get("peak_rss_bytes") or [])]
+    if rss:
+        largest = max(r["bytes"] for r in records)
+        print(f"peak memory per rank {max(rss) / GiB:.2f} GiB = {max(rss) / largest:.2f}x the "
+              f"largest payload ({largest / GiB:.2f} GiB)")
+    if not args.no_write:
+        try:  # the .jsonl and its .csv appear together or not at all
+            jpath, cpath = write_records(Path(args.out), [{k: v for k, v in r.items()
+                                                           if k != "table_note"} for r in records],
+                                         "kvbench-p2p")
+        except UsageError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        print(f"records: {jpath}  (csv: {cpath.name})")
+    wrong = sum(r["wrong"] or 0 for r in records)
+    if wrong:
+        print(f"{PROG}: error: data check failed: {wrong} wrong elements received", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """`python -m kvbench.p2p`: MPI started and ended here (unless the caller already runs
+    it), every wait on a peer bounded by --timeout (kvbench.p2p.watchdog)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    timeout, stop_at = prescan(argv)
+    WATCHDOG.start(PROG, timeout, stop_at)
+    owned = mpi_world.init()
+    comm = mpi_world.world()
+    WATCHDOG.rank = comm.Get_rank()
+    code = 1
+    try:
+        code = run(argv, comm)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except TransportError as exc:
+        abort_job(comm, str(exc), EXIT_STALLED)
+    except UsageError as exc:  # found by one rank alone: the others may be waiting on it
+        abort_job(comm, str(exc), exc.exit_code)
+    except BaseException:  # a bug on one rank must not leave the others waiting forever
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+    if owned:
+        WATCHDOG.phase("tear-down")
+        mpi_world.finalize()
+    return code
+
+
+def abort_job(comm, message: str, code: int) -> None:
+    print(f"{PROG}: error: rank {comm.Get_rank()}: {WATCHDOG.current}: {message}; aborting the "
+          "job", file=sys.stderr, flush=True)
+    comm.Abort(code)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,145 @@
+"""What every handoff pattern shares: the context it runs in, the data it moves, and the shape
+of a declaration. A pattern declares, per point, its links (edges with their data and message
+plans) and the handoffs built from them (`PointRun`); the engine (kvbench.p2p.engine) runs the
+protocol, the harness the timing, and p2p the records."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from kvbench.model import DType, ModelSpec
+from kvbench.p2p.engine import Engine, Handoff, Link
+from kvbench.p2p.harness import LoopResult, LoopSettings, Progress
+from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
+from kvbench.p2p.transports.base import Transport
+
+
+@dataclass
+class Point:
+    """One measured size: a prompt length in tokens, or a raw byte count."""
+
+    prompt_tokens: int | None = None
+    raw_bytes: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.prompt_tokens} tok" if self.prompt_tokens else f"{self.raw_bytes} B"
+
+
+@dataclass
+class PatternContext:
+    comm: Any  # MPI world communicator
+    args: argparse.Namespace
+    transport: Transport
+    model: ModelSpec
+    dtype: DType
+    device: str  # the Device's name
+    settings: LoopSettings
+    progress: Progress
+    timeout_s: float
+    engine: Engine | None = None
+    clock: Any = None  # harness.Clock: every rank's offset onto rank 0's timeline
+
+    @property
+    def dev(self):
+        return self.engine.device
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+
+def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None) -> KVSpec:
+    """The KV geometry a rank holds for a token point (all heads unless `heads` is given)."""
+    return KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
+                  ctx.args.layout, ctx.args.block_size)
+
+
+def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
+              table_seed: int = 0) -> KVCache | RawBuffer:
+    """The KV (or raw buffer) one rank holds for a point; values seeded by the prefill side."""
+    where = ctx.dev.torch_device
+    if point.raw_bytes is not None:
+        return RawBuffer(point.raw_bytes, where)
+    spec = kv_spec(ctx, point, heads)
+    return KVCache(spec, where, table_seed=table_seed,
+                   pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# (loops on rank 0 or None elsewhere, this rank's wrong count or None) -> record fields (rank 0)
+RecordsFn = Callable[[list[LoopResult] | None, int | None], list[dict]]
+
+
+@dataclass
+class PointRun:
+    """One point of one pattern, set up on every rank and ready to time.
+
+    `handoffs` are timed together in interleaved rounds (their LoopResults come back in the
+    same order); `checked` is the handoff whose received data is verified afterwards;
+    `records` (collective) turns the loops and the check into record fields on rank 0."""
+
+    point: Point
+    handoffs: list[Handoff]
+    checked: Handoff | None
+    links: list[Link | None]
+    records: RecordsFn
+
+
+NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"
+
+
+class Pattern(ABC):
+    """A handoff shape, declared: its pairs of ranks, their roles, the spec entries it adds, and
+    per point (`setup`, collective) the links and handoffs the engine runs and how their loops
+    become record fields (one dict per measured variant, on rank 0)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    def __init__(self, ctx: PatternContext):
+        self.ctx = ctx
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """This pattern's own flags."""
+
+    @classmethod
+    def layout_error(cls, args: argparse.Namespace, world_size: int, model: ModelSpec) -> str | None:
+        """Why this world size / TP layout cannot run this pattern, or None."""
+        return None if world_size == 2 else (
+            f"pattern {cls.name} runs on exactly 2 ranks (prefill rank 0, decode rank 1); "
+            f"got {world_size}: use mpirun -n 2")
+
+    def prepare(self, points: list[Point]) -> str | None:
+        """Collective set-up before the first point (e.g. calibration); every rank calls it.
+        Returns why the run cannot go ahead (the same line on every rank), or None."""
+        return None
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every (src, dst) pair of ranks that exchange data (pre-connected by lazy transports)."""
+        return [(0, 1)]
+
+    def roles(self) -> tuple[list[int], list[int]]:
+        """(prefill ranks, decode ranks), for the record's spec."""
+        return [0], [1]
+
+    def spec_fields(self) -> dict:
+        """Spec entries this pattern adds (e.g. layerwise compute settings)."""
+        return {}
+
+    @abstractmethod
+    def bytes_per_rank(self, point: Point) -> int:
+        """Peak bytes one rank allocates for the point (checked before allocating)."""
+
+    @abstractmethod
+    def setup(self, point: Point) -> PointRun:
+        """Allocate, fill and connect one point (collective); the data is settled on return."""

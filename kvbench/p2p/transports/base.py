@@ -1,0 +1,170 @@
+"""The one small interface every transport implements.
+
+A transport moves a list of *messages* (contiguous byte tensors) from one rank to a
+peer. The harness never knows how: it asks for a `Channel` between two ranks over a
+fixed set of buffers, posts messages, and polls `Request`s until they complete. Each
+backend keeps its quirks (rendezvous, staging, registration, notifications) inside
+its own module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class TransportError(RuntimeError):
+    """A transfer failed or stalled; the harness turns this into a clean abort."""
+
+
+class TransferTimeout(TransportError):
+    pass
+
+
+class Request(ABC):
+    """One posted send or receive."""
+
+    @abstractmethod
+    def test(self) -> bool:
+        """True once complete. Must not block; calling it also drives progress."""
+
+
+def wait_all(requests: Sequence[Request], deadline: float, what: str = "transfer") -> None:
+    """Poll until every request completes; past `deadline` (perf_counter) raise TransferTimeout.
+
+    Busy-polling is deliberate: it is what MPI progress engines do, and sleeping would add
+    scheduler latency to the very thing being timed.
+    """
+    pending = [r for r in requests if not r.test()]
+    while pending:
+        if time.perf_counter() > deadline:
+            raise TransferTimeout(f"{what} did not complete before the --timeout "
+                                  f"({len(pending)} of {len(requests)} still pending)")
+        pending = [r for r in pending if not r.test()]
+
+
+@dataclass
+class TransportContext:
+    """What a transport may use: the MPI world (for rendezvous and metadata), the device,
+    the timeout, the parsed command line (for its own flags), and every (src, dst) pair of
+    ranks that will exchange data (so a lazily connecting backend can connect them all in
+    `open()`, before anything is timed)."""
+
+    comm: Any  # mpi4py.MPI.Comm
+    device: str  # "cpu", "cuda" or "cpu-async" (the Device's name)
+    timeout_s: float
+    options: argparse.Namespace
+    hosts: list[str] = field(default_factory=list)
+    dev: Any = None  # kvbench.p2p.devices.Device (None: a plain CPU device)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.dev is None:
+            from kvbench.p2p.devices import make_device
+
+            self.dev = make_device(self.device)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+
+class Channel(ABC):
+    """A fixed set of message buffers between this rank and one peer.
+
+    The sender builds it with `send` buffers, the receiver with `recv` buffers of the same
+    sizes, in the same order; both sides call the constructor collectively (a backend may
+    exchange metadata here). `post(i)` starts message i on this side. The engine has made
+    the buffers' contents final on the device (filled, cleared: synchronised) before the
+    first post; later producers are announced through `post`'s `ready` event.
+    """
+
+    def __init__(self, transport: Transport, peer: int, buffers: Sequence, is_sender: bool,
+                 layer_of: Sequence[int] | None = None):
+        self.transport = transport
+        self.peer = peer
+        self.buffers = list(buffers)
+        self.is_sender = is_sender
+        self.layer_of = list(layer_of) if layer_of is not None else [-1] * len(self.buffers)
+
+    @abstractmethod
+    def post(self, i: int, ready=None) -> Request:
+        """Start sending (sender) or receiving (receiver) message i.
+
+        `ready` (sender only; None when nothing was produced since the data was set up) is
+        the device Event recorded right after message i's bytes were produced (packed,
+        computed). A transport that is not stream-ordered must not let its bytes be read
+        before `ready.wait()` returns; the engine hands every message of one production step
+        the same event, so waiting on each costs one real wait per step. A stream-ordered
+        transport (NCCL) may enqueue after the producer on the device instead."""
+
+    def begin_handoff(self) -> None:
+        """Called on both sides before each handoff, outside the timed window."""
+
+    def end_handoff(self) -> None:
+        """Called on both sides after each handoff (timed window closed)."""
+
+    def breakdown(self) -> dict[str, list[float]]:
+        """Optional per-handoff component times in ms (e.g. staging, registration)."""
+        return {}
+
+    def close(self) -> None:
+        """Release registrations and handles. Must be safe to call on every path."""
+
+
+class Transport(ABC):
+    """A way of moving bytes between ranks. Subclasses register themselves by `name`."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    gpu_only: ClassVar[bool] = False
+    stream_ordered: ClassVar[bool] = False  # ops run after earlier work on the device stream
+
+    def __init__(self, ctx: TransportContext):
+        self.ctx = ctx
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add this transport's own flags (prefixed with its name)."""
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        """Why this transport cannot run here (missing package, no GPU), or None."""
+        return None
+
+    def open(self) -> None:
+        """Collective connection set-up (all ranks call it)."""
+
+    @abstractmethod
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool,
+                layer_of: Sequence[int] | None = None) -> Channel:
+        """A channel to `peer` over these buffers (both sides call it together). `layer_of`
+        gives each message's layer (-1: all layers), for backends that group by layer."""
+
+    def post_many(self, items: Sequence[tuple[Channel, int]], ready=None) -> list[Request]:
+        """Post several (channel, message) at once, possibly to several peers, all produced by
+        the step `ready` marks; one Request per item, in order. A backend that serialises
+        separate posts (NCCL: one stream per communicator) overrides this to post them as one
+        group."""
+        return [ch.post(i, ready) for ch, i in items]
+
+    def spec_options(self) -> dict:
+        """The options that change what this transport measures (scalars): written into
+        every record's spec, so records made with different ones are never pooled."""
+        return {}
+
+    def info(self) -> dict:
+        """What actually carried the data, as far as the backend can tell."""
+        return {}
+
+    def record_fields(self) -> dict:
+        """Top-level fields this transport adds to every record (e.g. the operation measured,
+        so that fits group by it)."""
+        return {}
+
+    def close(self) -> None:
+        """Collective tear-down."""

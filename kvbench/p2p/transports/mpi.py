@@ -1,0 +1,154 @@
+"""mpi4py buffer sends of the tensors' bytes.
+
+Host buffers go straight to MPI. Device buffers go straight too when the MPI library is
+CUDA-aware (`--mpi-device-direct auto|yes|no`); otherwise they are staged through pinned
+host memory and the staging time is reported as its own component. Messages above 1 GiB
+are split, because MPI counts are 32-bit on many builds.
+
+MPI is not stream-ordered: a send waits on the producer's readiness event before MPI may
+read the buffer (device-direct) or before the staging copy (host-staged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from kvbench.p2p.transports import register
+from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
+from kvbench.p2p.transports.staging import HostStaging, chunks
+
+_MAX_MSG = 1 << 30
+_DATA_TAG = 11
+
+
+def cuda_aware() -> bool:
+    """Whether this MPI can take device pointers (Open MPI / MPICH extensions)."""
+    from mpi4py import MPI
+
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query else False
+    except Exception:  # noqa: BLE001 - unknown means no
+        return False
+
+
+def _buf(t):
+    """mpi4py wants the buffer protocol (host) or __cuda_array_interface__ (device)."""
+    return t if t.is_cuda else t.numpy()
+
+
+class _MPIRequest(Request):
+    def __init__(self, reqs, on_done=None):
+        self.reqs = reqs
+        self.on_done = on_done
+        self.done = False
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        from mpi4py import MPI
+
+        if MPI.Request.Testall(self.reqs):
+            self.done = True
+            if self.on_done:
+                self.on_done()
+        return self.done
+
+
+class MPIChannel(Channel):
+    def __init__(self, transport: MPITransport, peer: int, buffers: Sequence, is_sender: bool,
+                 layer_of=None):
+        super().__init__(transport, peer, buffers, is_sender)
+        self.staging = HostStaging(self.buffers, transport.ctx.dev, not transport.direct)
+        self.comm = transport.comm
+        # what MPI is handed per message, made once (the buffers never move)
+        self.mpi_bufs = [[_buf(c) for c in chunks(h, _MAX_MSG)] for h in self.staging.host]
+
+    def post(self, i: int, ready=None) -> Request:
+        return self.post_many([i], ready)[0]
+
+    def post_many(self, idx: list[int], ready=None) -> list[Request]:
+        """Several messages of one step: staged together (one host wait), then posted."""
+        comm, peer = self.comm, self.peer
+        if not self.is_sender:
+            done = self.staging.to_device if self.staging.active else None
+            return [_MPIRequest([comm.Irecv(b, source=peer, tag=_DATA_TAG)
+                                 for b in self.mpi_bufs[i]], done and partial(done, i))
+                    for i in idx]
+        if ready is not None or self.staging.active:
+            self.staging.to_host_many(idx, ready)
+        return [_MPIRequest([comm.Isend(b, dest=peer, tag=_DATA_TAG) for b in self.mpi_bufs[i]])
+                for i in idx]
+
+    def begin_handoff(self) -> None:
+        self.staging.begin()
+
+    def end_handoff(self) -> None:
+        self.staging.end()
+
+    def breakdown(self) -> dict[str, list[float]]:
+        return self.staging.breakdown()
+
+
+@register
+class MPITransport(Transport):
+    name = "mpi"
+    description = "mpi4py Isend/Irecv of the tensors' bytes (CUDA-aware or host-staged on GPU)"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        g = parser.add_argument_group("mpi transport (--transport mpi)")
+        g.add_argument("--mpi-device-direct", choices=("auto", "yes", "no"), default="auto",
+                       help="device buffers: hand them to MPI directly (yes: needs a CUDA-aware "
+                            "MPI on GPU) or stage through host memory (no); auto: directly when "
+                            "MPI.Query_cuda_support() says so")
+
+    def open(self) -> None:
+        # A private communicator keeps data traffic apart from the harness's own messages.
+        self.comm = self.ctx.comm.Dup()
+        dev = self.ctx.dev
+        choice = getattr(self.ctx.options, "mpi_device_direct", "auto")
+        if dev.host_visible:
+            self.direct = True
+        elif choice == "auto":
+            self.direct = dev.name == "cuda" and cuda_aware()
+        else:
+            self.direct = choice == "yes"
+        if self.direct and dev.name == "cuda" and not cuda_aware():
+            raise TransportError("--mpi-device-direct yes, but this MPI is not CUDA-aware "
+                                 "(MPI.Query_cuda_support() is false): use no or auto")
+
+    @property
+    def path(self) -> str:
+        if self.ctx.dev.host_visible:
+            return "host"
+        return "device-direct" if self.direct else "host-staged"
+
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+        return MPIChannel(self, peer, buffers, is_sender)
+
+    def post_many(self, items, ready=None) -> list[Request]:
+        """Consecutive items of one channel go out together (one staging wait)."""
+        out: list[Request] = []
+        k = 0
+        while k < len(items):
+            ch = items[k][0]
+            j = k + 1
+            while j < len(items) and items[j][0] is ch:
+                j += 1
+            out += ch.post_many([i for _, i in items[k:j]], ready)
+            k = j
+        return out
+
+    def spec_options(self) -> dict:
+        return {"path": self.path}
+
+    def info(self) -> dict:
+        from mpi4py import MPI
+
+        return {"mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+                "cuda_aware": cuda_aware(), "path": self.path}
+
+    def close(self) -> None:
+        self.comm.Free()

@@ -1,0 +1,846 @@
+"""NIXL with its UCX backend: the KV-transfer path of current disaggregated serving stacks.
+
+One NIXL agent per rank. A channel registers the memory behind its messages (the KV's
+backing allocations, as an engine registers its cache tensors), exchanges agent metadata
+and serialized descriptor lists with its peer over MPI (no etcd, no listener thread), and
+prepares one descriptor per message: per layer tensor, per paged block, or one for the
+whole KV, following the message plan.
+
+    --nixl-op write  prefill (initiator) WRITEs into decode's registered buffers; decode
+                     learns completion from the notification NIXL sends after the data.
+    --nixl-op read   prefill announces each ready message with a notification; decode
+                     (initiator) READs it; prefill learns completion from the READ's
+                     notification, decode from its own transfer state.
+
+Modes: reuse everything (default: registrations, prepared lists and transfer requests made
+once per channel, reposted every handoff), --nixl-recreate (a new transfer request per
+handoff), --nixl-reregister (register, exchange metadata, prepare and create per handoff,
+deregister after it). The per-handoff costs of the last two sit inside the timed handoff.
+
+Set-up and per-handoff costs come out of `breakdown()` (see docs/nixl.md). `info()` records
+the UCX variables in force and the protocols UCX itself reports it selected (UCX_PROTO_INFO,
+read from a private log file unless the user set UCX_PROTO_INFO or UCX_LOG_FILE).
+
+`nixl` is imported lazily, so the registry works without the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import importlib
+import importlib.metadata
+import logging
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench.p2p.transports import register
+from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
+
+INSTALL_HINT = ("pip install 'kvbench[nixl]' (nixl-cu12 for CUDA 12; nixl-cu13 or the "
+                "'nixl' meta package for CUDA 13)")
+_DISTS = {"nixl": "nixl", "nixl_cu12": "nixl-cu12", "nixl_cu13": "nixl-cu13"}
+
+# MPI tags on the transport's private communicator, per channel id (see _tag)
+_TAG_BASE, _TAG_SPAN = 1000, 4000
+_SETUP, _SYNC, _MD = 0, 1, 2
+
+# unit states on the initiator
+_IDLE, _PROC, _DONE = 0, 1, 2
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+def _candidates() -> list[str]:
+    """Module names to try: the meta package first, then the variant matching torch's CUDA."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None) or ""
+    variants = ["nixl_cu13", "nixl_cu12"] if cuda.startswith("13") else ["nixl_cu12", "nixl_cu13"]
+    return ["nixl", *variants]
+
+
+def import_nixl():
+    """(module exposing nixl_agent, None) or (None, one line saying why not)."""
+    broken = []
+    for name in _candidates():
+        try:
+            mod = importlib.import_module(name)
+            if not hasattr(mod, "nixl_agent"):
+                mod = importlib.import_module(f"{name}._api")
+        except ModuleNotFoundError as exc:
+            if exc.name not in (name, f"{name}._api"):
+                broken.append(f"{name}: {exc}")
+            continue
+        except (ImportError, OSError) as exc:
+            broken.append(f"{name}: {exc}")
+            continue
+        if hasattr(mod, "nixl_agent"):
+            mod.__kvbench_name__ = name
+            return mod, None
+    if broken:
+        return None, f"NIXL is installed but does not import ({broken[0]}): reinstall with {INSTALL_HINT}"
+    return None, f"NIXL is not installed: {INSTALL_HINT}"
+
+
+def _version(module_name: str) -> str | None:
+    try:
+        return importlib.metadata.version(_DISTS.get(module_name, module_name))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ucx_version(mod) -> str | None:
+    """UCX's own version string, from the libucp the NIXL wheel bundles (None if not found)."""
+    try:
+        root = Path(mod.__file__).resolve().parent  # e.g. site-packages/nixl_cu12
+        libs = sorted(root.parent.glob(f"{root.name}.libs/libucp*.so*"))  # the wheel's own UCX
+        lib = ctypes.CDLL(str(libs[0])) if libs else ctypes.CDLL("libucp.so.0")
+        lib.ucp_get_version_string.restype = ctypes.c_char_p
+        return lib.ucp_get_version_string().decode()
+    except Exception:  # noqa: BLE001 - unknown is an answer
+        return None
+
+
+_UCX_LOG: Path | None = None  # this process's UCX log: UCX opens its log file once per process
+
+
+def _remove_ucx_log() -> None:
+    if _UCX_LOG is not None:
+        _UCX_LOG.unlink(missing_ok=True)
+
+
+def _ucx_probe() -> Path | None:
+    """The file UCX logs its protocol selection into (UCX_PROTO_INFO), unless the user asked
+    for UCX logging themselves; created once per process, removed at exit."""
+    global _UCX_LOG
+    if _UCX_LOG is None:
+        if "UCX_PROTO_INFO" in os.environ or "UCX_LOG_FILE" in os.environ:
+            return None
+        _UCX_LOG = Path(tempfile.gettempdir()) / f"kvbench-ucx-{os.getpid()}.log"
+        atexit.register(_remove_ucx_log)
+    return _UCX_LOG
+
+
+def _flush_c_stdio() -> None:
+    """UCX writes its log through C stdio buffers: flush them before reading the file."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except Exception:  # noqa: BLE001 - then we read what is there
+        pass
+
+
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*\[[^\]]*\]\s*")
+
+
+def parse_ucx_proto_info(text: str) -> list[dict]:
+    """The protocol tables UCX prints with UCX_PROTO_INFO=y, as rows:
+    {"endpoint": "kv-0 intra-node cfg#1", "operation": "remote memory write by ucp_put* ...",
+     "range": "0..inf", "protocol": "zero-copy", "transport": "cma/memory"}."""
+    rows, cells_seen = [], []
+    for raw in text.splitlines():
+        line = _LOG_PREFIX.sub("", raw).strip()
+        if line.startswith("+"):
+            continue
+        if not (line.startswith("|") and line.endswith("|")):
+            cells_seen = []
+            continue
+        cells = [c.strip() for c in line[1:-1].split("|")]
+        if len(cells) == 1:  # a table's title lines: endpoint config, then the operation
+            if len(cells_seen) >= 2:
+                cells_seen = []
+            cells_seen.append(cells[0])
+        elif len(cells) == 3 and cells[0] != "Range" and len(cells_seen) == 2:
+            rows.append({"endpoint": cells_seen[0], "operation": cells_seen[1], "range": cells[0],
+                         "protocol": cells[1], "transport": cells[2]})
+    return rows
+
+
+def _category(row: dict) -> str | None:
+    """What a UCX protocol row is for, on an endpoint to a peer (not the loopback one)."""
+    if " self " in f" {row['endpoint']} ":
+        return None
+    op = row["operation"]
+    if op.startswith("remote memory write"):
+        return "RMA write"
+    if op.startswith("remote memory read"):
+        return "RMA read"
+    if op.startswith("active message by ucp_am_send* from"):
+        return "notifications (AM)"
+    return None
+
+
+def summarize_path(rows: list[dict], op: str) -> str | None:
+    """'RMA write: cma/memory (zero-copy); notifications (AM): tcp/lo': the protocols UCX
+    selected on the peer endpoints for this run's operation and for the notifications."""
+    parts: dict[str, list[str]] = {}
+    for r in rows:
+        key = _category(r)
+        if key is None or key.startswith("RMA") and key != f"RMA {op}":
+            continue
+        what = r["transport"] if key.startswith("notif") else f"{r['transport']} ({r['protocol']})"
+        if what not in parts.setdefault(key, []):
+            parts[key].append(what)
+    if not parts:
+        return None
+    order = ["RMA write", "RMA read", "notifications (AM)"]
+    return "; ".join(f"{k}: {', '.join(parts[k])}" for k in order if k in parts)
+
+
+def _notif(cid: int, kind: str, h: int, u: int) -> bytes:
+    return b"kvb%d:%s:%d:%d" % (cid, kind.encode(), h, u)
+
+
+_NOTIF = re.compile(rb"^kvb(\d+):([a-z]):(\d+):(\d+)$")
+
+
+def _dev(t) -> int:
+    return t.device.index if t.is_cuda else 0
+
+
+def _regions(buffers) -> list[tuple[int, int, int]]:
+    """The allocations behind the messages (each storage once): what gets registered."""
+    seen: dict[int, tuple[int, int, int]] = {}
+    for b in buffers:
+        st = b.untyped_storage()
+        seen.setdefault(st.data_ptr(), (st.data_ptr(), st.nbytes(), _dev(b)))
+    return sorted(seen.values())
+
+
+class _Exchange:
+    """Point-to-point object exchange with the peer over MPI, polled, never blocking forever."""
+
+    def __init__(self, comm, peer: int, timeout_s: float):
+        self.comm, self.peer, self.timeout_s = comm, peer, timeout_s
+        self.sends: list = []
+
+    def send(self, obj, tag: int) -> None:
+        self.sends.append(self.comm.isend(obj, dest=self.peer, tag=tag))
+
+    def try_recv(self, tag: int):
+        """(True, obj) when the peer's message is there, else (False, None)."""
+        if self.comm.iprobe(source=self.peer, tag=tag):
+            return True, self.comm.recv(source=self.peer, tag=tag)
+        return False, None
+
+    def recv(self, tag: int, what: str):
+        deadline = now() + self.timeout_s
+        while True:
+            ok, obj = self.try_recv(tag)
+            if ok:
+                return obj
+            if now() > deadline:
+                raise TransferTimeout(f"nixl: no {what} from rank {self.peer} before the --timeout")
+
+    def swap(self, obj, tag: int, what: str):
+        self.send(obj, tag)
+        return self.recv(tag, what)
+
+    def finish_sends(self) -> None:
+        """Every object sent has left (polled: a stopped peer cannot hold this forever)."""
+        from mpi4py import MPI
+
+        deadline = now() + self.timeout_s
+        while self.sends and not MPI.Request.Testall(self.sends):
+            if now() > deadline:
+                raise TransferTimeout(f"nixl: rank {self.peer} did not take this rank's "
+                                      "set-up messages before the --timeout")
+        self.sends = []
+
+    def cancel_sends(self) -> None:
+        for r in self.sends:
+            try:
+                if not r.Test():
+                    r.Cancel()
+            except Exception:  # noqa: BLE001 - best effort on the abort path
+                pass
+        self.sends = []
+
+
+class _Req(Request):
+    __slots__ = ("ch", "u", "h")
+
+    def __init__(self, ch: NIXLChannel, u: int):
+        self.ch, self.u, self.h = ch, u, ch.h
+
+    def test(self) -> bool:
+        ch = self.ch
+        if self.h != ch.h:  # its handoff ended, and a handoff only ends once all is done
+            return True
+        if ch.done[self.u]:
+            return True
+        ch.pump(from_test=True)
+        if ch.initiator and ch.state[self.u] == _PROC:
+            ch.check(self.u)
+        return ch.done[self.u]
+
+
+def transfer_units(layer_of: Sequence[int], batch: str) -> list[list[int]]:
+    """Messages grouped into transfer requests: one per message, one per layer (in layer
+    order), or one for the whole handoff."""
+    n = len(layer_of)
+    if batch == "message":
+        return [[i] for i in range(n)]
+    if batch == "handoff":
+        return [list(range(n))]
+    by_layer: dict[int, list[int]] = {}
+    for i, layer in enumerate(layer_of):
+        by_layer.setdefault(layer, []).append(i)
+    return [by_layer[k] for k in sorted(by_layer)]
+
+
+def default_batch(granularity: str, patterns: str) -> str:
+    """--nixl-batch when not given: per message for whole/layer messages; for per-block
+    messages one request per handoff (what an engine posts for a finished request), or one
+    per layer when a layerwise handoff is in the run (so a layer can leave once computed)."""
+    if granularity != "block":
+        return "message"
+    return "layer" if "layerwise" in (patterns or "") else "handoff"
+
+
+class NIXLChannel(Channel):
+    """One prefill/decode pair over a fixed set of message buffers (see the module doc)."""
+
+    def __init__(self, transport: NIXLTransport, peer: int, buffers: Sequence, is_sender: bool,
+                 layer_of: Sequence[int] | None = None):
+        super().__init__(transport, peer, buffers, is_sender, layer_of)
+        t = transport
+        self.t, self.agent = t, t.agent
+        self.op, self.mode, self.prep, self.inject = t.op, t.mode, t.prep, t.inject
+        self.OP = self.op.upper()
+        self.initiator = is_sender == (self.op == "write")
+        self.role = "prefill" if is_sender else "decode"
+        self.mem = "VRAM" if any(b.is_cuda for b in self.buffers) else "DRAM"
+        self.descs = [(b.data_ptr(), b.numel() * b.element_size(), _dev(b)) for b in self.buffers]
+        self.regions = _regions(self.buffers)
+        self.units = transfer_units(self.layer_of, t.batch)
+        n = len(self.buffers)
+        self.unit_of = [0] * n
+        for u, idx in enumerate(self.units):
+            for i in idx:
+                self.unit_of[i] = u
+        U = len(self.units)
+        self.cid = t.next_channel_id(peer)
+        self.xc = _Exchange(t.comm, peer, t.ctx.timeout_s)
+        # resources (released by close on every path)
+        self.reg = None
+        self.local_dl = self.remote_dl = None
+        self.xfers: list = [None] * U
+        self.remote: str | None = None
+        self.remote_descs = None
+        self.closed = False
+        # per-handoff state
+        self.h = 0
+        self.in_handoff = False
+        self.done = [False] * U
+        self.state = [_IDLE] * U
+        self.posted = [0] * U
+        self.queue: deque[int] = deque()  # initiator: units to issue; read target: to announce
+        self.got: set[tuple[str, int, int]] = set()
+        self.hs_ready = True
+        self.md_wait_t0: float | None = None
+        self.n_done = 0
+        self.t_first: float | None = None
+        self.errors = 0
+        self.cur: dict[str, float] = {}
+        self.per: dict[str, list[float]] = {}
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- timing ------------------------------------------------------------
+
+    def _add(self, name: str, ms: float) -> None:
+        """Add to the current figure: this handoff's, or the channel set-up's (one-off)."""
+        self.cur[name] = self.cur.get(name, 0.0) + ms
+
+    def _flush(self) -> None:
+        """One entry per figure: per handoff, or a one-element list for the set-up."""
+        for k, v in self.cur.items():
+            self.per.setdefault(k, []).append(v)
+        self.cur = {}
+
+    def _tag(self, kind: int) -> int:
+        return _TAG_BASE + (self.cid % _TAG_SPAN) * 4 + kind
+
+    # -- set-up --------------------------------------------------------------
+
+    def _setup(self) -> None:
+        agent, t = self.agent, self.t
+        if self.mode != "reregister":
+            self._register()
+        self.xc.swap(None, self._tag(_SYNC), "set-up sync")  # both registered: time md alone
+        t0 = now()
+        mine = {"cid": self.cid, "op": self.op, "role": self.role, "mem": self.mem,
+                "sizes": [d[1] for d in self.descs], "md": agent.get_agent_metadata(),
+                "descs": (None if self.initiator else
+                          agent.get_serialized_descs(agent.get_xfer_descs(self.descs, self.mem)))}
+        theirs = self.xc.swap(mine, self._tag(_SETUP), "NIXL metadata")
+        problem = None
+        if theirs["cid"] != self.cid or theirs["op"] != self.op or theirs["role"] == self.role:
+            problem = (f"channel mismatch (here {self.role} channel {self.cid} {self.op}, peer "
+                       f"{theirs['role']} channel {theirs['cid']} {theirs['op']})")
+        elif theirs["sizes"] != mine["sizes"]:
+            problem = f"message sizes differ ({len(mine['sizes'])} here, {len(theirs['sizes'])} there)"
+        elif theirs["mem"] != self.mem:
+            problem = f"memory types differ ({self.mem} here, {theirs['mem']} there)"
+        if problem:
+            raise TransportError(f"nixl: rank {self.peer}: {problem}")
+        self.remote = t.load_remote(self.peer, theirs["md"])
+        t.attach(self)
+        if self.initiator:  # with --nixl-reregister only connection info: memory comes per handoff
+            self._add("nixl_metadata_ms" if self.mode != "reregister" else "nixl_metadata_setup_ms",
+                      (now() - t0) * 1e3)
+            self.remote_descs = agent.deserialize_descs(theirs["descs"])
+            if self.mode != "reregister":
+                self._prep_dlists()
+                if self.mode == "reuse":
+                    for u in range(len(self.units)):
+                        self._make(u)
+        self._flush()
+
+    def _register(self) -> None:
+        t0 = now()
+        self.reg = self.agent.register_memory([(a, n, d, "") for a, n, d in self.regions], self.mem)
+        self._add(f"nixl_register_{self.role}_ms", (now() - t0) * 1e3)
+
+    def _prep_dlists(self) -> None:
+        if self.prep != "prepped":
+            return
+        t0 = now()
+        self.local_dl = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.descs, self.mem)
+        self.remote_dl = self.agent.prep_xfer_dlist(self.remote, self.remote_descs, self.mem)
+        self._add("nixl_prep_dlist_ms", (now() - t0) * 1e3)
+
+    def _make(self, u: int) -> None:
+        agent, idx = self.agent, self.units[u]
+        t0 = now()
+        if self.prep == "prepped":
+            h = agent.make_prepped_xfer(self.OP, self.local_dl, idx, self.remote_dl, idx, b"")
+        else:
+            local = agent.get_xfer_descs([self.descs[i] for i in idx], self.mem)
+            remote = agent.get_xfer_descs([self.remote_descs[i] for i in idx], self.mem)
+            h = agent.initialize_xfer(self.OP, local, remote, self.remote, b"")
+        self.xfers[u] = h
+        self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
+        if self.t.backend_used is None:
+            try:
+                self.t.backend_used = agent.query_xfer_backend(h)
+            except Exception:  # noqa: BLE001 - unknown is an answer
+                self.t.backend_used = "unknown"
+
+    def _setup_step(self) -> bool:
+        """Per-handoff set-up (--nixl-reregister); True once this side may transfer."""
+        if self.reg is None:
+            self._register()
+            if not self.initiator:  # announce the new registration to the initiator
+                self.xc.send((self.h, self.agent.get_partial_agent_metadata(self.reg, False)),
+                             self._tag(_MD))
+                self.hs_ready = True
+                return True
+            self.md_wait_t0 = now()
+        ok, msg = self.xc.try_recv(self._tag(_MD))
+        if not ok:
+            return False
+        h, md = msg
+        if h != self.h:
+            raise TransportError(f"nixl: metadata for handoff {h} arrived in handoff {self.h}")
+        self.agent.add_remote_agent(md)
+        self._add("nixl_metadata_ms", (now() - self.md_wait_t0) * 1e3)
+        self._prep_dlists()
+        self.hs_ready = True
+        return True
+
+    # -- the handoff -----------------------------------------------------------
+
+    def begin_handoff(self) -> None:
+        self.h += 1
+        self.in_handoff = True
+        self.cur = {}
+        U = len(self.units)
+        self.done, self.state, self.posted = [False] * U, [_IDLE] * U, [0] * U
+        self.queue = deque()
+        self.n_done, self.t_first = 0, None
+        self.hs_ready = self.mode != "reregister"
+        early = sorted(k for k in self.got if k[1] == self.h)  # notifications that came early
+        self.got = {k for k in self.got if k[1] > self.h}
+        for kind, h, u in early:
+            self.notify(kind, h, u)
+
+    def post(self, i: int, ready=None) -> Request:
+        u = self.unit_of[i]
+        if self.is_sender:
+            self.posted[u] += 1
+            if self.posted[u] == len(self.units[u]):
+                # The NIC reads the bytes as soon as the unit goes out: wait for the producer
+                # first. One event covers every message of a step, so this blocks at most once
+                # per step (handoff or layer), never once per post, and never on the stream.
+                if ready is not None:
+                    ready.wait()
+                if self.inject != "stall":
+                    self.queue.append(u)  # write: issue the WRITE; read: announce 'ready'
+            self.pump(from_test=False)
+        return _Req(self, u)
+
+    def pump(self, from_test: bool) -> None:
+        """Drive this side's state machine; never blocks. The receiver does its per-handoff
+        set-up only from test(), i.e. after the handoff's start barrier."""
+        if not self.hs_ready and not (self.is_sender or from_test):
+            return
+        if not self.hs_ready and not self._setup_step():
+            return
+        if self.initiator:
+            if self.op == "read":
+                self.t.poll_notifs()
+            while self.queue:
+                self._issue(self.queue.popleft())
+        elif self.op == "read":  # prefill announces what decode may read
+            while self.queue:
+                u = self.queue.popleft()
+                self.agent.send_notif(self.remote, _notif(self.cid, "r", self.h, u))
+            self.t.poll_notifs()
+        else:
+            self.t.poll_notifs()
+
+    def _issue(self, u: int) -> None:
+        agent = self.agent
+        if self.mode != "reuse":
+            self._make(u)
+        if self.inject == "error" and self.h == 1:
+            agent.remove_remote_agent(self.remote)  # the peer's metadata is gone: NIXL refuses
+            self.t.forget_remote(self.peer)
+        kind = "w" if self.op == "write" else "d"
+        t0 = now()
+        try:
+            st = agent.transfer(self.xfers[u], _notif(self.cid, kind, self.h, u))
+        except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
+            self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
+        t1 = now()
+        self._add("nixl_post_ms", (t1 - t0) * 1e3)
+        if self.t_first is None:
+            self.t_first = t0
+        self.state[u] = _PROC
+        if st == "DONE":
+            self._unit_done(u, t1)
+        elif st != "PROC":
+            self._failed(u, f"post returned {st}")
+
+    def check(self, u: int) -> None:
+        try:
+            st = self.agent.check_xfer_state(self.xfers[u])
+        except Exception as exc:  # noqa: BLE001
+            self._failed(u, f"{type(exc).__name__}: {exc}")
+        if st == "DONE":
+            self._unit_done(u, now())
+        elif st != "PROC":
+            self._failed(u, f"ended in {st}")
+
+    def _failed(self, u: int, why: str):
+        self.errors += 1
+        self.t.errors += 1
+        what = (f"message {self.units[u][0]}" if len(self.units[u]) == 1
+                else f"messages {self.units[u][0]}..{self.units[u][-1]}")
+        raise TransportError(f"nixl: {self.OP} of {what} (handoff {self.h}) {why}; "
+                             f"{self.errors} failed transfer(s) on this channel, "
+                             f"{self.n_done} of {len(self.units)} done")
+
+    def _unit_done(self, u: int, t: float) -> None:
+        self.state[u] = _DONE
+        self.done[u] = True
+        self.n_done += 1
+        if self.n_done == len(self.units):
+            self._add("nixl_transfer_ms", (t - self.t_first) * 1e3)
+
+    def notify(self, kind: str, h: int, u: int) -> None:
+        """A notification for this channel (from the transport's dispatcher)."""
+        if h < self.h or not 0 <= u < len(self.units):
+            self.t.stale += 1
+            return
+        if h > self.h or not self.in_handoff:
+            self.got.add((kind, h, u))
+            return
+        if kind == "r" and self.initiator:
+            self.queue.append(u)
+        elif kind == ("w" if self.op == "write" else "d") and not self.initiator:
+            self.done[u] = True
+
+    def end_handoff(self) -> None:
+        if self.mode != "reuse":
+            t0 = now()
+            self._release_xfers()
+            self._add("nixl_release_ms", (now() - t0) * 1e3)
+        if self.mode == "reregister":
+            self._release_dlists()
+            t0 = now()
+            self.agent.deregister_memory(self.reg)
+            self.reg = None
+            self._add(f"nixl_deregister_{self.role}_ms", (now() - t0) * 1e3)
+        self.xc.finish_sends()
+        self._flush()
+        self.in_handoff = False
+
+    def breakdown(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.per.items()}
+
+    # -- tear-down -------------------------------------------------------------
+
+    def _release_xfers(self) -> int:
+        failed = 0
+        for u, h in enumerate(self.xfers):
+            if h is None:
+                continue
+            try:
+                h.release()
+            except Exception:  # noqa: BLE001 - NIXL could not cancel it; agent teardown will
+                failed += 1
+            self.xfers[u] = None
+        return failed
+
+    def _release_dlists(self) -> None:
+        for dl in (self.local_dl, self.remote_dl):
+            if dl is not None:
+                try:
+                    dl.release()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.local_dl = self.remote_dl = None
+
+    def close(self) -> None:
+        """Release transfer requests, prepared lists, registrations and the remote agent.
+        Local calls only (no MPI): safe on every path, including after a timeout."""
+        if self.closed:
+            return
+        self.closed = True
+        aborted = self.in_handoff
+        in_flight = sum(1 for s in self.state if s == _PROC) if aborted else 0
+        handles = sum(1 for h in self.xfers if h is not None)
+        failed = self._release_xfers()
+        self._release_dlists()
+        regs = 0
+        if self.reg is not None:
+            try:
+                self.agent.deregister_memory(self.reg)
+                regs = len(self.regions)
+            except Exception:  # noqa: BLE001
+                failed += 1
+            self.reg = None
+        self.xc.cancel_sends()
+        self.t.detach(self)
+        if self.remote is not None:
+            self.t.release_remote(self.peer)
+        if aborted:
+            print(f"kvbench nixl: rank {self.t.ctx.rank}: handoff {self.h} aborted; released "
+                  f"{handles - failed} of {handles} transfer request(s) ({in_flight} in flight), "
+                  f"{regs} registration(s), remote agent {self.remote}", file=sys.stderr, flush=True)
+
+
+@register
+class NIXLTransport(Transport):
+    name = "nixl"
+    description = "NIXL agents, UCX backend: one-sided WRITE/READ + notifications (metadata over MPI)"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        g = parser.add_argument_group("nixl transport (--transport nixl)")
+        g.add_argument("--nixl-op", choices=("write", "read"), default="write",
+                       help="write: prefill pushes into decode's registered buffers; read: decode "
+                            "pulls from prefill's (default write)")
+        g.add_argument("--nixl-recreate", action="store_true",
+                       help="create a new transfer request every handoff (timed) instead of reposting")
+        g.add_argument("--nixl-reregister", action="store_true",
+                       help="register, exchange metadata, prepare and create per handoff (timed), "
+                            "deregister after it")
+        g.add_argument("--nixl-prep", choices=("prepped", "initialize"), default="prepped",
+                       help="prep_xfer_dlist + make_prepped_xfer (default), or initialize_xfer")
+        g.add_argument("--nixl-batch", choices=("message", "layer", "handoff"), default=None,
+                       help="one transfer request per message, per layer, or one for the whole "
+                            "handoff over every message's descriptor (posted with the last "
+                            "message). Default: message for --granularity whole/layer; for "
+                            "block, handoff (layer when a layerwise pattern is in the run)")
+        g.add_argument("--nixl-progress-thread", action=argparse.BooleanOptionalAction, default=True,
+                       help="NIXL's own progress thread (NIXL's default, on); without it progress "
+                            "comes only from polling, which is faster when cores are scarce")
+        g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
+                       help="test hook: stall (prefill never posts/announces) or error (the "
+                            "initiator drops the peer's metadata before its first post)")
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        _mod, why = import_nixl()
+        return why
+
+    def open(self) -> None:
+        mod, why = import_nixl()
+        if mod is None:
+            raise TransportError(why)
+        self.nixl = mod
+        if not os.environ.get("NIXL_LOG_LEVEL"):  # its INFO lines would land in our stdout table
+            logging.getLogger("nixl").setLevel(logging.WARNING)
+        o = self.ctx.options
+        self.op = o.nixl_op
+        self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
+        self.prep, self.inject = o.nixl_prep, o.nixl_inject
+        self.batch = o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
+                                                   getattr(o, "pattern", ""))
+        self.progress_thread = o.nixl_progress_thread
+        # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
+        self.comm = self.ctx.comm.Dup()
+        self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
+        self.errors = self.stale = 0
+        self.backend_used: str | None = None
+        self._remotes: dict[int, list] = {}  # peer rank -> [agent name, channels using it]
+        self._channels: dict[tuple[str, int], NIXLChannel] = {}
+        self._orphans: list[tuple[str, bytes]] = []
+        self._seq: dict[int, int] = {}
+        # Ask UCX which protocols it selects, into a private log we parse (if the user has not
+        # asked for UCX logging themselves). UCX reads these when the backend is created.
+        self.ucx_log = _ucx_probe()
+        self.ucx_log_offset = 0
+        probe = {}
+        if self.ucx_log is not None:
+            _flush_c_stdio()
+            self.ucx_log_offset = self.ucx_log.stat().st_size if self.ucx_log.exists() else 0
+            probe = {"UCX_PROTO_INFO": "y", "UCX_LOG_FILE": str(self.ucx_log)}
+        saved = {k: os.environ.get(k) for k in probe}
+        os.environ.update(probe)
+        self.agent_name = f"kvbench-{socket.gethostname()}-{os.getpid()}-r{self.ctx.rank}-{id(self):x}"
+        t0 = now()
+        try:
+            cfg = mod.nixl_agent_config(enable_prog_thread=self.progress_thread, backends=["UCX"])
+            self.agent = mod.nixl_agent(self.agent_name, cfg)
+        except Exception as exc:  # noqa: BLE001
+            raise TransportError(f"nixl: could not create the NIXL agent: {exc}") from None
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.agent_ms = (now() - t0) * 1e3
+        if "UCX" not in self.agent.backends:
+            raise TransportError("nixl: the UCX backend plugin is missing from this NIXL install "
+                                 f"(plugins: {', '.join(self.agent.get_plugin_list()) or 'none'})")
+
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+        return NIXLChannel(self, peer, buffers, is_sender, layer_of)
+
+    def record_fields(self) -> dict:
+        return {"nixl_op": self.op, "nixl_mode": self.mode, "nixl_prep": self.prep,
+                "nixl_batch": self.batch, "nixl_progress_thread": self.progress_thread}
+
+    def spec_options(self) -> dict:
+        return {k.removeprefix("nixl_"): v for k, v in self.record_fields().items()}
+
+    # -- per-peer remote agents and notification dispatch ---------------------
+
+    def next_channel_id(self, peer: int) -> int:
+        self._seq[peer] = self._seq.get(peer, 0) + 1
+        return self._seq[peer]
+
+    def load_remote(self, peer: int, md: bytes) -> str:
+        """Load (or refresh, with new registrations) the peer's agent; counted per channel."""
+        name = self.agent.add_remote_agent(md)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        entry = self._remotes.setdefault(peer, [name, 0])
+        entry[0] = name
+        entry[1] += 1
+        return name
+
+    def forget_remote(self, peer: int) -> None:
+        self._remotes.pop(peer, None)
+
+    def release_remote(self, peer: int) -> None:
+        entry = self._remotes.get(peer)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._remotes[peer]
+            try:
+                self.agent.remove_remote_agent(entry[0])
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def attach(self, ch: NIXLChannel) -> None:
+        self._channels[(ch.remote, ch.cid)] = ch
+        orphans, self._orphans = self._orphans, []
+        for agent_name, msg in orphans:
+            self._dispatch(agent_name, msg)
+
+    def detach(self, ch: NIXLChannel) -> None:
+        if self._channels.get((ch.remote, ch.cid)) is ch:
+            del self._channels[(ch.remote, ch.cid)]
+
+    def poll_notifs(self) -> None:
+        for agent_name, msgs in self.agent.get_new_notifs().items():
+            for msg in msgs:
+                self._dispatch(agent_name, msg)
+
+    def _dispatch(self, agent_name, msg: bytes) -> None:
+        agent_name = agent_name.decode() if isinstance(agent_name, bytes) else agent_name
+        m = _NOTIF.match(bytes(msg))
+        if not m:
+            self.stale += 1
+            return
+        cid, kind, h, u = int(m[1]), m[2].decode(), int(m[3]), int(m[4])
+        ch = self._channels.get((agent_name, cid))
+        if ch is None:
+            self._orphans.append((agent_name, msg))
+            return
+        ch.notify(kind, h, u)
+
+    # -- what carried the data ----------------------------------------------------
+
+    def _local_protocols(self) -> list[dict]:
+        """This rank's UCX protocol rows for the peer endpoints, since this transport opened."""
+        if not self.ucx_log or not self.ucx_log.exists():
+            return []
+        _flush_c_stdio()
+        with open(self.ucx_log, "rb") as f:
+            f.seek(self.ucx_log_offset)
+            text = f.read().decode(errors="replace")
+        return [r for r in parse_ucx_proto_info(text) if _category(r)]
+
+    def info(self) -> dict:
+        """Collective over the world (p2p calls it on every rank): gathers every rank's UCX
+        protocol selection, since in read mode the decode rank is the one moving the data."""
+        mine = (self._local_protocols(), self.backend_used, self.errors, self.stale)
+        every = self.comm.allgather(mine)
+        flat = [dict(r, rank=rank) for rank, got in enumerate(every) for r in got[0]]
+        path = summarize_path(flat, self.op)
+        if path is None:
+            path = ("unknown (UCX_PROTO_INFO / UCX_LOG_FILE set by the user: see the job log)"
+                    if not self.ucx_log else "unknown (UCX reported no protocol selection)")
+        return {
+            "backend": "UCX",
+            "backend_used": next((got[1] for got in every if got[1]), None),
+            "nixl_module": self.nixl.__kvbench_name__,
+            "nixl_version": _version(self.nixl.__kvbench_name__),
+            "ucx_version": _ucx_version(self.nixl),
+            "ucx_env": self.ucx_env,
+            "path": f"UCX {path}",
+            "ucx_protocols": flat,
+            "agent_create_ms": self.agent_ms,
+            **self.record_fields(),
+            "failed_transfers": sum(got[2] for got in every),
+            "stale_notifications": sum(got[3] for got in every),
+        }
+
+    def close(self) -> None:
+        for peer in list(self._remotes):
+            self._remotes[peer][1] = 0
+            self.release_remote(peer)
+        self._channels.clear()
+        self.agent = None  # the agent's destructor tears down UCX
+        self.comm.Free()

@@ -1,0 +1,268 @@
+"""`kvbench plan` / `python -m kvbench.plan`: the plan, route and export commands and their flags."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvbench.cli import (
+    ArgumentParser,
+    arg_int,
+    bounded_float,
+    parse_positive_ints,
+    run_main,
+)
+from kvbench.model import (
+    DEFAULT_MODEL,
+    DTYPES,
+    PRESETS,
+    SCALE_DTYPES,
+    SCALE_MODES,
+    KVSizing,
+    get_dtype,
+    resolve_model,
+)
+from kvbench.plan.floors import (
+    MAX_MS,
+    SCHEMA_PLAN,
+    SCHEMA_ROUTE,
+    _f,
+    _r,
+    format_plan_table,
+    plan_rows,
+    resolve_links,
+)
+from kvbench.plan.route import (
+    HANDOFF_MODES,
+    breakeven,
+    decide,
+    exposed_ms,
+    interference_at,
+)
+from kvbench.records.schema.types import MAX_TOKENS
+from kvbench.records.write import check_new_file, dumps_json, write_new_file
+
+
+def _add_link_args(p: ArgumentParser) -> None:
+    g = p.add_argument_group("link (one of)")
+    g.add_argument("--fit", metavar="FITTED.json", help="output of kvbench fit")
+    g.add_argument("--where", action="append", metavar="KEY=VALUE",
+                   help="with --fit: only groups whose KEY equals VALUE (repeatable)")
+    g.add_argument("--gbps", metavar="R[,R...]", help="sustained effective rate(s) in decimal GB/s")
+    g.add_argument("--setup-ms", default=None, metavar="MS", help="with --gbps: setup per handoff")
+    g.add_argument("--includes-setup", action="store_true",
+                   help="with --gbps: the rate was measured end to end and already contains "
+                        "setup (setup is then never added)")
+
+
+def _add_model_args(p: ArgumentParser, tokens_required: bool) -> None:
+    g = p.add_argument_group("payload")
+    g.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): "
+                   f"{', '.join(PRESETS)}")
+    g.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
+    g.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
+    g.add_argument("--prompt-tokens", metavar="N[,N...]", required=tokens_required,
+                   default=None if tokens_required else "2000",
+                   help="prompt length(s) in tokens" + ("" if tokens_required else
+                                                        " (default 2000)"))
+    g.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
+                   help="FP8/INT8 scale overhead (default none)")
+    g.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
+    g.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
+                   help="paged block size in tokens (allocation rounded up to whole blocks)")
+
+
+def _sizings(args) -> tuple:
+    model = resolve_model(args.model, args.model_config)
+    dtype = get_dtype(args.dtype)
+    tokens = parse_positive_ints(args.prompt_tokens, "--prompt-tokens", hi=MAX_TOKENS)
+    sizings = [KVSizing(model, dtype, t, args.scale_mode, args.scale_dtype, args.block_size)
+               for t in tokens]
+    return model, dtype, sizings
+
+
+_EPILOG = """\
+examples:
+  kvbench plan --fit results/run.fit.json --model seed-70b-gqa --prompt-tokens 300,2000,8192
+  kvbench plan --gbps 100,25,10 --setup-ms 1 --prompt-tokens 2000 --format table
+  kvbench plan --gbps 8 --includes-setup --prompt-tokens 2000     # an end-to-end rate
+  kvbench plan route --gbps 10 --setup-ms 1 --prompt-tokens 300 \\
+      --local-interference-ms 2 --itl-p95-ms 35 --itl-target-ms 50
+"""
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="kvbench plan",
+        description="Handoff floors per link and prompt length, with budget verdicts and, where "
+                    "the fit's input measured\nthat exact payload, the measured p50/p99 beside "
+                    "the floor. `kvbench plan route --help` for routing.",
+        epilog=_EPILOG,
+    )
+    _add_link_args(p)
+    _add_model_args(p, tokens_required=False)
+    p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
+    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
+    return p
+
+
+_ROUTE_EPILOG = """\
+The tutorial's short-prompt case:
+  kvbench plan route --gbps 10 --setup-ms 1 --prompt-tokens 300 \\
+      --local-interference-ms 2 --itl-p95-ms 35 --itl-target-ms 50 --format table
+"""
+
+
+def build_route_parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="kvbench plan route",
+        description="Keep a request's prefill local, or hand its KV to a remote prefill worker?\n"
+                    "Compares the (exposed) handoff floor with the local prefill interference "
+                    "it would replace,\nand asks whether the aggregated baseline misses its "
+                    "ITL target at all.",
+        epilog=_ROUTE_EPILOG,
+    )
+    _add_link_args(p)
+    _add_model_args(p, tokens_required=True)
+    g = p.add_argument_group("serving evidence")
+    g.add_argument("--local-interference-ms", required=True, metavar="MS",
+                   help="decode stall one local prefill of this prompt causes (per request)")
+    g.add_argument("--interference-at-tokens", type=arg_int(1, MAX_TOKENS), default=None,
+                   metavar="N",
+                   help="the prompt length that interference was measured at: scale it "
+                        "linearly to other lengths (default: the same for every length)")
+    g.add_argument("--itl-p95-ms", required=True, metavar="MS",
+                   help="P95 inter-token latency of the aggregated (all-local) baseline")
+    g.add_argument("--itl-target-ms", required=True, metavar="MS", help="the ITL P95 target")
+    g.add_argument("--handoff", choices=HANDOFF_MODES, default="sequential",
+                   help="sequential: the whole handoff is exposed; overlapped: layer-by-layer "
+                        "sends hide behind prefill except the last layer (default sequential)")
+    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
+    return p
+
+
+def _emit(doc: dict, table: str, args) -> None:
+    text = dumps_json(doc)
+    if args.out:
+        write_new_file(Path(args.out), text + "\n")
+    print(table if args.format == "table" else text)
+
+
+def _check_out(args) -> None:
+    if args.out:  # before any work: an existing file or an unwritable folder is one line
+        check_new_file(args.out)
+
+
+def plan_main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    _check_out(args)
+    budget = bounded_float(args.budget_ms, "--budget-ms", 0, MAX_MS, lo_open=True)
+    links = resolve_links(args)
+    model, dtype, sizings = _sizings(args)
+    doc = {
+        "schema": SCHEMA_PLAN,
+        "scope": "lower bound on one prefill->decode KV handoff: setup plus bytes at a "
+                 "sustained effective rate; excludes queueing, contention and retries",
+        "source": args.fit or "user",
+        "model": model.name,
+        "dtype": dtype.name,
+        "budget_ms": budget,
+        "rows": plan_rows(links, sizings, budget),
+    }
+    _emit(doc, format_plan_table(doc), args)
+    return 0
+
+
+def route_main(argv: Sequence[str]) -> int:
+    args = build_route_parser().parse_args(argv)
+    _check_out(args)
+    interference = bounded_float(args.local_interference_ms, "--local-interference-ms", 0, MAX_MS)
+    p95 = bounded_float(args.itl_p95_ms, "--itl-p95-ms", 0, MAX_MS)
+    target = bounded_float(args.itl_target_ms, "--itl-target-ms", 0, MAX_MS, lo_open=True)
+    links = resolve_links(args)
+    model, dtype, sizings = _sizings(args)
+    interf = interference_at(interference, args.interference_at_tokens)
+
+    decisions, crossings = [], []
+    for link in links:
+        for sz in sizings:
+            cost, regime, notes, _, _ = link.for_payload(sz.kv_bytes)
+            d = decide(sz.tokens, sz.kv_bytes, model.layers, cost, interf(sz.tokens), p95,
+                       target, args.handoff).to_dict()
+            d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
+            d.update(link=link.label, regime=regime, notes=notes)
+            decisions.append(d)
+
+        def f(t: int, link=link) -> float:
+            kv = KVSizing(model, dtype, t, args.scale_mode, args.scale_dtype,
+                          args.block_size).kv_bytes
+            cost = link.for_payload(kv)[0]
+            return exposed_ms(kv, model.layers, cost, args.handoff)[2] - interf(t)
+
+        crossings.append({"link": link.label, **breakeven(f).to_dict()})
+    doc = {
+        "schema": SCHEMA_ROUTE,
+        "source": args.fit or "user",
+        "model": model.name,
+        "dtype": dtype.name,
+        "handoff": args.handoff,
+        "local_interference_ms": interference,
+        "interference_at_tokens": args.interference_at_tokens,
+        "itl_p95_ms": p95,
+        "itl_target_ms": target,
+        "decisions": decisions,
+        "breakeven": crossings,
+    }
+    _emit(doc, format_route_table(doc), args)
+    return 0
+
+
+def format_route_table(doc: dict) -> str:
+    lines = [f"kvbench plan route: {doc['model']} {doc['dtype']}, {doc['handoff']} handoff, "
+             f"baseline ITL P95 {doc['itl_p95_ms']:g} ms vs target {doc['itl_target_ms']:g} ms"]
+    for d in doc["decisions"]:
+        lines.append("")
+        lines.append(f"{d['prompt_tokens']} tokens ({d['kv_bytes']:,} B) over {d['link']}:")
+        lines.append(f"  verdict  {d['verdict']}")
+        versus = (f"(exposed handoff {_f(d['exposed_handoff_ms'], '.4f')} ms vs local "
+                  f"interference {_f(d['local_interference_ms'], 'g')} ms)")
+        if d["added_ms"] is not None:
+            lines.append(f"  adds at least {_f(d['added_ms'], '.4f')} ms {versus}")
+        else:
+            lines.append(f"  saves at most {_f(d['saved_ms'], '.4f')} ms {versus}")
+        lines.append(f"  reason   {d['reason']}")
+        for n in d["notes"]:
+            lines.append(f"  note     {n}")
+    lines.append("")
+    for c in doc["breakeven"]:
+        t = c["prompt_tokens"]
+        lines.append(f"breakeven over {c['link']}: remote floor below local interference for "
+                     f"{c['remote_floor_below_interference_for']}"
+                     + (f" (threshold {t:,} tokens)" if t is not None else "")
+                     + f"; {c['note']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "route":
+        return route_main(argv[1:])
+    if argv and argv[0] == "export":  # kvbench/export.py: the fit in planning tools' words
+        from kvbench.plan.export import main as export_main
+
+        return export_main(argv[1:])
+    return plan_main(argv)
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = {"route": "kvbench plan route", "export": "kvbench plan export"}.get(argv[0] if argv else "",
+                                                                                "kvbench plan")
+    return run_main(prog, main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,320 @@
+"""Handoff floors, budget verdicts and the routing decision, from fitted (or given) link numbers.
+
+    kvbench plan --fit FITTED.json --model M --prompt-tokens 300,2000,8192 --budget-ms 20
+    kvbench plan --gbps 100,25,10 --setup-ms 1 --prompt-tokens 2000
+    kvbench plan route --gbps 10 --setup-ms 1 --prompt-tokens 300 \\
+        --local-interference-ms 2 --itl-p95-ms 35 --itl-target-ms 50
+
+    KV_bytes           from kvbench.model (geometry x dtype x tokens, scales, blocks)
+    bandwidth_floor_ms = KV_bytes / (effective_gb_s x 1e9) x 1000
+    handoff_floor_ms   = setup_ms + bandwidth_floor_ms
+
+A fitted rate excludes setup by construction. A rate given with --includes-setup was
+measured end to end and already contains it: setup is then never added again.
+See docs/fit-and-plan.md for every output field.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvbench.cli import (
+    UsageError,
+    bounded_float,
+    parse_positive_floats,
+)
+from kvbench.fit.data import not_link_reason
+from kvbench.fit.fitting import SCHEMA_FIT, matches, min_samples_for, parse_where
+from kvbench.model import (
+    KVSizing,
+)
+from kvbench.plan.route import (
+    LinkCost,
+)
+from kvbench.records.schema.fit import load_fit_document
+from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
+
+SCHEMA_PLAN = "kvbench.plan/1"
+MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours
+SCHEMA_ROUTE = "kvbench.route/1"
+
+
+# ---------------------------------------------------------------------------
+# links: from a fit file or from the command line
+
+
+@dataclass
+class Link:
+    label: str
+    source: str  # "fit" or "user"
+    effective_gb_s: float
+    setup_ms: float | None
+    includes_setup: bool = False
+    group: dict | None = None
+    setup_ci95: list | None = None
+    rate_ci95: list | None = None
+    sizes: list[dict] = field(default_factory=list)
+    two_regimes: dict | None = None
+    fit_warnings: list[str] = field(default_factory=list)
+    draws: np.ndarray | None = None  # (B, 2) joint draws of (setup_ms, ms_per_gb) from the fit
+    no_band: str | None = None  # why there are no draws
+
+    def _regime(self, kv_bytes: int) -> tuple[str, dict | None]:
+        tr = self.two_regimes
+        if not tr:
+            return "single", None
+        regime = "large" if kv_bytes >= tr["break_bytes"] else "small"
+        part = tr[regime]
+        return (regime, part) if part.get("effective_gb_s") else ("single", None)
+
+    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str], list | None,
+                                                  list | None]:
+        """The link cost for this payload: the right regime, setup never negative; with that
+        regime's setup and rate intervals (marginal: for a band use `band`)."""
+        notes: list[str] = []
+        rate, setup = self.effective_gb_s, self.setup_ms
+        s_ci, r_ci = self.setup_ci95, self.rate_ci95
+        regime, part = self._regime(kv_bytes)
+        if part is not None:
+            rate, setup = part["effective_gb_s"], part["setup_ms"]
+            s_ci, r_ci = part.get("setup_ms_ci95"), part.get("effective_gb_s_ci95")
+            notes.append(f"two regimes: used the {regime}-message fit "
+                         f"(break near {self.two_regimes['break_bytes']:,} B)")
+        if setup is not None and setup < 0:
+            notes.append(f"fitted setup {setup:.4g} ms is negative; used 0")
+            setup = 0.0
+        lo = int(part["bytes_min"]) if part else None
+        hi = int(part["bytes_max"]) if part else None
+        if self.source == "fit" and self.sizes:
+            lo = lo if lo is not None else min(int(r["bytes"]) for r in self.sizes)
+            hi = hi if hi is not None else max(int(r["bytes"]) for r in self.sizes)
+            if kv_bytes > hi or kv_bytes < lo:
+                notes.append(f"payload outside the measured sizes ({lo:,} .. {hi:,} B): "
+                             "extrapolated")
+        return LinkCost(rate, setup, self.includes_setup), regime, notes, s_ci, r_ci
+
+    def band(self, kv_bytes: int) -> list[float] | None:
+        """95% band of the handoff floor at this payload from the fit's joint draws of
+        (setup, slope): each draw's floor (its setup used as 0 when negative, like the point
+        estimate's), then the 2.5 and 97.5 percentiles. None without draws."""
+        _, part = self._regime(kv_bytes)
+        draws = _draws(part.get("draws")) if part is not None else self.draws
+        if draws is None or not len(draws):
+            return None
+        floor = np.maximum(draws[:, 0], 0.0) + draws[:, 1] * kv_bytes / 1e9
+        lo, hi = np.percentile(floor, [2.5, 97.5])
+        return [_r(float(lo)), _r(float(hi))]
+
+    def measured(self, kv_bytes: int) -> dict | None:
+        for row in self.sizes:
+            if int(row["bytes"]) == kv_bytes:
+                return row
+        return None
+
+
+def _draws(d: dict | None) -> np.ndarray | None:
+    if not d or not d.get("values"):
+        return None
+    arr = np.asarray(d["values"], dtype=float)
+    return arr[np.all(np.isfinite(arr), axis=1)]
+
+
+def load_fit(path: str) -> dict:
+    """A fit file through the typed, bounded fit model (kvbench.records.schema.fit): every field plan
+    computes with is finite and of its type, so no NaN, infinity, denormal rate or string
+    reaches the arithmetic or the table; any problem is one line naming the key path."""
+    return load_fit_document(path).model_dump(by_alias=True)
+
+
+def _group_not_link(g: dict) -> str | None:
+    """A kvbench.fit/1 file fitted every group; the link rules of kvbench fit apply here too."""
+    if g.get("fit_as_link") is False:
+        return "not a link"
+    return not_link_reason({k: v for k, v in (g.get("group") or {}).items() if k != "bytes"})
+
+
+def _link_of(g: dict, schema: str) -> Link:
+    draws = _draws(g.get("draws"))
+    why = None
+    if draws is None:
+        why = (g.get("no_interval") or "no joint draws") if schema == SCHEMA_FIT else \
+            f"{schema} fit file has no joint draws: run kvbench fit again for a band"
+    return Link(
+        label=str(g.get("label")), source="fit", effective_gb_s=float(g["effective_gb_s"]),
+        setup_ms=float(g.get("setup_ms") or 0.0), group=g.get("group"),
+        setup_ci95=g.get("setup_ms_ci95"), rate_ci95=g.get("effective_gb_s_ci95"),
+        sizes=list(g.get("sizes") or []), two_regimes=g.get("two_regimes"),
+        fit_warnings=[w.get("code", "?") for w in g.get("warnings", [])], draws=draws,
+        no_band=why)
+
+
+def _chosen_groups(doc: dict, path: str, where: dict[str, str]) -> list[dict]:
+    groups = doc["groups"]
+    if not groups:
+        raise UsageError(f"{path}: the fit holds no groups")
+    keys = sorted({k for g in groups for k in (g.get("group") or {})})
+    unknown = [k for k in where if k not in keys]
+    if unknown:
+        raise UsageError(f"--where: unknown key {unknown[0]!r}; group keys are {', '.join(keys)}")
+    chosen = [g for g in groups if matches(g.get("group") or {}, where)]
+    if not chosen:
+        raise UsageError(f"no group in {path} matches "
+                         f"{' '.join(f'{k}={v}' for k, v in where.items())} (groups: "
+                         + "; ".join(str(g.get("label")) for g in groups) + ")")
+    return chosen
+
+
+def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
+    """Every matching group that is a link with a fitted rate; the rest named in one note."""
+    doc = load_fit(path)
+    links, skipped = [], [f"[{s.get('label')}] ({s.get('reason')})"
+                          for s in doc.get("skipped") or []
+                          if not where or matches(s.get("group") or {}, where)]
+    for g in _chosen_groups(doc, path, where):
+        rate, why = g.get("effective_gb_s"), _group_not_link(g)
+        if why is None and not (isinstance(rate, (int, float)) and rate > 0):
+            why = "no fitted rate: " + (", ".join(w.get("code", "?") for w in g.get("warnings", []))
+                                        or "no rate")
+        if why:
+            skipped.append(f"[{g.get('label')}] ({why})")
+            continue
+        links.append(_link_of(g, doc["schema"]))
+    if not links:
+        raise UsageError(f"no matching group in {path} is a link with a fitted rate: "
+                         f"{'; '.join(skipped)}")
+    if skipped:
+        print(f"kvbench plan: note: skipped group(s): {'; '.join(skipped)}", file=sys.stderr)
+    return links
+
+
+def user_links(gbps: str, setup_ms: str | None, includes_setup: bool) -> list[Link]:
+    rates = parse_positive_floats(gbps, "--gbps", MIN_GBPS, MAX_GBPS)
+    if includes_setup:
+        if setup_ms is not None:
+            raise UsageError("--setup-ms with --includes-setup would count setup twice: an "
+                             "end-to-end rate already contains it")
+        return [Link(f"{r:g} GB/s end to end (includes setup)", "user", r, None, True)
+                for r in rates]
+    if setup_ms is None:
+        raise UsageError("--gbps needs --setup-ms (or --includes-setup for a rate measured "
+                         "end to end)")
+    setup = bounded_float(setup_ms, "--setup-ms", 0, MAX_MS)
+    return [Link(f"{r:g} GB/s + {setup:g} ms setup", "user", r, setup) for r in rates]
+
+
+def resolve_links(args) -> list[Link]:
+    where = parse_where(args.where)
+    if args.fit and args.gbps:
+        raise UsageError("use either --fit or --gbps, not both")
+    if args.fit:
+        if args.includes_setup:
+            raise UsageError("--includes-setup is for a user-supplied end-to-end rate; a fitted "
+                             "rate excludes setup by construction")
+        if args.setup_ms is not None:
+            raise UsageError("--setup-ms is for --gbps; with --fit the fitted setup is used")
+        return links_from_fit(args.fit, where)
+    if where:
+        raise UsageError("--where selects groups of a --fit file")
+    if not args.gbps:
+        raise UsageError("give the link: --fit FITTED.json, or --gbps R[,R...] with --setup-ms S")
+    return user_links(args.gbps, args.setup_ms, args.includes_setup)
+
+
+# ---------------------------------------------------------------------------
+# the floors
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, nd)
+
+
+def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> list[dict]:
+    rows = []
+    for link in links:
+        for sz in sizings:
+            kv = sz.kv_bytes
+            cost, regime, notes, _, _ = link.for_payload(kv)
+            band = link.band(kv) if link.source == "fit" else None
+            if link.source == "fit" and band is None:
+                notes = notes + [f"no band: {link.no_band}"]
+            bw, floor = cost.handoff_floor(kv)
+            m = link.measured(kv)
+            rows.append({
+                "link": link.label,
+                "source": link.source,
+                "group": link.group,
+                "prompt_tokens": sz.tokens,
+                "kv_bytes": kv,
+                "effective_gb_s": cost.effective_gb_s,
+                "includes_setup": cost.includes_setup,
+                "setup_ms": None if cost.includes_setup else _r(cost.setup_ms),
+                "bandwidth_floor_ms": _r(bw),
+                "handoff_floor_ms": _r(floor),
+                "handoff_floor_ms_band95": band,
+                "budget_ms": budget_ms,
+                "within_budget": floor <= budget_ms,
+                "measured_p50_ms": m["p50_ms"] if m else None,
+                "measured_p99_ms": m["p99_ms"] if m and m["n"] >= min_samples_for(0.99) else None,
+                "measured_n": m["n"] if m else None,
+                "regime": regime,
+                "fit_warnings": link.fit_warnings,
+                "notes": notes,
+            })
+    return rows
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _band_text(band) -> str:
+    return "-" if not band else f"{band[0]:.4f}..{band[1]:.4f}"
+
+
+def _p99_text(r: dict) -> str:
+    if r["measured_p99_ms"] is None and r["measured_n"]:
+        return f"n<{min_samples_for(0.99)}"
+    return _f(r["measured_p99_ms"], ".4f")
+
+
+def _plan_row_line(r: dict) -> str:
+    setup = "in rate" if r["includes_setup"] else _f(r["setup_ms"], ".4f")
+    return (f"  {r['prompt_tokens']:>7} {r['kv_bytes']:>15,} {_f(r['effective_gb_s'], '.4g'):>9} "
+            f"{setup:>9} {_f(r['bandwidth_floor_ms'], '.4f'):>12} "
+            f"{_f(r['handoff_floor_ms'], '.4f'):>11} "
+            f"{_band_text(r['handoff_floor_ms_band95']):>19} "
+            f"{'ok' if r['within_budget'] else 'OVER':>7} "
+            f"{_f(r['measured_p50_ms'], '.4f'):>9} {_p99_text(r):>9} "
+            f"{_f(r['measured_n'], 'd'):>5}")
+
+
+def format_plan_table(doc: dict) -> str:
+    """One block per link; a note every row of a link shares is printed once under its header."""
+    lines = [f"kvbench plan: {doc['model']} {doc['dtype']}, budget {doc['budget_ms']:g} ms; "
+             "handoff_floor_ms = setup_ms + bandwidth_floor_ms (a lower bound); 95% band from "
+             "the fit's joint draws"]
+    by_link: dict[str, list[dict]] = {}
+    for r in doc["rows"]:
+        by_link.setdefault(r["link"], []).append(r)
+    for link, rows in by_link.items():
+        common = [n for n in rows[0]["notes"] if all(n in r["notes"] for r in rows)]
+        warn = rows[0]["fit_warnings"]
+        lines += ["", f"link: {link}" + (f"  [fit warnings: {', '.join(warn)}]" if warn else "")]
+        lines += [f"  note: {n}" for n in common]
+        lines.append(f"  {'tokens':>7} {'KV bytes':>15} {'GB/s':>9} {'setup ms':>9} "
+                     f"{'bw floor ms':>12} {'handoff ms':>11} {'95% band ms':>19} "
+                     f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
+        for r in rows:
+            lines.append(_plan_row_line(r))
+            lines += [f"      note: {n}" for n in r["notes"] if n not in common]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# CLI

@@ -1,0 +1,171 @@
+"""Which files to read, what each one holds, and how chunks of rows become one DataFrame.
+
+A path may be a file, a folder (every file in it, recursively, that holds the kind asked
+for) or a glob (`results/**/*.jsonl`). A file's kind is read from its first record's
+`schema` (a CSV's from its first row), never guessed from its name.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.cli import UsageError
+from kvbench.records.schema.read import MiB, iter_lines, loads
+
+KINDS = {  # kind -> schemas a file of that kind starts with
+    "p2p": ("kvbench.p2p/1",),
+    "fit": ("kvbench.fit/1", "kvbench.fit/2"),
+    "fit-sizes": ("kvbench.fit/1", "kvbench.fit/2"),
+    "slo-requests": ("kvbench.slo.request/1",),
+    "slo-report": ("kvbench.slo.report/1",),
+    "metrics": ("kvbench.slo.metrics/1",),
+}
+SUFFIXES = (".jsonl", ".json", ".csv")
+_SCHEMA_AT_START = re.compile(rb'"schema"\s*:\s*"([^"]{1,64})"')
+
+
+def schema_of(path: Path) -> str | None:
+    """The schema a results file declares first (None: not a kvbench results file)."""
+    if path.suffix == ".csv":
+        return _csv_schema(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64 * 1024)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    m = _SCHEMA_AT_START.search(head)  # every kvbench writer puts "schema" first in a record
+    return m.group(1).decode("utf-8", "replace") if m else None
+
+
+def _csv_schema(path: Path) -> str | None:
+    import csv
+
+    rows = csv.reader(_text_lines(path, limit=2))
+    header, first = next(rows, None), next(rows, None)
+    if not header or not first or "schema" not in header or len(first) != len(header):
+        return None
+    return first[header.index("schema")]
+
+
+def _text_lines(path: Path, limit: int | None = None) -> Iterator[str]:
+    for i, (where, raw) in enumerate(iter_lines(path, "CSV file", missing="no such file")):
+        if limit is not None and i >= limit:
+            return
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"cannot read {where}: not UTF-8 text (byte {exc.start})") from None
+
+
+def kind_of(path: Path) -> str | None:
+    """The first kind whose schema this file declares (p2p, fit, slo-requests, ...)."""
+    schema = schema_of(path)
+    return next((k for k, schemas in KINDS.items() if schema in schemas), None)
+
+
+def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list[Path]:
+    """Files of `kind`: named files must hold it; folders and globs keep the files that do."""
+    if isinstance(paths_or_globs, (str, Path)):
+        paths_or_globs = [paths_or_globs]
+    out: list[Path] = []
+    for item in paths_or_globs:
+        p = Path(item)
+        if p.is_dir():
+            found = [f for f in sorted(p.rglob("*")) if f.suffix in SUFFIXES and f.is_file()]
+            out += _without_twins([f for f in found if schema_of(f) in KINDS[kind]])
+        elif p.exists():
+            schema = schema_of(p)
+            if schema not in KINDS[kind]:
+                raise UsageError(f"{p}: holds {schema or 'no kvbench schema'}, not {kind} "
+                                 f"({' or '.join(KINDS[kind])})")
+            out.append(p)
+        elif glob.has_magic(str(item)):
+            out += _without_twins([Path(f) for f in sorted(glob.glob(str(item), recursive=True))
+                                   if Path(f).is_file() and schema_of(Path(f)) in KINDS[kind]])
+        else:
+            raise UsageError(f"no such file: {p}")
+    seen: set[Path] = set()
+    return [f for f in out if not (f in seen or seen.add(f))]
+
+
+def _without_twins(found: list[Path]) -> list[Path]:
+    """A folder or glob's CSV twins (x.csv beside x.jsonl) are the same records: read them once."""
+    have = set(found)
+    return [f for f in found if not (f.suffix == ".csv" and f.with_suffix(".jsonl") in have)]
+
+
+def json_document(path: Path, limit: int, what: str):
+    from kvbench.records.schema.read import read_text_bounded
+
+    return loads(read_text_bounded(path, limit, what, missing="no such file"), str(path))
+
+
+MAX_JSON_DOC = 256 * MiB
+
+
+# ---------------------------------------------------------------------------
+# rows -> DataFrame chunks -> one DataFrame
+
+
+def frame(rows: list[dict], dtypes: dict[str, str]) -> pd.DataFrame:
+    """A chunk of rows with the kind's dtypes (and the dtype of spec_* columns by their values)."""
+    df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=list(dtypes))
+    for col in df.columns:
+        if col not in dtypes:  # (from_records turns [2, None] into floats: keep the values)
+            df[col] = pd.Series([r.get(col) for r in rows], index=df.index, dtype=object)
+    return apply_dtypes(df, dtypes)
+
+
+def apply_dtypes(df: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    for col in df.columns:
+        want = dtypes.get(col) or _by_values(df[col])
+        if want and str(df[col].dtype) != want:
+            df[col] = df[col].astype(want)
+    return df
+
+
+def _by_values(s: pd.Series) -> str | None:
+    """category for text, Int64 for integers, boolean for flags, float64 for numbers."""
+    if s.dtype.name != "object":
+        return None
+    if not s.notna().any():
+        return "category"  # a column no row of this chunk has a value for (None and NaN alike)
+    return _INFERRED.get(pd.api.types.infer_dtype(s, skipna=True))
+
+
+_INFERRED = {"string": "category", "boolean": "boolean", "integer": "Int64",
+             "floating": "float64", "mixed-integer-float": "float64"}
+
+
+def concat(chunks: list[pd.DataFrame], dtypes: dict[str, str]) -> pd.DataFrame:
+    """Chunks as one frame: every column gets the dtype the chunks that hold values gave it
+    (categoricals: the union of their categories), as if the rows had been one chunk."""
+    if not chunks:
+        return frame([], dtypes)
+    columns = list(dict.fromkeys(c for df in chunks for c in df.columns))  # first seen first
+    final = {col: _common_dtype([df[col] for df in chunks if col in df.columns
+                                 and df[col].notna().any()]) for col in columns}
+    for i, df in enumerate(chunks):
+        parts = {}
+        for col in columns:
+            if col in df.columns and df[col].notna().any():
+                parts[col] = df[col].astype(final[col])
+            else:
+                parts[col] = pd.Series(None, index=df.index, dtype=object).astype(final[col])
+        chunks[i] = pd.DataFrame(parts, index=df.index)
+    return apply_dtypes(pd.concat(chunks, ignore_index=True, sort=False), dtypes)
+
+
+def _common_dtype(parts: list[pd.Series]):
+    if not parts:
+        return "category"  # no chunk has a value: as frame() types such a column
+    if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+        values = set().union(*(p.cat.categories for p in parts))
+        return pd.CategoricalDtype(sorted(values, key=str))  # as astype("category") sorts
+    kinds = {str(p.dtype) for p in parts}
+    return kinds.pop() if len(kinds) == 1 else object

@@ -1,0 +1,130 @@
+"""A `kvbench.fit/1` document (and `/2`, which may add joint bootstrap draws), typed.
+
+`plan.links_from_fit` can read a fit through `load_fit_document` instead of raw JSON: every
+field `Link` uses is typed and finite, intervals are two ordered numbers (or an upper bound
+of null, "unbounded"), a two-regime break point is a byte count, warnings are
+{code, message} objects. Unknown keys are kept (a newer fit may add some).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field
+
+from kvbench.cli import UsageError
+from kvbench.records.schema.read import MiB, load_json
+from kvbench.records.schema.types import (
+    MAX_TEXT,
+    AnyText,
+    Bytes,
+    Count,
+    Finite,
+    GBps,
+    Open,
+    SignedMs,
+    Text,
+    TimeMs,
+    parse,
+    refuse,
+    show,
+)
+
+MAX_FIT_BYTES = 256 * MiB
+SCHEMAS = ("kvbench.fit/1", "kvbench.fit/2")
+
+
+def _ordered(pair: list) -> list:
+    lo, hi = pair
+    if lo is not None and hi is not None and lo > hi:
+        raise refuse(f"interval [{lo}, {hi}] has its lower end above its upper end")
+    return pair
+
+
+Interval = Annotated[list[Finite | None], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
+GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+              | dict[str, Any])
+
+
+class Warning_(Open):
+    code: Text
+    message: AnyText
+
+
+class SizeRow(Open):
+    bytes: Bytes
+    n: Count
+    p50_ms: TimeMs | None = None
+    p95_ms: TimeMs | None = None
+    p99_ms: TimeMs | None = None
+    mean_ms: TimeMs | None = None
+
+
+Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
+
+
+class Draws(Open):
+    """Joint bootstrap draws as kvbench fit writes them: {"columns": [...], "values": [[a, b]]}."""
+
+    columns: list[Text] = []
+    values: list[Pair]
+
+
+class Regime(Open):
+    setup_ms: SignedMs | None = None
+    setup_ms_ci95: Interval | None = None
+    effective_gb_s: GBps | None = None
+    effective_gb_s_ci95: Interval | None = None
+    bytes_min: Bytes
+    bytes_max: Bytes
+    draws: Draws | None = None
+
+
+class TwoRegimes(Open):
+    break_bytes: Bytes
+    small: Regime
+    large: Regime
+
+
+
+class FitGroup(Open):
+    group: dict[str, GroupValue]
+    label: Text
+    setup_ms: SignedMs | None = None
+    setup_ms_ci95: Interval | None = None
+    effective_gb_s: GBps | None = None
+    effective_gb_s_ci95: Interval | None = None
+    n_samples: Count
+    n_sizes: Count
+    sizes: list[SizeRow] = Field(min_length=1)
+    two_regimes: TwoRegimes | None = None
+    warnings: list[Warning_] = []
+    draws: Draws | list[Pair] | None = None  # /2 writes Draws; a bare list of pairs is read too
+
+
+class SkippedGroup(Open):
+    """A group fit left out (not a link), named by plan's note."""
+
+    label: AnyText
+    reason: AnyText
+    group: dict[str, GroupValue] = {}
+
+
+class FitDocument(Open):
+    schema_: Literal["kvbench.fit/1", "kvbench.fit/2"] = Field(alias="schema")
+    line_rate_gb_s: GBps | None = None
+    inputs: list[AnyText] = []
+    groups: list[FitGroup]
+    skipped: list[SkippedGroup] = []
+
+
+def load_fit_document(path: str | Path) -> FitDocument:
+    """A fit file, bounded and typed; any problem is one line naming the key path."""
+    raw = load_json(path, MAX_FIT_BYTES, "fit file", missing="no such file")
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a JSON object written by kvbench fit")
+    if raw.get("schema") not in SCHEMAS:
+        raise UsageError(f"{path}: unknown fit schema {show(raw.get('schema'))} (this kvbench "
+                         f"reads {' and '.join(SCHEMAS)}; expected the output of kvbench fit)")
+    return parse(FitDocument, raw, str(path))

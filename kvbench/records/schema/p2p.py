@@ -1,0 +1,168 @@
+"""A `kvbench.p2p/1` result record, typed (ready for `fit` and `results.load` to adopt).
+
+Fields are today's records (docs/p2p.md) plus the ones CONTRACTS.md section 1 adds
+(`spec`, `spec_id`, `run_id`, `order`, `sample_rounds`, `fit_as_link`, `not_link_reason`,
+`n_samples`), optional so old records stay readable. Only what a consumer computes with is
+typed strictly (bytes, samples, tokens, the spec); descriptive fields (env, transport_info,
+breakdowns) are kept as they are. `iter_p2p_records` streams a results file one line at a
+time, so a 10^6-line file never sits in memory as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from kvbench.cli import UsageError
+from kvbench.records.schema.read import decode_line, iter_lines
+from kvbench.records.schema.types import (
+    MAX_TEXT,
+    Bytes,
+    Count,
+    Finite,
+    Open,
+    PositiveTokens,
+    Text,
+    TimeMs,
+    Tokens,
+    parse,
+    parse_line_fast,
+    refuse,
+)
+
+SCHEMA_P2P = "kvbench.p2p/1"
+Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None
+Rank = Annotated[int, Field(ge=0, le=2**20)]
+# cpu-async: the ordering-test device (CPU memory behind a CUDA-stream-like queue; its times
+# mean nothing, docs/p2p.md "Device ordering"); its records are test records, readable all the same
+Device = Literal["cpu", "cuda", "cpu-async"]
+
+# Group keys of records written before the spec existed (fit and the readers group by them).
+LEGACY_GROUP_KEYS = ("transport", "pattern", "granularity", "layout", "dtype", "device",
+                     "world_size", "hosts")
+LEGACY_OPTIONAL_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_batch",
+                        "nixl_progress_thread", "tp", "prefill_tp", "decode_tp", "block_size")
+
+
+class World(Open):
+    size: Annotated[int, Field(ge=1, le=2**20)]
+    prefill_ranks: list[Rank]
+    decode_ranks: list[Rank]
+
+
+class HandoffSpec(Open):
+    """What was measured, apart from the payload size (kvbench/p2p/spec.py, CONTRACTS.md section 1)."""
+
+    transport: Text
+    transport_options: dict[str, Scalar] = {}
+    pattern: Text
+    variant: Text | None = None
+    granularity: Text
+    layout: Literal["contiguous", "paged", "raw"]
+    block_size: PositiveTokens | None = None
+    dtype: Text | None = None
+    device: Device
+    pack_kernel: Text | None = None
+    model: Text | None = None
+    compute: dict[str, Any] | None = None
+    layer_poll: Any = None
+    world: World
+    hosts: list[Text]
+
+
+def spec_id_of(spec: dict) -> str:
+    """First 12 hex digits of sha256 over the canonical JSON of the spec (CONTRACTS.md 1)."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class P2PRecord(Open):
+    """One measured point: a payload size under one spec, with every raw sample."""
+
+    schema_: Literal["kvbench.p2p/1"] = Field(alias="schema")
+    transport: Text
+    pattern: Text
+    variant: Text | None = None
+    granularity: Text
+    layout: Literal["contiguous", "paged", "raw"]
+    dtype: Text | None = None
+    device: Device
+    model: dict[str, Any] | None = None
+    block_size: PositiveTokens | None = None
+    world_size: Annotated[int, Field(ge=1, le=2**20)]
+    hosts: list[Text]
+    prompt_tokens: Tokens | None = None
+    bytes: Bytes
+    wrong: Count | None = None
+    iters: Count
+    samples_ms: list[TimeMs]
+    cold_ms: TimeMs | None = None
+    p50_ms: TimeMs | None = None
+    p95_ms: TimeMs | None = None
+    p99_ms: TimeMs | None = None
+    # CONTRACTS.md section 1 (absent from records written before it)
+    spec: HandoffSpec | None = None
+    spec_id: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")] | None = None
+    run_id: Text | None = None
+    order: Literal["rounds", "blocks"] | None = None
+    sample_rounds: list[Count] | None = None
+    fit_as_link: bool | None = None
+    not_link_reason: Text | None = None
+    n_samples: Count | None = None
+
+    @model_validator(mode="after")
+    def _counts_agree(self):
+        self._spec_id_matches()
+        n = len(self.samples_ms)
+        if self.n_samples is not None and self.n_samples != n:
+            raise refuse(f"n_samples is {self.n_samples} but samples_ms holds {n} samples")
+        if self.sample_rounds is not None and len(self.sample_rounds) != n:
+            raise refuse(f"sample_rounds has {len(self.sample_rounds)} entries for {n} samples_ms")
+        return self
+
+    def _spec_id_matches(self) -> None:
+        """spec_id must be the hash of spec. Checked after validation (a check before it would
+        make pydantic build the whole record as Python objects first: 3x slower), once per
+        distinct (spec_id, spec): a file of 10^6 records repeats a few specs."""
+        if self.spec is None or self.spec_id is None:
+            return
+        key = (self.spec_id, self.spec.model_dump_json(exclude_unset=True))
+        if key in _CHECKED_SPECS:
+            return
+        actual = spec_id_of(self.spec.model_dump(exclude_unset=True))
+        if actual != self.spec_id:
+            raise refuse(f"spec_id {self.spec_id!r} is not the hash of spec ({actual}): the "
+                         "record was edited or mixed up")
+        if len(_CHECKED_SPECS) >= 4096:
+            _CHECKED_SPECS.clear()
+        _CHECKED_SPECS.add(key)
+
+
+_CHECKED_SPECS: set[tuple[str, str]] = set()  # (spec_id, the spec as pydantic writes it)
+
+
+def parse_p2p_record(raw: object, where: str) -> P2PRecord:
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: expected a JSON object")
+    if raw.get("schema") != SCHEMA_P2P:
+        raise UsageError(f"{where}: unknown schema {raw.get('schema')!r} (this kvbench reads {SCHEMA_P2P})")
+    return parse(P2PRecord, raw, where)
+
+
+def parse_p2p_line(raw: bytes, where: str) -> P2PRecord:
+    """One line of a results file: pydantic's own JSON parser when that loses no check
+    (kvbench.records.schema.types.parse_line_fast), else the careful path that words the message."""
+    rec = parse_line_fast(P2PRecord, raw)
+    return rec if rec is not None else parse_p2p_record(decode_line(raw, where), where)
+
+
+def iter_p2p_records(paths: Iterable[str | Path]) -> Iterator[tuple[str, P2PRecord]]:
+    """(FILE:LINE, record) for every record of the files, read and checked one line at a time."""
+    for path in paths:
+        for where, raw in iter_lines(path, "results file", missing="no such file"):
+            yield where, parse_p2p_line(raw, where)

@@ -1,0 +1,346 @@
+"""Result records: schema, the environment that produced them, atomic never-overwriting writers.
+
+A record carries everything needed to reproduce it. Files are written to a temporary
+name and linked into place, so a reader never sees half a file and an existing file is
+never replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import errno
+import io
+import json
+import math
+import os
+import platform
+import secrets
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from kvbench.cli import OutputIOError, UsageError
+
+SCHEMA_P2P = "kvbench.p2p/1"
+ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISIBLE", "NIXL_",
+                "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
+# Secrets have no place in a results file even if someone exported them under these prefixes.
+_REDACT = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+# errno values that mean "this path cannot be written" (the user's to fix: exit 2); any other
+# OSError while writing is the system's (disk full, I/O error: exit 3)
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
+                errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EXDEV}
+
+
+def utc_stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def dumps_json(obj, indent: int | None = 2) -> str:
+    """The one JSON encoder of every file kvbench writes: NaN and infinities are refused.
+
+    A non-finite number in an output is a missing bound somewhere upstream; it is reported
+    with its key path instead of being written as `Infinity`, which is not JSON.
+    """
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False,
+                          separators=None if indent is not None else (",", ":"))
+    except ValueError:
+        raise UsageError(f"refusing to write a non-finite number at {_nonfinite_path(obj) or '?'} "
+                         "(an input or flag without a bound; please report it)") from None
+
+
+def _nonfinite_path(obj, path: str = "") -> str | None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "(top level)"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _nonfinite_path(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def os_error(path: Path, exc: OSError, doing: str = "write") -> UsageError:
+    """One line naming the path and the reason; exit 2 for a bad path, 3 for an I/O failure."""
+    cls = UsageError if exc.errno in _PATH_ERRNOS else OutputIOError
+    return cls(f"cannot {doing} {path}: {exc.strerror or exc}")
+
+
+def check_destination(directory: str | Path) -> Path:
+    """Prove, before any measurement, that files can be created in directory.
+
+    Creates the directory if needed, then creates and removes a probe file in it. Commands
+    call this first so a bad --out costs a second, not a whole measurement.
+    """
+    d = Path(directory)
+    try:
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"cannot write into {d}: not a directory")
+        d.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvbench-probe.", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise os_error(d, exc, "write into") from None
+    return d
+
+
+def check_new_file(path: str | Path) -> Path:
+    """check_destination for a file's folder, plus: the file must not exist yet."""
+    p = Path(path)
+    if p.exists() or p.is_symlink():
+        raise UsageError(f"refusing to overwrite existing file {p}")
+    check_destination(p.parent)
+    return p
+
+
+def _write_temp(path: Path, content: str | bytes) -> str:
+    """content in a fresh temp file beside path, flushed to disk; returns the temp's name."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot sync a directory; the files themselves are synced
+    finally:
+        os.close(fd)
+
+
+def write_files(files: Sequence[tuple[str | Path, str | bytes]]) -> list[Path]:
+    """Write several new files so that all of them appear or none (a group commit).
+
+    Every file is first written to a temp file beside its target and synced; only then are
+    the temps linked to their names (os.link: atomic, and fails if the name exists). If a
+    link fails, the names already linked are removed again. No temp file is left behind.
+    """
+    targets = [Path(p) for p, _ in files]
+    temps: list[tuple[str, Path]] = []
+    linked: list[Path] = []
+    current = targets[0] if targets else Path(".")
+    try:
+        for (_, content), path in zip(files, targets, strict=True):
+            current = path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temps.append((_write_temp(path, content), path))
+        for tmp, path in temps:
+            current = path
+            os.link(tmp, path)
+            linked.append(path)
+        for d in {p.parent for p in targets}:
+            _fsync_dir(d)
+    except FileExistsError:
+        _unlink_all(linked)
+        raise UsageError(f"refusing to overwrite existing file {current}") from None
+    except OSError as exc:
+        _unlink_all(linked)
+        raise os_error(current, exc) from None
+    except BaseException:
+        _unlink_all(linked)
+        raise
+    finally:
+        _unlink_all([Path(t) for t, _ in temps])
+    return targets
+
+
+def _unlink_all(paths: Sequence[Path]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def new_file_stream(path: str | Path):
+    """A text file written over time (e.g. a scrape) that appears at path only when complete.
+
+    Yields a handle on a temp file beside path; on a clean exit the temp is synced and
+    linked to path (refusing an existing file); on any exit the temp is removed.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)
+        _fsync_dir(path.parent)
+    except FileExistsError:
+        raise UsageError(f"refusing to overwrite existing file {path}") from None
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    finally:
+        _unlink_all([Path(tmp)])
+
+
+def write_new_file(path: Path, content: str | bytes) -> Path:
+    """Write text or bytes to path atomically; refuse to replace an existing file."""
+    return write_files([(path, content)])[0]
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str | Path, flag: str = "--plot") -> str:
+    """matplotlib's savefig format for a plot file, from its suffix; anything else is refused."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise UsageError(f"{flag} {path}: use a .png, .svg or .pdf file name")
+    return fmt
+
+
+def fresh_stem(out_dir: Path, prefix: str, suffixes: Sequence[str]) -> Path:
+    """out_dir/prefix-<UTC stamp>-<6 random hex digits>, with no file of any suffix there yet.
+
+    The random part keeps concurrent writers apart (six runs started in the same second on
+    a shared folder get six names); write_records retries if a name is taken meanwhile.
+    """
+    while True:
+        stem = Path(out_dir) / f"{prefix}-{utc_stamp()}-{secrets.token_hex(3)}"
+        if not any(stem.with_name(stem.name + s).exists() for s in suffixes):
+            return stem
+
+
+def _csv_cell(value):
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def records_to_csv(records: Sequence[dict]) -> str:
+    """Flat CSV twin of the JSONL: scalars as they are, lists and objects as compact JSON."""
+    columns: list[str] = []
+    for rec in records:
+        for key in rec:
+            if key not in columns:
+                columns.append(key)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for rec in records:
+        writer.writerow({k: _csv_cell(v) for k, v in rec.items()})
+    return buf.getvalue()
+
+
+def write_records(out_dir: Path, records: Sequence[dict], prefix: str,
+                  extra: Sequence[tuple[str, str | bytes]] = ()) -> tuple[Path, Path]:
+    """Write records as a new <prefix>-<stamp>-<random>.jsonl plus its .csv twin, together.
+
+    extra: more (suffix, content) files of the same run committed in the same group.
+    """
+    jsonl = "".join(dumps_json(r, indent=None) + "\n" for r in records)
+    csv_text = records_to_csv(records)
+    suffixes = (".jsonl", ".csv", *(s for s, _ in extra))
+    for _ in range(5):  # a name taken between fresh_stem and the link: take another
+        stem = fresh_stem(Path(out_dir), prefix, suffixes)
+        contents = (jsonl, csv_text, *(c for _, c in extra))
+        files = [(stem.with_name(stem.name + s), c) for s, c in zip(suffixes, contents, strict=True)]
+        try:
+            paths = write_files(files)
+        except UsageError as exc:
+            if not str(exc).startswith("refusing to overwrite"):
+                raise
+            continue
+        return paths[0], paths[1]
+    raise UsageError(f"could not find a free file name in {out_dir}")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages when the run started: a busy machine says so."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def relevant_env() -> dict[str, str]:
+    return {
+        k: ("<redacted>" if any(s in k for s in _REDACT) else v)
+        for k, v in sorted(os.environ.items())
+        if k.startswith(ENV_PREFIXES)
+    }
+
+
+def environment(extra: dict | None = None) -> dict:
+    """What produced a result: host, library versions, devices, relevant variables."""
+    env = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "kvbench": _version("kvbench"),
+        "numpy": _version("numpy"),
+        "torch": None,
+        "mpi4py": _version("mpi4py"),
+        "mpi_library": None,
+        "nccl": None,
+        "gpu": None,
+        "nixl": _version("nixl-cu12") or _version("nixl-cu13") or _version("nixl"),
+        "ucx": None,
+        "load_average": _load_average(),
+        "variables": relevant_env(),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["cuda"] = torch.version.cuda
+            try:
+                env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            except Exception:  # noqa: BLE001 - NCCL may be absent from the build
+                env["nccl"] = None
+    except ImportError:
+        pass
+    try:
+        from mpi4py import MPI
+
+        env["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - recorded as unknown
+        pass
+    if extra:
+        env.update(extra)
+    return env

@@ -1,0 +1,120 @@
+"""kvbench fit reads its records as a stream of typed lines, with bounded work per line and per
+sample: the schema's fast path, the spec check, merged units for files of many runs, and the
+exact resampled medians of large sizes. Committed fits must come out unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvbench.cli import UsageError
+from kvbench.fit.data import MAX_UNITS
+from kvbench.fit.stats import GroupSamples, _grid_medians, _unit_counts, _weighted_medians
+from kvbench.records.schema.p2p import P2PRecord, parse_p2p_line
+from kvbench.records.schema.read import plain_line
+from kvbench.records.schema.types import parse_line_fast
+from tests.conftest import ROOT, run_cli
+from tests.fit.test_fit import SPEC, rounds_records, write_jsonl
+from tests.fit.test_fit import fit as run_fit
+
+
+def _hex_exponent_records() -> list[dict]:
+    """Records whose spec_id holds 'e' and three digits (e.g. '91e013...'): such ids once sent
+    every line to the slow path, as if they were a number's exponent."""
+    import re
+
+    for i in range(2000):
+        spec = dict(SPEC, hosts=[f"node-{i}", f"node-{i}"])
+        recs = rounds_records([1 << 20, 1 << 22, 1 << 24], 0.3, 2.0, spec=spec, hosts=spec["hosts"])
+        if re.search(r"e\d{3}", recs[0]["spec_id"]):
+            return recs
+    raise AssertionError("no spec_id with an e-digit run found")
+
+
+def _line(rec: dict, **extra) -> bytes:
+    return json.dumps({**rec, **extra}, separators=(",", ":")).encode()
+
+
+def test_fast_path_reads_real_records_and_refuses_what_the_careful_path_refuses():
+    rec = _hex_exponent_records()[0]
+    raw = _line(rec)
+    assert plain_line(raw)
+    fast = parse_line_fast(P2PRecord, raw)  # extra keys (gbps, env, argv ...) counted once
+    assert fast is not None and fast.spec_id == rec["spec_id"]
+    # planted: a number out of range in a kept extra key, and a key given twice
+    huge = raw[:-1] + b',"peak_rss_bytes":[1e400]}'
+    assert not plain_line(huge) and parse_line_fast(P2PRecord, huge) is None
+    with pytest.raises(UsageError, match=r"f\.jsonl:3: number 1e400 is out of range"):
+        parse_p2p_line(huge, "f.jsonl:3")
+    twice = raw[:-1] + b',"gbps":1.0,"gbps":2.0}'
+    assert parse_line_fast(P2PRecord, twice) is None
+    with pytest.raises(UsageError, match="duplicate key 'gbps'"):
+        parse_p2p_line(twice, "f.jsonl:4")
+
+
+def test_an_edited_spec_is_refused_on_every_line_not_only_the_first(tmp_path):
+    recs = rounds_records([1 << 20, 1 << 22], 0.3, 2.0)
+    edited = json.loads(json.dumps(recs[1]))
+    edited["spec"]["hosts"] = ["node-b", "node-b"]  # the spec_id still names node-a's spec
+    p = write_jsonl(tmp_path / "edited.jsonl", [recs[0], recs[1], edited])
+    res = run_cli("kvbench.fit", str(p), "--out", str(tmp_path / "f.json"))
+    assert res.returncode == 2 and "edited.jsonl:3: spec_id" in res.stderr
+    assert "is not the hash of spec" in res.stderr and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grid_medians_equal_the_weighted_medians_exactly(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(8):
+        n, u, b = int(rng.integers(1, 4000)), int(rng.integers(1, 300)), int(rng.integers(1, 50))
+        vals = np.sort(np.round(rng.lognormal(size=n), int(rng.integers(0, 3))))  # with ties
+        units = rng.integers(0, u, n)
+        counts = rng.multinomial(u, np.full(u, 1 / u), size=b).astype(np.int32)
+        counts[0, :] = 0  # a draw without samples of this size: NaN in both
+        want = _weighted_medians(vals, counts[:, units])
+        assert np.array_equal(_grid_medians(vals, units, counts), want, equal_nan=True)
+
+
+def test_many_units_are_drawn_with_the_multinomial_distribution():
+    m = 3000
+    g = GroupSamples(np.full(m, 1 << 20), np.ones(m), np.arange(m), np.zeros(m, dtype=int),
+                     ["rounds"])
+    counts = _unit_counts(g, 400, np.random.default_rng(0))
+    assert counts.shape == (400, m) and np.all(counts.sum(axis=1) == m)
+    assert counts.mean() == pytest.approx(1.0) and counts.var() == pytest.approx(1 - 1 / m, rel=0.02)
+
+
+def test_a_file_of_many_runs_resamples_merged_runs_of_adjacent_rounds(tmp_path):
+    runs, rounds, sizes = 300, 10, [1 << 20, 1 << 22, 1 << 24]
+    recs = []
+    for r in range(runs):
+        recs += rounds_records(sizes, 0.3, 2.0, rounds=rounds, seed=r, run_id=f"run-{r}")
+    doc, _ = run_fit(tmp_path, recs, boot=200)
+    (g,) = doc["groups"]
+    assert g["n_samples"] == runs * rounds * len(sizes)
+    merged = g["resampling"]["units_merged"]
+    assert merged == {"units_read": runs * rounds, "units_resampled": runs * rounds // 2,
+                      "max_units_per_stratum": MAX_UNITS}
+    assert g["resampling"]["n_rounds"] == runs * rounds // 2
+    lo, hi = g["effective_gb_s_ci95"]
+    assert lo <= 2.0 <= hi and g["effective_gb_s"] == pytest.approx(2.0, rel=0.01)
+
+
+def _comparable(doc: dict) -> dict:
+    doc = {k: v for k, v in doc.items() if k not in ("created", "inputs")}
+    doc["groups"] = [{k: v for k, v in g.items() if k != "sources"} for g in doc["groups"]]
+    return doc
+
+
+@pytest.mark.parametrize("fit_json", ["results/mixed-folder/fit.json",
+                                      "results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json"])
+def test_refit_of_committed_records_is_unchanged(tmp_path, fit_json):
+    """The committed kvbench.fit/2 files, written by the fit before it streamed, come out again
+    field for field (every draw included) from their committed inputs."""
+    committed = json.loads((ROOT / fit_json).read_text())
+    out = tmp_path / "refit.json"
+    res = run_cli("kvbench.fit", *(str(ROOT / p) for p in committed["inputs"]), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert _comparable(json.loads(out.read_text())) == _comparable(committed)

@@ -1,0 +1,258 @@
+"""The handoff engine's device ordering, checked without a GPU on the asynchronous CPU device.
+
+`--device cpu-async` keeps the KV in CPU memory but queues every fill, wipe, pack, unpack,
+staging copy and compute chunk to a worker thread that applies them, in order, only once an
+event or a synchronize orders them (kvbench/p2p/devices.py). A protocol that forgets one ordering
+then moves stale bytes, and the data check counts them.
+
+The matrix runs every pattern (sequential, layerwise, sharded) x transport (mpi device-direct
+and host-staged, gloo, nixl write and read) x layout x granularity in two MPI jobs (2 and 3
+ranks). Then each ordering the engine owes the device is planted out in turn (tests/plant.py)
+and the check must fail exactly where that ordering protects data, and nowhere else.
+
+What this proves and what not: the protocol's ordering logic. Not CUDA's behaviour, not any
+timing; no substitute for a GPU run (scripts/gpu-check).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from kvbench.p2p.devices import AsyncCPUDevice, CPUDevice, make_device
+from kvbench.p2p.transports import nixl as nixl_transport
+from tests.conftest import run_mpi
+
+HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
+TINY = {"model_type": "tiny-4l", "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64, "intermediate_size": 128}
+LAYERS = 4
+NIXL = "--transport nixl --no-nixl-progress-thread"
+TRANSPORTS = {
+    "mpi-direct": "--transport mpi --mpi-device-direct yes",
+    "mpi-staged": "--transport mpi --mpi-device-direct no",
+    "gloo": "--transport gloo",
+    **({"nixl-write": NIXL, "nixl-read": f"{NIXL} --nixl-op read"} if HAVE_NIXL else {}),
+}
+DIRECT = {"mpi-direct", "nixl-write", "nixl-read"}  # the transport touches device memory itself
+LAYOUTS = [(lay, gran) for lay in ("contiguous", "paged") for gran in ("whole", "layer", "block")]
+FAST = "--sizes 40 --iters 1 --min-iters 1 --warmup 0 --quiet --device cpu-async"
+PATTERNS = {2: "--pattern sequential,layerwise --layer-compute-ms 0.2",
+            3: "--pattern sharded --prefill-tp 2 --decode-tp 1"}
+
+
+def packed(layout: str, gran: str, pattern: str) -> bool:
+    """Whether the sender packs and the receiver unpacks (paged KV sent as layers or one
+    message; layerwise always sends per layer)."""
+    if pattern == "layerwise" and gran == "whole":
+        gran = "layer"
+    return layout == "paged" and gran != "block"
+
+
+def run_job(tmp, ranks: int, fault: str, cases: dict[str, str], timeout=420):
+    """One MPI job running every case under `fault`: ({case: (status line, [records])}, secs)."""
+    out_dir = tmp / f"{fault}-{ranks}"
+    lines = [f"{name}\t{args} --out {out_dir / name}" for name, args in cases.items()]
+    path = tmp / f"{fault}-{ranks}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    res = run_mpi(ranks, "tests.plant", fault, str(path), timeout=timeout)
+    took = time.monotonic() - t0
+    status = {}
+    for line in res.stdout.splitlines():
+        if line.startswith('{"case"'):
+            d = json.loads(line)
+            status[d["case"]] = d
+    out = {}
+    for name in cases:
+        recs = [json.loads(x) for f in sorted((out_dir / name).glob("*.jsonl"))
+                for x in f.read_text().splitlines()]
+        out[name] = (status.get(name), recs)
+    assert set(status) == set(cases), res.stdout[-3000:] + res.stderr[-3000:]
+    return out, took
+
+
+def matrix_cases(ranks: int) -> dict[str, str]:
+    return {f"{t}/{lay}/{gran}": f"{flags} {FAST} {PATTERNS[ranks]} --model-config {{cfg}} "
+            f"--layout {lay} --granularity {gran}"
+            for t, flags in TRANSPORTS.items() for lay, gran in LAYOUTS}
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    p = tmp_path_factory.mktemp("model") / "tiny.json"
+    p.write_text(json.dumps(TINY))
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, cfg):
+    tmp = tmp_path_factory.mktemp("matrix")
+    out, took = {}, 0.0
+    for ranks in (2, 3):
+        cases = {k: v.format(cfg=cfg) for k, v in matrix_cases(ranks).items()}
+        got, secs = run_job(tmp, ranks, "none", cases)
+        out.update({(ranks, k): v for k, v in got.items()})
+        took += secs
+    print(f"async-device matrix: {len(out)} configurations in {took:.0f} s")
+    return out
+
+
+# -- the device itself -------------------------------------------------------------------
+
+
+def test_async_device_applies_work_only_when_ordered():
+    dev = AsyncCPUDevice()
+    try:
+        t = torch.zeros(4)
+        dev.run(lambda: t.fill_(1))
+        ev = dev.record()
+        dev.run(lambda: t.add_(1))
+        time.sleep(0.05)
+        assert t.tolist() == [0] * 4 and dev.pending == 2  # nothing applied yet
+        ev.wait()
+        assert t.tolist() == [1] * 4 and dev.pending == 1  # up to the event, in order
+        assert dev.host_waits == 1
+        ev.wait()
+        assert dev.host_waits == 1  # an event seen complete costs nothing more
+        dev.synchronize()
+        assert t.tolist() == [2] * 4 and dev.pending == 0
+        later = dev.record()
+        assert later.query()  # nothing queued after it: done
+        dev.run(lambda: t.mul_(3))
+        ev3 = dev.record()
+        deadline = time.monotonic() + 5
+        while not ev3.query():  # query lets the device progress without blocking the host
+            assert time.monotonic() < deadline
+        assert t.tolist() == [6] * 4
+    finally:
+        dev.close()
+
+
+def test_async_device_surfaces_failed_work():
+    dev = AsyncCPUDevice()
+    try:
+        dev.run(lambda: 1 / 0)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            dev.synchronize()
+    finally:
+        dev.close()
+
+
+def test_cpu_device_is_synchronous_and_devices_are_named():
+    dev = CPUDevice()
+    t = torch.zeros(1)
+    dev.run(lambda: t.fill_(5))
+    assert t.item() == 5 and dev.record().query() and dev.host_visible
+    assert make_device("cpu-async").host_visible is False
+    with pytest.raises(ValueError, match="unknown device"):
+        make_device("tpu")
+
+
+def test_async_device_is_used_from_many_threads_safely():
+    dev = AsyncCPUDevice()
+    try:
+        t = torch.zeros(1)
+        threads = [threading.Thread(target=lambda: [dev.run(lambda: t.add_(1)) for _ in range(50)])
+                   for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        dev.synchronize()
+        assert t.item() == 200
+    finally:
+        dev.close()
+
+
+# -- the matrix ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+def test_every_pattern_transport_layout_granularity_moves_every_byte(matrix):
+    assert len(matrix) == 2 * len(TRANSPORTS) * len(LAYOUTS)
+    for (ranks, name), (status, recs) in matrix.items():
+        assert status["rc"] == 0, (ranks, name, status)
+        checked = [r for r in recs if r["wrong"] is not None]
+        want = {2: {"sequential", "layerwise"}, 3: {"sharded"}}[ranks]
+        assert {r["pattern"] for r in checked} == want, (ranks, name)
+        assert all(r["wrong"] == 0 and r["device"] == "cpu-async" for r in checked), (ranks, name)
+        for r in recs:
+            assert r["spec"]["device"] == "cpu-async"
+            assert r["n_samples"] == len(r["samples_ms"]) == len(r["sample_rounds"]) >= 1
+
+
+def _handoffs(recs) -> int:
+    """Handoffs the records stand for: cold + warm-up + timed per record, plus one check per
+    checked record."""
+    return sum(1 + len(r["warmup_ms"]) + r["iters"] + (r["wrong"] is not None) for r in recs)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
+def test_nixl_waits_once_per_step_not_per_post(matrix, tmp_path, cfg):
+    """Finding 3: the prefill rank blocks on the device at most once per handoff (sequential)
+    or per layer (layerwise), whatever the message count; planting a sync at every post (the
+    old behaviour) multiplies the waits by the messages per step and the bound fails."""
+    def bound(recs):
+        return _handoffs(recs) * LAYERS + 4  # per-layer steps at most, + set-up syncs
+
+    for lay, gran in [("paged", "layer"), ("paged", "block"), ("contiguous", "block")]:
+        status, recs = matrix[(2, f"nixl-write/{lay}/{gran}")]
+        seq = [r for r in recs if r["pattern"] == "sequential"][0]
+        assert seq["messages"] >= 8
+        assert status["waits"][0] <= bound(recs), (lay, gran, status["waits"], bound(recs))
+    cases = {"paged-block": f"{NIXL} {FAST} {PATTERNS[2]} --model-config {cfg} --layout paged "
+                            "--granularity block"}
+    got, _ = run_job(tmp_path, 2, "sync-per-post", cases)
+    status, recs = got["paged-block"]
+    assert status["rc"] == 0
+    assert status["waits"][0] > bound(recs), (status["waits"], bound(recs))
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
+def test_nixl_batches_a_block_handoff_by_default(matrix):
+    _, recs = matrix[(2, "nixl-write/paged/block")]
+    for r in recs:  # a layerwise pattern in the run: one request per layer
+        assert r["nixl_batch"] == "layer" and r["spec"]["transport_options"]["batch"] == "layer"
+    _, recs = matrix[(3, "nixl-write/paged/block")]
+    assert {r["nixl_batch"] for r in recs} == {"handoff"}
+    _, recs = matrix[(3, "nixl-write/paged/layer")]
+    assert {r["nixl_batch"] for r in recs} == {"message"}
+
+
+# -- planted faults: the check must fail exactly where an ordering protects data ----------------
+
+
+FAULTS = {
+    # fault: which configurations it corrupts (transport, layout, granularity, pattern)
+    "no-readiness": lambda t, lay, gran, pat: t in DIRECT and packed(lay, gran, pat),
+    "no-order-before-post": lambda t, lay, gran, pat: t in DIRECT,
+    "no-device-completion": lambda t, lay, gran, pat: t not in DIRECT or packed(lay, gran, pat),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_missing_ordering_shows_as_wrong_elements(fault, tmp_path, cfg):
+    """Finding 2: remove one ordering (readiness wait before a non-stream-ordered post, wipes
+    ordered before the first post, the receiver's device completion before its notice) and the
+    data check fails wherever it protected the bytes; staged transports are immune to the first
+    two because their copies are queued behind the producer on the same stream."""
+    combos = [("contiguous", "whole"), ("paged", "layer")]  # unpacked and packed
+    chosen = [t for t in ("mpi-direct", "mpi-staged", "gloo", "nixl-read") if t in TRANSPORTS]
+    cases = {f"{t}/{lay}/{gran}": f"{TRANSPORTS[t]} {FAST} {PATTERNS[2]} --model-config {cfg} "
+             f"--layout {lay} --granularity {gran}" for t in chosen for lay, gran in combos}
+    got, _ = run_job(tmp_path, 2, fault, cases)
+    for name, (status, recs) in got.items():
+        t, lay, gran = name.split("/")
+        for r in (r for r in recs if r["wrong"] is not None):
+            bites = FAULTS[fault](t, lay, gran, r["pattern"])
+            assert (r["wrong"] > 0) == bites, (fault, name, r["pattern"], r["wrong"])
+        assert (status["rc"] == 1) == any(FAULTS[fault](t, lay, gran, p)
+                                          for p in ("sequential", "layerwise")), (name, status)
