@@ -16,6 +16,7 @@ import time
 import pytest
 
 from kvbench.p2p.transports import nixl as nixl_transport
+from kvbench.p2p.transports import nixl_import
 from tests.conftest import ROOT, mpi_env, run_cli, run_mpi
 
 HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
@@ -240,7 +241,7 @@ def test_import_failure_names_the_extra(monkeypatch):
     def broken(name):
         raise ImportError(f"libcuda.so.1: cannot open shared object file ({name})")
 
-    monkeypatch.setattr(nixl_transport.importlib, "import_module", broken)
+    monkeypatch.setattr(nixl_import.importlib, "import_module", broken)
     mod, why = nixl_transport.import_nixl()
     assert mod is None and "does not import" in why and "pip install 'kvbench[nixl]'" in why
     assert "\n" not in why

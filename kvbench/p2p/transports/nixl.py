@@ -27,27 +27,26 @@ read from a private log file unless the user set UCX_PROTO_INFO or UCX_LOG_FILE)
 from __future__ import annotations
 
 import argparse
-import atexit
-import ctypes
-import importlib
-import importlib.metadata
 import logging
 import os
 import re
 import socket
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
-
-INSTALL_HINT = ("pip install 'kvbench[nixl]' (nixl-cu12 for CUDA 12; nixl-cu13 or the "
-                "'nixl' meta package for CUDA 13)")
-_DISTS = {"nixl": "nixl", "nixl_cu12": "nixl-cu12", "nixl_cu13": "nixl-cu13"}
+from kvbench.p2p.transports.nixl_import import INSTALL_HINT, _version, import_nixl  # noqa: F401
+from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_info for users)
+    _flush_c_stdio,
+    _ucx_probe,
+    _ucx_version,
+    parse_ucx_proto_info,
+    path_category,
+    summarize_path,
+)
 
 # MPI tags on the transport's private communicator, per channel id (see _tag)
 _TAG_BASE, _TAG_SPAN = 1000, 4000
@@ -59,141 +58,6 @@ _IDLE, _PROC, _DONE = 0, 1, 2
 
 def now() -> float:
     return time.perf_counter()
-
-
-def _candidates() -> list[str]:
-    """Module names to try: the meta package first, then the variant matching torch's CUDA."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(getattr(torch, "version", None), "cuda", None) or ""
-    variants = ["nixl_cu13", "nixl_cu12"] if cuda.startswith("13") else ["nixl_cu12", "nixl_cu13"]
-    return ["nixl", *variants]
-
-
-def import_nixl():
-    """(module exposing nixl_agent, None) or (None, one line saying why not)."""
-    broken = []
-    for name in _candidates():
-        try:
-            mod = importlib.import_module(name)
-            if not hasattr(mod, "nixl_agent"):
-                mod = importlib.import_module(f"{name}._api")
-        except ModuleNotFoundError as exc:
-            if exc.name not in (name, f"{name}._api"):
-                broken.append(f"{name}: {exc}")
-            continue
-        except (ImportError, OSError) as exc:
-            broken.append(f"{name}: {exc}")
-            continue
-        if hasattr(mod, "nixl_agent"):
-            mod.__kvbench_name__ = name
-            return mod, None
-    if broken:
-        return None, f"NIXL is installed but does not import ({broken[0]}): reinstall with {INSTALL_HINT}"
-    return None, f"NIXL is not installed: {INSTALL_HINT}"
-
-
-def _version(module_name: str) -> str | None:
-    try:
-        return importlib.metadata.version(_DISTS.get(module_name, module_name))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _ucx_version(mod) -> str | None:
-    """UCX's own version string, from the libucp the NIXL wheel bundles (None if not found)."""
-    try:
-        root = Path(mod.__file__).resolve().parent  # e.g. site-packages/nixl_cu12
-        libs = sorted(root.parent.glob(f"{root.name}.libs/libucp*.so*"))  # the wheel's own UCX
-        lib = ctypes.CDLL(str(libs[0])) if libs else ctypes.CDLL("libucp.so.0")
-        lib.ucp_get_version_string.restype = ctypes.c_char_p
-        return lib.ucp_get_version_string().decode()
-    except Exception:  # noqa: BLE001 - unknown is an answer
-        return None
-
-
-_UCX_LOG: Path | None = None  # this process's UCX log: UCX opens its log file once per process
-
-
-def _remove_ucx_log() -> None:
-    if _UCX_LOG is not None:
-        _UCX_LOG.unlink(missing_ok=True)
-
-
-def _ucx_probe() -> Path | None:
-    """The file UCX logs its protocol selection into (UCX_PROTO_INFO), unless the user asked
-    for UCX logging themselves; created once per process, removed at exit."""
-    global _UCX_LOG
-    if _UCX_LOG is None:
-        if "UCX_PROTO_INFO" in os.environ or "UCX_LOG_FILE" in os.environ:
-            return None
-        _UCX_LOG = Path(tempfile.gettempdir()) / f"kvbench-ucx-{os.getpid()}.log"
-        atexit.register(_remove_ucx_log)
-    return _UCX_LOG
-
-
-def _flush_c_stdio() -> None:
-    """UCX writes its log through C stdio buffers: flush them before reading the file."""
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except Exception:  # noqa: BLE001 - then we read what is there
-        pass
-
-
-_LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*\[[^\]]*\]\s*")
-
-
-def parse_ucx_proto_info(text: str) -> list[dict]:
-    """The protocol tables UCX prints with UCX_PROTO_INFO=y, as rows:
-    {"endpoint": "kv-0 intra-node cfg#1", "operation": "remote memory write by ucp_put* ...",
-     "range": "0..inf", "protocol": "zero-copy", "transport": "cma/memory"}."""
-    rows, cells_seen = [], []
-    for raw in text.splitlines():
-        line = _LOG_PREFIX.sub("", raw).strip()
-        if line.startswith("+"):
-            continue
-        if not (line.startswith("|") and line.endswith("|")):
-            cells_seen = []
-            continue
-        cells = [c.strip() for c in line[1:-1].split("|")]
-        if len(cells) == 1:  # a table's title lines: endpoint config, then the operation
-            if len(cells_seen) >= 2:
-                cells_seen = []
-            cells_seen.append(cells[0])
-        elif len(cells) == 3 and cells[0] != "Range" and len(cells_seen) == 2:
-            rows.append({"endpoint": cells_seen[0], "operation": cells_seen[1], "range": cells[0],
-                         "protocol": cells[1], "transport": cells[2]})
-    return rows
-
-
-def _category(row: dict) -> str | None:
-    """What a UCX protocol row is for, on an endpoint to a peer (not the loopback one)."""
-    if " self " in f" {row['endpoint']} ":
-        return None
-    op = row["operation"]
-    if op.startswith("remote memory write"):
-        return "RMA write"
-    if op.startswith("remote memory read"):
-        return "RMA read"
-    if op.startswith("active message by ucp_am_send* from"):
-        return "notifications (AM)"
-    return None
-
-
-def summarize_path(rows: list[dict], op: str) -> str | None:
-    """'RMA write: cma/memory (zero-copy); notifications (AM): tcp/lo': the protocols UCX
-    selected on the peer endpoints for this run's operation and for the notifications."""
-    parts: dict[str, list[str]] = {}
-    for r in rows:
-        key = _category(r)
-        if key is None or key.startswith("RMA") and key != f"RMA {op}":
-            continue
-        what = r["transport"] if key.startswith("notif") else f"{r['transport']} ({r['protocol']})"
-        if what not in parts.setdefault(key, []):
-            parts[key].append(what)
-    if not parts:
-        return None
-    order = ["RMA write", "RMA read", "notifications (AM)"]
-    return "; ".join(f"{k}: {', '.join(parts[k])}" for k in order if k in parts)
 
 
 def _notif(cid: int, kind: str, h: int, u: int) -> bytes:
@@ -810,7 +674,7 @@ class NIXLTransport(Transport):
         with open(self.ucx_log, "rb") as f:
             f.seek(self.ucx_log_offset)
             text = f.read().decode(errors="replace")
-        return [r for r in parse_ucx_proto_info(text) if _category(r)]
+        return [r for r in parse_ucx_proto_info(text) if path_category(r)]
 
     def info(self) -> dict:
         """Collective over the world (p2p calls it on every rank): gathers every rank's UCX
