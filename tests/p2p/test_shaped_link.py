@@ -42,7 +42,7 @@ needs_shaping = [
                        reason="needs root to create a network namespace and shape it with tc"),
     pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None,
                        reason="needs iproute2 ('ip' and 'tc')"),
-    pytest.mark.skipif(not (ROOT / "kvbench" / "p2p.py").exists(),
+    pytest.mark.skipif(not (ROOT / "kvbench" / "p2p" / "cli.py").exists(),
                        reason="kvbench/p2p/cli.py is not in this checkout"),
 ]
 
