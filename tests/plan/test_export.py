@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from kvbench.plan import floors as kvplan
+from kvbench.plan import cli as kvplan
 from tests.conftest import ROOT, run_cli
 
 FIT = ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json"

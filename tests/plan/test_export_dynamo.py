@@ -60,7 +60,7 @@ def dynamo_python(tmp_path_factory):
 
 
 def exported(capsys, fit, *args) -> tuple[dict, dict]:
-    from kvbench.plan import floors as kvplan
+    from kvbench.plan import cli as kvplan
 
     assert kvplan.cli(["export", "--fit", fit, "--to", "dynamo", *args]) == 0
     text = capsys.readouterr().out
