@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kvbench.p2p import cli as p2p
-from tests.conftest import ROOT, run_cli
+from tests.conftest import PY, ROOT, run_cli
 
 SCRIPT = ROOT / "scripts" / "gpu-check"
 
@@ -191,3 +191,32 @@ def test_selfsend_failure_is_one_line_and_exit_1():
     assert rec["ok"] is False and rec["backend"] == "gloo" and rec["error"]
     errors = [line for line in res.stderr.splitlines() if line.startswith("selfsend: error:")]
     assert len(errors) == 1
+
+
+def _summary(tmp_path, wrongs) -> subprocess.CompletedProcess:
+    import json
+
+    text = SCRIPT.read_text()
+    code = re.findall(r"<<'PY'\n(.*?)\nPY\n", text, re.S)[-1]
+    base = {"pattern": "sequential", "spec": {"transport_options": {"path": "host-staged"}},
+            "transport": "mpi", "layout": "contiguous", "granularity": "whole", "dtype": "bf16",
+            "prompt_tokens": 300, "bytes": 2**20, "n_samples": 5, "p50_ms": 1.0, "gbps": 1.0}
+    (tmp_path / "kvbench-p2p-x.jsonl").write_text(
+        "".join(json.dumps({**base, "wrong": w}) + "\n" for w in wrongs))
+    return subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_summary_fails_on_a_wrong_element(tmp_path):
+    """The check's last step: every record into summary.md; a planted wrong > 0 fails it."""
+    ok = _summary(tmp_path, [0, None])
+    assert ok.returncode == 0, ok.stderr
+    assert "2 records, 1 data-checked with wrong == 0, 0 with wrong > 0" in ok.stdout
+    assert (tmp_path / "summary.md").read_text().count("| sequential | mpi |") == 2
+    bad = _summary(tmp_path, [0, 3])
+    assert bad.returncode == 1 and "1 with wrong > 0" in bad.stdout
+    (tmp_path / "kvbench-p2p-x.jsonl").unlink()
+    empty = subprocess.run([PY, "-c", re.findall(r"<<'PY'\n(.*?)\nPY\n", SCRIPT.read_text(),
+                                                         re.S)[-1], str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 1  # no records at all is a failed check
