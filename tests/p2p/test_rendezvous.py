@@ -34,6 +34,10 @@ def test_the_socket_ifname_variables_pick_the_interface():
     env = {"NCCL_SOCKET_IFNAME": "ib0"}
     assert choose_address(TWO_HOSTS, IFACES, ["10.1.2.3"], env)[0] == "192.168.7.3"
     assert choose_address(TWO_HOSTS, IFACES, [], {"GLOO_SOCKET_IFNAME": "=eth0"})[0] == "10.1.2.3"
+    assert choose_address(TWO_HOSTS, IFACES, [], {"NCCL_SOCKET_IFNAME": "ib"})[0] == "192.168.7.3"
+    # an exclusion list picks nothing: the usual order decides
+    assert choose_address(TWO_HOSTS, IFACES, [], {"NCCL_SOCKET_IFNAME": "^eth"})[0] == "10.1.2.3"
+    assert choose_address(TWO_HOSTS, IFACES, [], {"NCCL_SOCKET_IFNAME": "=ib"})[0] == "10.1.2.3"
 
 
 def test_master_addr_wins():

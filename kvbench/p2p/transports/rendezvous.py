@@ -62,6 +62,21 @@ def reachable(addr: str) -> bool:
     return not (ip.is_loopback or ip.is_link_local or ip.is_unspecified)
 
 
+def preferred(interfaces: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Interfaces the *_SOCKET_IFNAME variables ask for, in their order: `eth` is a prefix,
+    `=eth0` an exact name; a `^...` list excludes and picks nothing."""
+    out: list[tuple[str, str]] = []
+    for var in IFNAME_VARS:
+        spec = env.get(var, "")
+        if not spec or spec.startswith("^"):
+            continue
+        exact = spec.startswith("=")
+        for want in spec.lstrip("=").split(","):
+            out += [(n, a) for n, a in interfaces.items()
+                    if want and (n == want if exact else n.startswith(want))]
+    return out
+
+
 def choose_address(hosts: Sequence[str], interfaces: Mapping[str, str], resolved: Sequence[str],
                    env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(address, error) for rank 0's store. `hosts` are the ranks' host names (rank 0 first),
@@ -70,10 +85,9 @@ def choose_address(hosts: Sequence[str], interfaces: Mapping[str, str], resolved
         return env["MASTER_ADDR"], None
     if len(set(hosts)) <= 1:
         return "127.0.0.1", None
-    wanted = [env[v].split(",")[0].lstrip("^=") for v in IFNAME_VARS if env.get(v)]
-    for name in wanted:
-        if name in interfaces and reachable(interfaces[name]):
-            return interfaces[name], None
+    for _name, addr in preferred(interfaces, env):
+        if reachable(addr):
+            return addr, None
     mine = set(interfaces.values())
     for addr in resolved:
         if reachable(addr) and (not mine or addr in mine):
