@@ -107,3 +107,19 @@ def test_peak_device_bytes_is_none_without_cuda():
         pytest.skip("a GPU is visible")
     assert peak_device_bytes() is None
     assert per_rank_or_none([None, None]) is None and per_rank_or_none([1, None]) == [1, None]
+
+
+def test_the_frame_carries_the_device_peak():
+    """kvbench fit/report read records through frames: the GPU peak is a column (max over
+    ranks), null on CPU records."""
+    import json
+
+    from kvbench.records.frames.p2p import record_row
+    from kvbench.records.schema.p2p import P2PRecord
+    from tests.conftest import ROOT
+
+    line = next((ROOT / "tests" / "data" / "p2p").glob("kvbench-p2p-*.jsonl")).read_text()
+    rec = json.loads(line.splitlines()[0])
+    assert record_row(P2PRecord.model_validate(rec), "f", 1)["peak_device_bytes"] is None
+    rec["peak_device_bytes"] = [5 * 2**30, None, 7 * 2**30]
+    assert record_row(P2PRecord.model_validate(rec), "f", 1)["peak_device_bytes"] == 7 * 2**30
