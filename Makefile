@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bench test test-lab bench-self bench-self-baseline lint venv clean-venv
+.PHONY: bench test test-lab bench-self bench-self-baseline lint venv clean-venv gpu-check
 
 venv: $(STAMP)
 
@@ -52,6 +52,16 @@ bench-self: $(STAMP)
 bench-self-baseline: $(STAMP)
 	$(BENCH_SELF) --benchmark-json=results/benchmarks/baseline-1.json
 	$(BENCH_SELF) --benchmark-json=results/benchmarks/baseline-2.json
+
+# On a GPU machine (docs/gpu.md): needs a CUDA torch in the venv (make clean-venv; make venv
+# TORCH=torch), installs the CuPy that matches torch's CUDA major, then runs scripts/gpu-check.
+# GPU_CHECK_ARGS=--one-gpu for the short check on one GPU.
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	@major=$$($(PY) -c 'import torch; print((torch.version.cuda or "").split(".")[0])'); \
+	if [ -z "$$major" ]; then echo "make gpu-check: error: the venv's torch has no CUDA ($(TORCH)); make clean-venv, then make venv TORCH=torch" >&2; exit 2; fi; \
+	$(PY) -c 'import cupy' 2>/dev/null || $(PY) -m pip install -q "cupy-cuda$${major}x"
+	scripts/gpu-check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks

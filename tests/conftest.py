@@ -47,3 +47,17 @@ def run_mpi(n: int, *args: str, timeout: float = 180, cwd=None, extra_env=None,
     cmd = [mpirun, "-n", str(n), *mpi_args, PY, "-m", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=cwd or ROOT)
+
+
+def gpu_share_args(transport: str, ranks: int = 2) -> tuple[str, ...]:
+    """p2p flags for `ranks` ranks on this machine's GPUs (call only where a GPU is visible).
+    With fewer GPUs than ranks they share one (--allow-shared-gpu: every GPU code path runs,
+    no link is measured); NCCL cannot put two ranks on one device, so it is skipped there."""
+    import torch
+
+    n = torch.cuda.device_count()
+    if n >= ranks:
+        return ()
+    if transport == "nccl":
+        pytest.skip(f"NCCL cannot put two ranks on one GPU: needs {ranks} GPUs, {n} visible")
+    return ("--allow-shared-gpu",)

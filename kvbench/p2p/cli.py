@@ -133,31 +133,56 @@ def format_table(records: list[dict]) -> str:
 # main
 
 
-def choose_order(comm, args, pats, points, hosts, device) -> tuple[str | None, str | None, str | None]:
+def gpu_free_bytes() -> int | None:
+    """Free memory of this rank's (bound) GPU, as the driver reports it."""
+    import torch
+
+    try:
+        return int(torch.cuda.mem_get_info()[0])
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def memory_domains(device: str, hosts: list[str], gpus) -> tuple[list[str], int | None, str]:
+    """(each rank's memory domain, this rank's free bytes there, what they are called). On
+    CUDA the KV lives on the GPU: ranks sharing one GPU share its free memory."""
+    if device == "cuda":
+        gpus = gpus or [None] * len(hosts)
+        keys = [f"{h} GPU {(g or {}).get('uuid') or (g or {}).get('index')}"
+                for h, g in zip(hosts, gpus, strict=True)]
+        return keys, gpu_free_bytes(), "free on the GPU"
+    return list(hosts), mem_available_bytes(), "available"
+
+
+def choose_order(comm, args, pats, points, hosts, device, gpus=None
+                 ) -> tuple[str | None, str | None, str | None]:
     """(order, note, error). Rounds keep every size's data alive at once: when that does not fit
     but one size at a time does, measure in blocks and say so in one line; when even one size
-    does not fit, refuse. Estimated per host, before allocating, against MemAvailable."""
+    does not fit, refuse. Estimated per memory domain (a host's RAM; on CUDA a GPU), before
+    allocating, against MemAvailable or the GPU's free memory (collective)."""
     rank = comm.Get_rank()
     alive = [p.bytes_per_rank(pt) for p in pats for pt in points]
     need = {"rounds": sum(alive), "blocks": max(alive)}
-    free = mem_available_bytes()
-    if device == "cuda" or free is None:
+    where, free, what = memory_domains(device, hosts, gpus)
+    if not all(comm.allgather(free is not None)):  # every rank skips together, or none does
         return args.order, None, None
     fits = {}
     for order, mine in need.items():
-        per_host: dict[str, int] = {}
-        for h, n in zip(hosts, comm.allgather(mine), strict=True):
-            per_host[h] = per_host.get(h, 0) + n
-        fits[order] = per_host[hosts[rank]] <= 0.9 * free
-        need[order] = per_host[hosts[rank]]
+        per_domain: dict[str, int] = {}
+        for d, n in zip(where, comm.allgather(mine), strict=True):
+            per_domain[d] = per_domain.get(d, 0) + n
+        fits[order] = per_domain[where[rank]] <= 0.9 * free
+        need[order] = per_domain[where[rank]]
     fits = {k: all(comm.allgather(v)) for k, v in fits.items()}
+    memory = "GPU memory" if device == "cuda" else "memory"
     if not fits["blocks"]:
-        return None, None, (f"payload would not fit in memory on {hosts[rank]}: the ranks there "
+        return None, None, (f"payload would not fit in {memory} on {where[rank]}: the ranks there "
                             f"need about {need['blocks'] / GB:.1f} GB, {free / GB:.1f} GB is "
-                            "available; use smaller --sizes or fewer ranks per host")
+                            f"{what}; use smaller --sizes or fewer ranks per "
+                            f"{'GPU' if device == 'cuda' else 'host'}")
     if args.order == "rounds" and not fits["rounds"]:
         return "blocks", (f"note: every size at once needs about {need['rounds'] / GB:.1f} GB on "
-                          f"{hosts[rank]}, {free / GB:.1f} GB is available: measuring one size at "
+                          f"{where[rank]}, {free / GB:.1f} GB is {what}: measuring one size at "
                           "a time (--order blocks) instead"), None
     return args.order, None, None
 
@@ -247,7 +272,7 @@ def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, point
                          args.timeout, engine)
     pats = [pc(ctx) for pc in pclasses]
     tctx.pairs = sorted({pair for p in pats for pair in p.pairs()})
-    order, note, error = choose_order(comm, args, pats, points, hosts, dev.name)
+    order, note, error = choose_order(comm, args, pats, points, hosts, dev.name, gpus)
     if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
         reasons = [p.prepare(points) for p in pats]
         error = agree(comm, next((r for r in reasons if r), None))
@@ -346,6 +371,21 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def peak_memory_line(records: list[dict]) -> str | None:
+    """Peak memory per rank against the largest payload: host RSS, and on CUDA the device's
+    peak (where the KV lives; RSS there is the staging and the interpreter)."""
+    largest = max((r["bytes"] for r in records), default=0)
+    parts = []
+    for key, what in (("peak_device_bytes", "GPU (torch peak allocated)"),
+                      ("peak_rss_bytes", "host RSS")):
+        vals = [v for r in records for v in (r.get(key) or []) if v is not None]
+        if vals and largest:
+            parts.append(f"{what} {max(vals) / GiB:.2f} GiB = {max(vals) / largest:.2f}x")
+    if not parts:
+        return None
+    return f"peak memory per rank: {'; '.join(parts)} the largest payload ({largest / GiB:.2f} GiB)"
+
+
 def report(args, records: list[dict], info: dict, envs: list[dict], notice: float) -> int:
     """Rank 0: finish the records, print the table, write the files, return the exit status."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -358,11 +398,9 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
     print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
           f"GB/s = bytes / p50 (decimal); n = samples; p95 needs n >= "
           f"{min_samples_for(95)}, p99 n >= {min_samples_for(99)}; order {records[0]['order']}")
-    rss = [v for r in records for v in (r.get("peak_rss_bytes") or [])]
-    if rss:
-        largest = max(r["bytes"] for r in records)
-        print(f"peak memory per rank {max(rss) / GiB:.2f} GiB = {max(rss) / largest:.2f}x the "
-              f"largest payload ({largest / GiB:.2f} GiB)")
+    line = peak_memory_line(records)
+    if line:
+        print(line)
     if not args.no_write:
         try:  # the .jsonl and its .csv appear together or not at all
             jpath, cpath = write_records(Path(args.out), [{k: v for k, v in r.items()

@@ -27,17 +27,28 @@ def source_path() -> Path:
 
 
 def unavailable_reason() -> str | None:
-    """Why the kernels cannot run here, in one line, or None."""
+    """Why the kernels cannot run here, in one line, or None. The kernels are compiled here
+    (NVRTC, once per process): a CuPy built for another CUDA than torch's imports fine and
+    fails only at compile or launch time, which must not happen inside a measurement."""
     if not torch.cuda.is_available():
         return "--pack-kernel cuda needs a CUDA GPU and none is visible"
+    major = (torch.version.cuda or "12").split(".")[0]
     try:
-        import cupy  # noqa: F401
+        import cupy
     except ImportError:
-        return "--pack-kernel cuda needs CuPy: pip install 'kvbench[cuda]' (cupy-cuda12x)"
+        return (f"--pack-kernel cuda needs CuPy: pip install cupy-cuda{major}x (torch's CUDA is "
+                f"{torch.version.cuda}; the 'cuda' extra installs cupy-cuda12x)")
     try:
         source_path()
     except FileNotFoundError as exc:
         return str(exc)
+    try:
+        for name in ("gather_blocks", "scatter_blocks"):
+            _module().get_function(name)
+    except Exception as exc:  # noqa: BLE001 - NVRTC, driver or CUDA version mismatch
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return (f"--pack-kernel cuda: CuPy {getattr(cupy, '__version__', '?')} could not compile "
+                f"{source_path().name} (torch's CUDA {torch.version.cuda}): {first[:200]}")
     return None
 
 

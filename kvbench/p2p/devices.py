@@ -30,6 +30,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -83,10 +84,25 @@ class Device(ABC):
         """Block until everything queued so far is applied."""
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
-        """Host memory for staging this device's buffers (flat uint8)."""
+        """Host memory for staging this device's buffers (flat uint8): one slab per channel,
+        sliced per message (transports/staging.py)."""
         from kvbench.p2p.layout import empty
 
         return empty(nbytes, torch.uint8, "cpu")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue a copy between host and device memory on the stream. Non-blocking: with
+        pinned host memory the host does not wait for it; order it with record()/wait()."""
+        self.run(partial(dst.copy_, src, non_blocking=True))
+
+    def span_begin(self):
+        """Start timing queued work on the stream (None: this device has no stream clock, time
+        it on the host)."""
+        return None
+
+    def span_ms(self, begin, end) -> float:
+        """Stream time between two marks from span_begin(), once both are complete."""
+        raise NotImplementedError
 
     def close(self) -> None:
         pass
@@ -138,7 +154,37 @@ class CUDADevice(Device):
         torch.cuda.current_stream().synchronize()
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return pinned_host(nbytes)
+
+    def span_begin(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def span_ms(self, begin, end) -> float:
+        return begin.elapsed_time(end)
+
+
+def _unregister(ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def pinned_host(nbytes: int) -> torch.Tensor:
+    """Exactly `nbytes` of page-locked host memory (flat uint8). Plain host memory registered
+    with cudaHostRegister, because torch's pinned allocator rounds every allocation up to a
+    power of two (a 2.68 GB slab would pin 4 GiB). Unregistered when the memory is freed (the
+    numpy array owning it goes last, after every view). Falls back to torch's allocator when
+    registration is refused."""
+    import weakref
+
+    import numpy as np
+
+    raw = np.empty(max(nbytes, 1), dtype=np.uint8)
+    ptr = raw.ctypes.data
+    if int(torch.cuda.cudart().cudaHostRegister(ptr, raw.nbytes, 0)) != 0:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    weakref.finalize(raw, _unregister, ptr).atexit = False
+    return torch.from_numpy(raw)[:nbytes]
 
 
 class _AsyncEvent(Event):

@@ -141,7 +141,8 @@ class KVCache:
         m, s = spec.model, spec
         H, W = len(s.heads), s.width
         self.tensors: list[torch.Tensor] = []  # per (layer, part): [tokens, H, W] or pool
-        self.block_tables: list[torch.Tensor] = []  # per layer (paged only)
+        self.block_tables: list[torch.Tensor] = []  # per layer (paged only), on the device
+        self.block_ids: list[list[int]] = []  # the same tables on the host (no device reads)
         if s.layout == "contiguous":
             total = sum(s.parts * s.layer_tokens(layer) * H * W for layer in range(m.layers))
             self.backing = empty(total, self.tdtype, self.device)
@@ -159,6 +160,7 @@ class KVCache:
             gen = torch.Generator().manual_seed(10_007 + table_seed)
             for layer in range(m.layers):
                 perm = torch.randperm(self.pool_blocks, generator=gen)[: s.layer_blocks(layer)]
+                self.block_ids.append(perm.tolist())
                 self.block_tables.append(perm.to(self.device))
                 for part in range(s.parts):
                     self.tensors.append(self.backing[layer, part])
@@ -171,9 +173,11 @@ class KVCache:
         return layer * self.spec.parts + part
 
     def block_views(self, layer: int, part: int) -> list[torch.Tensor]:
-        """The request's blocks of one (layer, part) in block-table order (paged only)."""
+        """The request's blocks of one (layer, part) in block-table order (paged only). Read
+        from the host copy of the table: `int()` on a CUDA tensor's element is one device sync
+        per block, and a block plan has tens of thousands."""
         pool = self.tensors[self.index(layer, part)]
-        return [pool[int(b)] for b in self.block_tables[layer]]
+        return [pool[b] for b in self.block_ids[layer]]
 
     def gather(self, layer: int, part: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Token-ordered `[tokens, H, W]` of one tensor (packs paged blocks)."""

@@ -326,8 +326,9 @@ def environment(extra: dict | None = None) -> dict:
         import torch
 
         env["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
+        if torch.cuda.is_available():  # this rank's GPU (p2p binds it first), not GPU 0
+            env["gpu_index"] = torch.cuda.current_device()
+            env["gpu"] = torch.cuda.get_device_name(env["gpu_index"])
             env["cuda"] = torch.version.cuda
             try:
                 env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -7,16 +7,24 @@ and its grouped posts) and the real engine run here once per rank, in-process, a
 recording stand-in for torch.distributed and for the MPI communicator; a small simulator then
 replays every rank's recorded sequence together and says whether they can all finish.
 
-What this proves: the order of calls cannot deadlock under the lazy-connect rule, for these
-pair layouts, and a rank's posts of one step go out as one group. What it does not: anything
-about NCCL's own behaviour on a GPU (scripts/gpu-check runs the real thing).
+Two more rules of torch's NCCL backend are modelled (issue 20): a lone `isend`/`irecv` runs on
+a two-rank communicator of its own, created lazily (the pre-connect, a batched exchange on the
+world communicator, never made it), while `batch_isend_irecv` uses the world communicator;
+and a communicator's groups run one after another on its stream, a group's operations all at
+once, so an operation completes only while the groups holding both of its ends run.
+
+What this proves: the order of calls cannot deadlock under these rules, for these pair
+layouts; a rank's posts of one step go out as groups on the pre-connected communicator, even
+a single operation; and with several peers every group carries every peer's share. What it
+does not: anything about NCCL's own behaviour on a GPU (scripts/gpu-check runs the real
+thing, on one GPU a batched send to itself).
 """
 
 from __future__ import annotations
 
 import random
 from argparse import Namespace
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import pytest
@@ -24,7 +32,7 @@ import pytest
 from kvbench.p2p.devices import CPUDevice
 from kvbench.p2p.engine import Engine, Handoff
 from kvbench.p2p.layout import RawBuffer
-from kvbench.p2p.messages import plan_messages
+from kvbench.p2p.messages import MessagePlan, plan_messages
 from kvbench.p2p.patterns.sharded import shard_plan
 from kvbench.p2p.transports import _torchdist
 from kvbench.p2p.transports.base import TransportContext
@@ -55,32 +63,39 @@ class FakeWork:
         self._complete()
 
 
+WORLD = "world"
+
+
 class FakeDist:
-    """torch.distributed's p2p calls, recorded: ("group", work id, [(kind, peer), ...])."""
+    """torch.distributed's p2p calls, recorded: ("group", work id, [(kind, peer), ...], comm);
+    comm is WORLD for batch_isend_irecv and ("pair", a, b) for a lone isend/irecv."""
 
     P2POp = Op
 
-    def __init__(self, log):
-        self.log, self.n = log, 0
+    def __init__(self, log, rank):
+        self.log, self.n, self.rank = log, 0, rank
 
-    def _group(self, ops):
+    def _group(self, ops, comm):
         self.n += 1
         wid = (id(self.log), self.n)
         self.log.append(("group", wid, [("send" if o.op == self.isend else "recv", o.peer)
-                                         for o in ops]))
+                                         for o in ops], comm))
         for o in ops:
             if o.op == self.irecv:
                 o.tensor.fill_(o.peer)  # what the peer's pre-connect tensor holds
         return FakeWork(self.log, wid)
 
+    def _pair(self, peer):
+        return ("pair", min(self.rank, peer), max(self.rank, peer))
+
     def isend(self, tensor, peer):
-        return self._group([Op(self.isend, tensor, peer)])
+        return self._group([Op(self.isend, tensor, peer)], self._pair(peer))
 
     def irecv(self, tensor, peer):
-        return self._group([Op(self.irecv, tensor, peer)])
+        return self._group([Op(self.irecv, tensor, peer)], self._pair(peer))
 
     def batch_isend_irecv(self, ops):
-        return [self._group(ops)]
+        return [self._group(ops, WORLD)]
 
     def init_process_group(self, *args, **kwargs):
         self.log.append(("init_process_group",))
@@ -123,15 +138,15 @@ class FakeComm:
         self.log.append(("mpi_send", dest))
 
     def bcast(self, obj, root=0):
-        return obj
+        return obj if self.rank == root else ("tcp://127.0.0.1:1", None)
 
 
 def record(rank: int, size: int, edges, monkeypatch, preconnect=None, batch=None,
-           order=None) -> list[tuple]:
+           order=None, messages=1) -> list[tuple]:
     """One rank: the NCCL transport's open() (with its pre-connect), then one engine handoff
-    over `edges`."""
+    over `edges`, `messages` messages per edge."""
     log: list[tuple] = []
-    fake = FakeDist(log)
+    fake = FakeDist(log, rank)
     monkeypatch.setattr(_torchdist, "dist", fake)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # open() must not point NCCL at a log file here
     comm = FakeComm(rank, size, log)
@@ -147,43 +162,75 @@ def record(rank: int, size: int, edges, monkeypatch, preconnect=None, batch=None
     t.waiter.stop()
     log.append(("connected",))  # marker: what follows is the handoff
     eng = Engine(comm, t, ctx.dev, 5.0)
-    links = [eng.link(s, d, RawBuffer(64), plan_messages(RawBuffer(64), "whole"))
-             for s, d in edges]
+    links = [eng.link(s, d, data, _plan(data, messages))
+             for s, d in edges for data in [RawBuffer(64)]]
     links = [lk for lk in links if lk is not None]
     eng.settle()
     eng.run(Handoff(eng, links, idle_sleep=True))
     return log
 
 
+def _plan(data: RawBuffer, messages: int) -> MessagePlan:
+    if messages == 1:
+        return plan_messages(data, "whole")
+    step = data.nbytes // messages
+    return MessagePlan([data.backing[a:a + step] for a in range(0, step * messages, step)],
+                       [-1] * messages)
+
+
 def simulate(logs: list[list[tuple]]) -> dict | None:
     """Replay every rank's calls together. None if all finish; else where each rank is stuck.
 
-    Rules: a group call blocks until every pair it names is connected, and a pair connects
-    when both of its ranks stand at group calls naming each other (lazy connect). A barrier
-    releases when every rank stands at one. A work completes once the peer has posted the
-    matching send/receive (n-th with n-th). An MPI receive completes once the peer sent."""
+    Rules: a group call blocks until every pair it names is connected on its communicator,
+    and a pair connects when both of its ranks stand at group calls naming each other on the
+    same communicator (lazy connect). A barrier releases when every rank stands at one. A
+    communicator's groups on a rank run in posting order, one at a time; an operation
+    completes once the group holding its other end (n-th send with n-th receive) runs too; a
+    work completes with all of its group's operations. An MPI receive completes once the
+    peer sent."""
     size = len(logs)
     pc = [0] * size
-    connected: set[frozenset] = set()
+    connected: set[tuple] = set()
     posted = Counter()  # (kind, src, dst) -> ops posted
-    works: dict = {}  # work id -> [(kind, me, peer, index)]
+    group_of: dict[tuple, object] = {}  # (kind, src, dst, n) -> work id holding it
+    works: dict = {}  # work id -> [(kind, src, dst, n)]
+    streams: dict[tuple, list] = defaultdict(list)  # (rank, comm) -> work ids, posting order
+    stream_of: dict = {}
+    done: set = set()
     mpi_sent = Counter()
+    other = {"send": "recv", "recv": "send"}
 
     def cur(r):
         return logs[r][pc[r]] if pc[r] < len(logs[r]) else None
 
-    def peers_at_group(r):
+    def calls_at(r):
         op = cur(r)
-        return {p for _, p in op[2]} if op and op[0] == "group" else set()
+        return {(op[3], p) for _, p in op[2]} if op and op[0] == "group" else set()
+
+    def running(wid):
+        seq = streams[stream_of[wid]]
+        return all(w in done for w in seq[:seq.index(wid)])
+
+    def finish_groups():
+        changed = True
+        while changed:
+            changed = False
+            for wid, entries in works.items():
+                if wid in done or not running(wid):
+                    continue
+                ends = [group_of.get((other[k], s, d, n)) for k, s, d, n in entries]
+                if all(g is not None and running(g) for g in ends):
+                    done.add(wid)
+                    changed = True
 
     logs = [[e for e in log if e[0] not in ("connected", "init_process_group")] for log in logs]
     progress = True
     while progress:
         progress = False
         for r in range(size):  # lazy connection: both ends at a call naming the other
-            for p in peers_at_group(r):
-                if r in peers_at_group(p):
-                    connected.add(frozenset((r, p)))
+            for comm, p in calls_at(r):
+                if (comm, r) in calls_at(p):
+                    connected.add((comm, frozenset((r, p))))
         if all(cur(r) and cur(r)[0] == "barrier" for r in range(size)):
             for r in range(size):
                 pc[r] += 1
@@ -195,17 +242,22 @@ def simulate(logs: list[list[tuple]]) -> dict | None:
                 continue
             kind = op[0]
             if kind == "group":
-                if any(frozenset((r, p)) not in connected for _, p in op[2]):
+                comm = op[3]
+                if any((comm, frozenset((r, p))) not in connected for _, p in op[2]):
                     continue
                 entries = []
                 for k, p in op[2]:
                     src, dst = (r, p) if k == "send" else (p, r)
-                    entries.append((k, src, dst, posted[(k, src, dst)]))
+                    key = (k, src, dst, posted[(k, src, dst)])
+                    entries.append(key)
+                    group_of[key] = op[1]
                     posted[(k, src, dst)] += 1
                 works[op[1]] = entries
+                streams[(r, comm)].append(op[1])
+                stream_of[op[1]] = (r, comm)
             elif kind == "complete":
-                other = {"send": "recv", "recv": "send"}
-                if not all(posted[(other[k], s, d)] > n for k, s, d, n in works[op[1]]):
+                finish_groups()
+                if op[1] not in done:
                     continue
             elif kind == "mpi_send":
                 mpi_sent[(r, op[1])] += 1
@@ -264,7 +316,7 @@ def test_without_preconnect_the_first_handoff_deadlocks(monkeypatch):
     logs = run_all(2, [(0, 1)], monkeypatch, preconnect=False)
     stuck = simulate(logs)
     first = logs[1][2]  # after init and the marker: the receiver's pre-posted irecv
-    assert first[0] == "group" and first[2] == [("recv", 0)]
+    assert first[0] == "group" and first[2] == [("recv", 0)] and first[3] == WORLD
     assert stuck == {0: ("barrier",), 1: first}
 
 
@@ -296,3 +348,77 @@ def test_a_steps_posts_to_several_peers_are_one_group(layout, rank, peers, monke
     unbatched = record(rank, size, edges, monkeypatch, batch=False)
     groups = [e for e in unbatched[unbatched.index(("connected",)):] if e[0] == "group"]
     assert len(groups) == len(peers)  # the fault shows: one call per peer
+
+
+def _handoff_groups(log):
+    return [e for e in log[log.index(("connected",)):] if e[0] == "group"]
+
+
+def test_a_single_op_post_uses_the_preconnected_communicator(monkeypatch):
+    """Issue 20, defect 3: one message per side is one operation; posted as a lone isend/irecv
+    it would run on a lazily made pair communicator the pre-connect never touched, and the
+    receiver's pre-posted irecv would block before the barrier its sender waits in."""
+    logs = run_all(2, [(0, 1)], monkeypatch)
+    for log in logs:
+        (group,) = _handoff_groups(log)
+        assert len(group[2]) == 1 and group[3] == WORLD
+    assert simulate(logs) is None
+    # the checker sees the fault: lone isend/irecv (what batch=False posts) hang
+    plain = run_all(2, [(0, 1)], monkeypatch, batch=False)
+    assert _handoff_groups(plain[1])[0][3] == ("pair", 0, 1)
+    assert simulate(plain) == {0: ("barrier",), 1: _handoff_groups(plain[1])[0]}
+
+
+@pytest.mark.parametrize("layout,rank", [("tp1->2", 0), ("tp2->4", 0), ("tp4->2", 4)])
+def test_every_group_carries_every_peers_share(layout, rank, monkeypatch):
+    """Issue 20, defect 9: a rank with two peers and more operations than one group holds
+    interleaves them before cutting groups, so no peer waits for the other's blocks."""
+    monkeypatch.setattr(_torchdist, "GROUP_MAX", 4)
+    size, edges = LAYOUTS[layout]
+    groups = _handoff_groups(record(rank, size, edges, monkeypatch, messages=8))
+    peers = sorted({d if s == rank else s for s, d in edges if rank in (s, d)})
+    assert len(peers) == 2 and len(groups) == 4  # 2 peers x 8 messages / 4 per group
+    for g in groups:
+        assert sorted(p for _, p in g[2]) == sorted(peers * 2), g
+
+
+def test_interleaving_keeps_each_peers_order_and_the_fault_shows():
+    ops = [("send", f"a{i}", 1) for i in range(3)] + [("send", f"b{i}", 2) for i in range(5)]
+    got = _torchdist.interleave_by_peer(ops)
+    assert [t for _, t, _ in got] == ["a0", "b0", "a1", "b1", "a2", "b2", "b3", "b4"]
+    assert sorted(got) == sorted(ops)
+    # link order cut into groups of 4: the first two groups name one peer each
+    firsts = [{p for *_, p in ops[a:a + 4]} for a in range(0, len(ops), 4)]
+    assert firsts == [{1, 2}, {2}] and {p for *_, p in ops[:3]} == {1}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_chunked_groups_cannot_deadlock(layout, monkeypatch):
+    """Many messages cut into groups of 3 (each rank's groups run one after another on its
+    stream): every layout still completes."""
+    monkeypatch.setattr(_torchdist, "GROUP_MAX", 3)
+    size, edges = LAYOUTS[layout]
+    assert simulate(run_all(size, edges, monkeypatch, messages=8)) is None
+
+
+class _FailedWork:
+    """An NCCL work that failed: is_completed() is true, wait() raises."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        raise RuntimeError("NCCL communicator was aborted on rank 1\nmore lines")
+
+
+def test_a_failed_work_is_not_timed_as_done():
+    """Issue 20, defect 4: is_completed() is true for a failed NCCL work too; the request
+    calls wait() once completion shows, and that raises a one-line TransportError."""
+    from kvbench.p2p.transports.base import TransportError
+
+    req = _torchdist._PolledRequest([FakeWork([], 1), _FailedWork()])
+    with pytest.raises(TransportError, match="^torch.distributed transfer failed: NCCL "
+                                             "communicator was aborted on rank 1$"):
+        req.test()
+    ok = _torchdist._PolledRequest([FakeWork([], 2)])
+    assert ok.test() is True

@@ -17,7 +17,7 @@ import pytest
 
 from kvbench.p2p.transports import nixl as nixl_transport
 from kvbench.p2p.transports import nixl_import
-from tests.conftest import ROOT, mpi_env, run_cli, run_mpi
+from tests.conftest import ROOT, gpu_share_args, mpi_env, run_cli, run_mpi
 
 HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL,
@@ -202,7 +202,8 @@ def test_vram_handoff(tmp_path, op):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU visible: the VRAM path runs on a GPU machine")
     res = run_mpi(2, "kvbench.p2p", "--transport", "nixl", "--device", "cuda", "--nixl-op", op,
-                  "--granularity", "layer", *SMALL.split(), "--out", str(tmp_path), timeout=240)
+                  "--granularity", "layer", *gpu_share_args("nixl"), *SMALL.split(),
+                  "--out", str(tmp_path), timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     (rec,) = _records(tmp_path)
     assert rec["device"] == "cuda" and rec["wrong"] == 0 and rec["nixl_op"] == op

@@ -16,7 +16,7 @@ from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
 from kvbench.p2p.messages import plan_messages
 from kvbench.records.write import fresh_stem, write_new_file
 from kvbench.units import parse_bytes
-from tests.conftest import run_cli, run_mpi
+from tests.conftest import gpu_share_args, run_cli, run_mpi
 
 FAST = ("--iters", "5", "--warmup", "1", "--quiet")
 REQUIRED = {"schema", "transport", "pattern", "granularity", "layout", "dtype", "device", "model",
@@ -162,6 +162,25 @@ def test_rounds_fall_back_to_blocks_when_every_size_at_once_does_not_fit(monkeyp
         assert "would not fit in memory" in got[2]
 
 
+@pytest.mark.parametrize("gpus,free,want", [
+    ([{"uuid": "GPU-a"}, {"uuid": "GPU-a"}], 45, "blocks"),  # one shared GPU: 2 x (10 + 20)
+    ([{"uuid": "GPU-a"}, {"uuid": "GPU-b"}], 45, "rounds"),  # one each: 10 + 20 per GPU
+    ([{"uuid": "GPU-a"}, {"uuid": "GPU-a"}], 30, None),
+])
+def test_the_memory_check_on_cuda_uses_the_gpus_free_memory(monkeypatch, gpus, free, want):
+    """Issue 20, defect 11: on CUDA the KV lives on the GPU; the check used to do nothing
+    there. Ranks sharing a GPU (by UUID) share its free memory; host RAM is not consulted."""
+    from kvbench.p2p import cli as p2p_mod
+
+    monkeypatch.setattr(p2p_mod, "gpu_free_bytes", lambda: free * 1e9)
+    monkeypatch.setattr(p2p_mod, "mem_available_bytes", lambda: 1e15)
+    got = p2p_mod.choose_order(_Comm(), Namespace(order="rounds"), [_Pat({0: 10e9, 1: 20e9})],
+                               [0, 1], ["h", "h"], "cuda", gpus)
+    assert got[0] == want
+    if want is None:
+        assert "would not fit in GPU memory on h GPU GPU-a" in got[2], got[2]
+
+
 @pytest.mark.mpi
 def test_corrupted_data_fails_the_run(tmp_path):
     res, recs, _ = p2p(tmp_path, "--sizes", "16", "--debug-corrupt-elements", "3", *FAST)
@@ -242,7 +261,9 @@ def test_help_outside_mpirun():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)")
 @pytest.mark.parametrize("transport", ["nccl", "mpi", "gloo"])
 def test_gpu_handoff(tmp_path, transport):
-    res, recs, _ = p2p(tmp_path, "--device", "cuda", "--transport", transport, "--sizes", "64", *FAST)
+    """One GPU per rank where there are two; on one GPU both ranks share it (NCCL skipped)."""
+    res, recs, _ = p2p(tmp_path, "--device", "cuda", "--transport", transport, "--sizes", "64",
+                       *gpu_share_args(transport), *FAST)
     assert res.returncode == 0, res.stderr[-3000:]
     assert recs[0]["device"] == "cuda" and recs[0]["wrong"] == 0
 

@@ -75,6 +75,21 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def peak_device_bytes() -> int | None:
+    """Peak GPU memory torch allocated in this process (None without CUDA in use): on CUDA the
+    KV lives there, and host RSS alone would report the staging and the interpreter."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def per_rank_or_none(values: list | None) -> list | None:
+    """A gathered per-rank list, or None when no rank had a value (CPU runs)."""
+    return values if values and any(v is not None for v in values) else None
+
+
 # (loops on rank 0 or None elsewhere, this rank's wrong count or None) -> record fields (rank 0)
 RecordsFn = Callable[[list[LoopResult] | None, int | None], list[dict]]
 

@@ -266,6 +266,7 @@ class Layerwise(Pattern):
             "layer_poll": args.layer_poll,
             "calibration": {**self.cal.as_dict(), **info} if self.cal else None,
             "peak_rss_bytes": shared["peak_rss_bytes"],
+            "peak_device_bytes": shared["peak_device_bytes"],
         }
         out = []
         for variant, lp in zip(VARIANTS, loops, strict=True):

@@ -6,7 +6,16 @@ from kvbench.p2p.engine import Handoff
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
-from kvbench.p2p.patterns.base import Pattern, Point, PointRun, kv_spec, make_data, peak_rss_bytes
+from kvbench.p2p.patterns.base import (
+    Pattern,
+    Point,
+    PointRun,
+    kv_spec,
+    make_data,
+    peak_device_bytes,
+    peak_rss_bytes,
+    per_rank_or_none,
+)
 
 
 def estimate_bytes(ctx, point: Point, granularity: str) -> int:
@@ -31,10 +40,12 @@ def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
     total = None if wrong is None else ctx.comm.allreduce(wrong)
     parts = ctx.comm.gather([lk.channel.breakdown() for lk in links if lk is not None], root=0)
     rss = ctx.comm.gather(peak_rss_bytes(), root=0)
+    gpu = ctx.comm.gather(peak_device_bytes(), root=0)
     if ctx.rank != 0:
         return None
     breakdown = {k: v for rank in parts for part in rank for k, v in part.items()}
-    return {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss}
+    return {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss,
+            "peak_device_bytes": per_rank_or_none(gpu)}
 
 
 @register

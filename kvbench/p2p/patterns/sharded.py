@@ -36,7 +36,16 @@ from kvbench.p2p.engine import Handoff
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
-from kvbench.p2p.patterns.base import Pattern, Point, PointRun, kv_spec, make_data, peak_rss_bytes
+from kvbench.p2p.patterns.base import (
+    Pattern,
+    Point,
+    PointRun,
+    kv_spec,
+    make_data,
+    peak_device_bytes,
+    peak_rss_bytes,
+    per_rank_or_none,
+)
 from kvbench.records.stats import Measurement
 from kvbench.units import gb_per_s
 
@@ -289,7 +298,7 @@ class Sharded(Pattern):
     def _records(self, point: Point, links: list, loops, wrong) -> list[dict]:
         ctx, plan = self.ctx, self.plan
         moved = sum(lk.plan.nbytes for lk in links)
-        gathered = ctx.comm.gather((moved, wrong, peak_rss_bytes()), root=0)
+        gathered = ctx.comm.gather((moved, wrong, peak_rss_bytes(), peak_device_bytes()), root=0)
         edge_bytes = {(lk.src, lk.dst): lk.plan.nbytes for lk in links if lk.is_sender}
         edge_bytes_all = ctx.comm.gather(edge_bytes, root=0)
         nmsgs = ctx.comm.gather(sum(lk.plan.n for lk in links if lk.is_sender), root=0)
@@ -330,6 +339,7 @@ class Sharded(Pattern):
             "contention_ratio": ratio,
             "aggregate_gbps": gb_per_s(total, cont.samples.p50),
             "peak_rss_bytes": [g[2] for g in gathered],
+            "peak_device_bytes": per_rank_or_none([g[3] for g in gathered]),
         }
         contended_rec = {
             "variant": "contended", **common, "loop": cont,

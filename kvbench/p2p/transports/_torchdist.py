@@ -1,16 +1,21 @@
 """torch.distributed point-to-point, shared by the gloo and nccl transports.
 
-The process group is created from the MPI world: rank 0 picks a free TCP port and the
-address is sent to every rank over MPI, so no launcher variables are needed. On one
-host the rendezvous stays on 127.0.0.1.
+The process group is created from the MPI world: rank 0 picks an address every rank can
+reach and a free TCP port, and sends them to every rank over MPI (rendezvous.py), so no
+launcher variables are needed. On one host the rendezvous stays on 127.0.0.1.
+
+Every step's operations go out through `batch_isend_irecv`, even a single one: in torch's
+NCCL backend a lone `isend`/`irecv` runs on a lazily created two-rank communicator of its own,
+which the pre-connect (a batched exchange, on the world communicator) never made, so the first
+timed post would block its host thread until the peer posts (a hang when the peer waits in an
+MPI barrier). A rank's operations to several peers are interleaved before they are cut into
+groups of GROUP_MAX, so every group moves every peer's data at once.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -19,26 +24,7 @@ import torch
 import torch.distributed as dist
 
 from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
-
-
-def rendezvous_address(comm, hosts: list[str]) -> str:
-    """tcp://addr:port agreed over MPI (MASTER_ADDR overrides the address)."""
-    if comm.Get_rank() == 0:
-        addr = os.environ.get("MASTER_ADDR")
-        if not addr:
-            addr = "127.0.0.1" if len(set(hosts)) <= 1 else socket.gethostbyname(socket.gethostname())
-        port = int(os.environ.get("MASTER_PORT") or _free_port("" if addr != "127.0.0.1" else addr))
-        url = f"tcp://{addr}:{port}"
-    else:
-        url = None
-    return comm.bcast(url, root=0)
-
+from kvbench.p2p.transports.rendezvous import rendezvous_address
 
 GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
 
@@ -122,13 +108,21 @@ class _Member(Request):
 class _PolledRequest(Request):
     """For NCCL: `is_completed()` queries the CUDA event of the operation, non-blocking and
     exact. (Its `wait()` only makes the caller's stream wait, so a waiter thread would say
-    'done' before the bytes land.)"""
+    'done' before the bytes land.) But `is_completed()` is true for a *failed* work too (an
+    aborted communicator, a peer gone): once it says done, `wait()` is called on each work,
+    which raises on failure and otherwise costs a stream wait on a finished event."""
 
     def __init__(self, works, on_done=None):
         self.works, self.on_done, self.done = works, on_done, False
 
     def test(self) -> bool:
         if not self.done and all(w.is_completed() for w in self.works):
+            try:
+                for w in self.works:
+                    w.wait()
+            except Exception as exc:  # noqa: BLE001 - any backend error is a failed transfer
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise TransportError(f"torch.distributed transfer failed: {first[:300]}") from None
             self.done = True
             if self.on_done:
                 self.on_done()
@@ -147,6 +141,22 @@ class TorchDistChannel(Channel):
 
     def breakdown(self) -> dict[str, list[float]]:
         return self.transport.channel_breakdown(self)
+
+
+def interleave_by_peer(ops: list[tuple]) -> list[tuple]:
+    """(fn, tensor, peer) operations round-robin across peers, each peer's own order kept: cut
+    into groups afterwards, every group then carries every peer's share (in link order a rank
+    with two peers would finish one peer's blocks before the other's start)."""
+    by_peer: dict[int, list[tuple]] = {}
+    for op in ops:
+        by_peer.setdefault(op[2], []).append(op)
+    if len(by_peer) < 2:
+        return list(ops)
+    out: list[tuple] = []
+    queues = list(by_peer.values())
+    for k in range(max(len(q) for q in queues)):
+        out += [q[k] for q in queues if k < len(q)]
+    return out
 
 
 def preconnect_order(pairs) -> list[tuple[int, int]]:
@@ -184,7 +194,9 @@ class TorchDistTransport(Transport):
     lazy_connect = False  # True: connect every data pair in open() (NCCL)
 
     def open(self) -> None:
-        url = rendezvous_address(self.ctx.comm, self.ctx.hosts)
+        url, error = rendezvous_address(self.ctx.comm, self.ctx.hosts)
+        if error:
+            raise TransportError(f"{self.name}: {error}")
         t0 = time.perf_counter()
         kwargs = {}
         if self.backend == "nccl" and self.ctx.dev.name == "cuda":  # eager communicator
@@ -197,7 +209,8 @@ class TorchDistTransport(Transport):
         except RuntimeError as exc:  # DistStoreError and friends: one line, not a traceback
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise TransportError(f"{self.name}: torch.distributed set-up at {url} failed: "
-                                 f"{first[:300]}") from None
+                                 f"{first[:300]} (set MASTER_ADDR to an address of rank 0's "
+                                 "host that every rank can reach)") from None
         self.init_ms = (time.perf_counter() - t0) * 1e3
         self.url = url
         self.waiter = _Waiter()
@@ -231,7 +244,8 @@ class TorchDistTransport(Transport):
             for c in self.split(buf):
                 ops.append((fn, c, ch.peer))
                 owners.append(k)
-        if self.batch_posts and len(ops) > 1:
+        if self.batch_posts:  # even one op: a lone isend would make a lazy pair communicator
+            ops = interleave_by_peer(ops)
             works = []
             for a in range(0, len(ops), GROUP_MAX):  # bounded groups: a paged handoff has 10^5
                 works += dist.batch_isend_irecv([dist.P2POp(fn, c, peer)

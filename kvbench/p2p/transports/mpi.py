@@ -16,6 +16,7 @@ from functools import partial
 
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
+from kvbench.p2p.transports.mpi_cuda import cuda_support
 from kvbench.p2p.transports.staging import HostStaging, chunks
 
 _MAX_MSG = 1 << 30
@@ -23,14 +24,8 @@ _DATA_TAG = 11
 
 
 def cuda_aware() -> bool:
-    """Whether this MPI can take device pointers (Open MPI / MPICH extensions)."""
-    from mpi4py import MPI
-
-    query = getattr(MPI, "Query_cuda_support", None)
-    try:
-        return bool(query()) if query else False
-    except Exception:  # noqa: BLE001 - unknown means no
-        return False
+    """Whether this MPI can take device pointers (asked of the loaded libmpi: mpi_cuda)."""
+    return cuda_support().aware
 
 
 def _buf(t):
@@ -102,7 +97,8 @@ class MPITransport(Transport):
         g.add_argument("--mpi-device-direct", choices=("auto", "yes", "no"), default="auto",
                        help="device buffers: hand them to MPI directly (yes: needs a CUDA-aware "
                             "MPI on GPU) or stage through host memory (no); auto: directly when "
-                            "MPI.Query_cuda_support() says so")
+                            "the loaded libmpi's MPIX_Query_cuda_support() says so (the pip "
+                            "Open MPI wheel is built without CUDA)")
 
     def open(self) -> None:
         # A private communicator keeps data traffic apart from the harness's own messages.
@@ -117,7 +113,7 @@ class MPITransport(Transport):
             self.direct = choice == "yes"
         if self.direct and dev.name == "cuda" and not cuda_aware():
             raise TransportError("--mpi-device-direct yes, but this MPI is not CUDA-aware "
-                                 "(MPI.Query_cuda_support() is false): use no or auto")
+                                 f"({cuda_support().how}): use no or auto, or a CUDA-aware MPI")
 
     @property
     def path(self) -> str:
@@ -148,7 +144,8 @@ class MPITransport(Transport):
         from mpi4py import MPI
 
         return {"mpi_library": MPI.Get_library_version().strip().splitlines()[0],
-                "cuda_aware": cuda_aware(), "path": self.path}
+                "cuda_aware": cuda_aware(), "cuda_aware_query": cuda_support().how,
+                "path": self.path}
 
     def close(self) -> None:
         self.comm.Free()

@@ -6,8 +6,10 @@ from its own debug log (kvbench.p2p.nccl_log), not assumed from a label.
 NCCL connects a peer lazily, and the first call on a pair blocks the host thread until the
 peer posts its matching call. So `open()` connects every (src, dst) pair the run will use,
 with a grouped both-sides exchange in one global order (`_torchdist.preconnect`), before
-anything is timed; and a rank's posts of one step (several peers included) go out as one
-`batch_isend_irecv` group, so they do not queue one after another on one stream.
+anything is timed; and a rank's posts of one step (several peers included) go out through
+`batch_isend_irecv`, a single one too, interleaved across peers in groups of up to
+`_torchdist.GROUP_MAX`, so they do not queue one after another on one stream (see
+`_torchdist` for why a lone `isend` would hang).
 NCCL is stream-ordered: its operations wait for earlier work on the current stream, so the
 readiness event needs no host wait.
 """

@@ -6,15 +6,32 @@ the handoff time. Ordering goes through the Device: the device-to-host copies of
 queued on the stream behind their producer and the host waits on the copies' own event
 (never a whole-stream sync), once per step; the host-to-device copy is queued on the stream,
 ahead of the unpack and of the receiver's completion sync.
+
+The copies are non-blocking (`Device.copy`): a blocking copy would stall the host for every
+message, and on the receiver inside a request's `test()`, starving the other receives. The
+host memory is one slab per channel (`Device.host_buffer`: pinned, exactly its size, on CUDA),
+sliced per message at `SLAB_ALIGN`: one pinned allocation per message would be rounded up to
+a power of two each, and a paged block plan would make tens of thousands of them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from functools import partial
 
 import torch
+
+SLAB_ALIGN = 256  # bytes: every message's slice of the slab starts at a multiple of this
+
+
+def slab_offsets(sizes: Sequence[int], align: int = SLAB_ALIGN) -> tuple[list[int], int]:
+    """(offset of each message in the slab, slab bytes): messages back to back, each aligned."""
+    offsets, end = [], 0
+    for n in sizes:
+        start = -(-end // align) * align
+        offsets.append(start)
+        end = start + n
+    return offsets, end
 
 
 class HostStaging:
@@ -26,16 +43,25 @@ class HostStaging:
         self.device_buffers = list(buffers)
         self.active = active and bool(self.device_buffers)
         if self.active:
-            self.host = [device.host_buffer(b.numel()) for b in self.device_buffers]
+            sizes = [b.numel() * b.element_size() for b in self.device_buffers]
+            offsets, total = slab_offsets(sizes)
+            self.slab = device.host_buffer(total)
+            self.host = [self.slab[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
         else:
             self.host = self.device_buffers
         self._cur = {"stage_d2h_ms": 0.0, "stage_h2d_ms": 0.0}
+        self._spans: list = []  # (begin, end) stream marks of this handoff's host-to-device copies
         self.per_handoff: dict[str, list[float]] = {"stage_d2h_ms": [], "stage_h2d_ms": []}
 
     def begin(self) -> None:
         self._cur = dict.fromkeys(self._cur, 0.0)
+        self._spans = []
 
     def end(self) -> None:
+        """After the handoff (the receiver synchronised): the copies' stream time is known."""
+        for a, b in self._spans:
+            self._cur["stage_h2d_ms"] += self.dev.span_ms(a, b)
+        self._spans = []
         for k, v in self._cur.items():
             if v:
                 self.per_handoff[k].append(v)
@@ -54,17 +80,23 @@ class HostStaging:
             return [self.host[i] for i in idx]
         t0 = time.perf_counter()
         for i in idx:
-            self.dev.run(partial(self.host[i].copy_, self.device_buffers[i]))
+            self.dev.copy(self.host[i], self.device_buffers[i])
         self.dev.record().wait()  # the host mirrors are read by the transport next
         self._cur["stage_d2h_ms"] += (time.perf_counter() - t0) * 1e3
         return [self.host[i] for i in idx]
 
     def to_device(self, i: int) -> None:
-        """Receiver, once message i is in host memory: queue the copy back to the device."""
+        """Receiver, once message i is in host memory: queue the copy back to the device. The
+        copy does not block the host, so its time is read off the stream at `end()` where the
+        device has a stream clock (CUDA events), else taken on the host around the call."""
         if self.active:
             t0 = time.perf_counter()
-            self.dev.run(partial(self.device_buffers[i].copy_, self.host[i]))
-            self._cur["stage_h2d_ms"] += (time.perf_counter() - t0) * 1e3
+            mark = self.dev.span_begin()
+            self.dev.copy(self.device_buffers[i], self.host[i])
+            if mark is None:
+                self._cur["stage_h2d_ms"] += (time.perf_counter() - t0) * 1e3
+            else:
+                self._spans.append((mark, self.dev.span_begin()))
 
     def breakdown(self) -> dict[str, list[float]]:
         """Per-handoff staging time, one entry per handoff that staged anything."""

@@ -28,7 +28,7 @@ DTYPES = {
     "model_name": "category", "hosts": "category", "transport_path": "category",
     "prompt_tokens": "Int64", "payload_bytes": "Int64", "world_size": "Int64",
     "block_size": "Int64", "iters": "Int64", "n_samples": "Int64", "wrong": "Int64",
-    "peak_rss_bytes": "Int64", "fit_as_link": "boolean", "not_link_reason": "category",
+    "peak_rss_bytes": "Int64", "peak_device_bytes": "Int64", "fit_as_link": "boolean", "not_link_reason": "category",
     "timestamp": "datetime64[ns, UTC]",
     "p50_ms": "float64", "p95_ms": "float64", "p99_ms": "float64", "mean_ms": "float64",
     "min_ms": "float64", "max_ms": "float64", "cold_ms": "float64", "notice_ms": "float64",
@@ -129,6 +129,8 @@ def record_row(rec: P2PRecord, source: str, line: int) -> dict:
     model = rec.model or {}
     info = extra.get("transport_info")
     rss = extra.get("peak_rss_bytes")
+    gpu = extra.get("peak_device_bytes")
+    gpu = [x for x in gpu if isinstance(x, int)] if isinstance(gpu, list) else []
     row = {
         "source": source, "line": line, "run_id": rec.run_id, "spec_id": rec.spec_id,
         "order": rec.order, "transport": rec.transport, "pattern": rec.pattern,
@@ -148,6 +150,7 @@ def record_row(rec: P2PRecord, source: str, line: int) -> dict:
         "transport_path": info.get("path") if isinstance(info, dict) else None,
         "peak_rss_bytes": max(rss) if isinstance(rss, list) and rss and all(
             isinstance(x, int) for x in rss) else None,
+        "peak_device_bytes": max(gpu) if gpu else None,  # on CUDA: torch's peak per rank
         "timestamp": extra.get("timestamp") if isinstance(extra.get("timestamp"), str) else None,
     }
     _env(extra, row)
