@@ -248,6 +248,7 @@ def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, point
     pats = [pc(ctx) for pc in pclasses]
     tctx.pairs = sorted({pair for p in pats for pair in p.pairs()})
     order, note, error = choose_order(comm, args, pats, points, hosts, dev.name)
+    error = error or transport.refusal()  # the same on every rank (hosts, pairs)
     if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
         reasons = [p.prepare(points) for p in pats]
         error = agree(comm, next((r for r in reasons if r), None))
