@@ -103,6 +103,14 @@ def test_a_forged_or_foreign_descriptor_is_refused():
         HostMapping(gone)
 
 
+def test_a_full_dev_shm_is_refused_before_the_move(tmp_path):
+    from kvbench.p2p.transports._ipc_mem import check_shm_room
+
+    check_shm_room(1, str(tmp_path))
+    with pytest.raises(TransportError, match="GiB free"):
+        check_shm_room(2 ** 62, str(tmp_path))
+
+
 def test_ipc_is_registered_with_its_paths():
     cls = get("ipc")
     assert cls.name == "ipc" and "shared memory" in cls.description
@@ -149,6 +157,21 @@ def test_every_pattern_layout_granularity_over_ipc(tmp_path, cfg, ranks):
         assert all(r["wrong"] == 0 for r in checked), name
         info = recs[0]["spec"]["transport_options"]
         assert info == {"path": "shm", "mode": name.split("/")[0]}, info
+
+
+@pytest.mark.mpi
+def test_ipc_waits_for_the_producers_readiness(tmp_path, cfg):
+    """Plant the engine's readiness event out (tests/plant.py): a packed handoff over ipc then
+    copies staging the producer has not packed yet, and the data check must see it; the
+    unpacked one is immune (its bytes were settled before the first post)."""
+    cases = {f"{mode}/{lay}/{gran}": f"--transport ipc --ipc-mode {mode} {FAST} --pattern "
+             f"sequential --model-config {cfg} --layout {lay} --granularity {gran}"
+             for mode in ("read", "write") for lay, gran in (("paged", "layer"),
+                                                              ("contiguous", "whole"))}
+    got, _ = run_job(tmp_path, 2, "no-readiness", cases)
+    for name, (status, recs) in got.items():
+        wrong = recs[0]["wrong"]
+        assert (wrong > 0) == ("paged" in name), (name, wrong, status)
 
 
 @pytest.mark.mpi

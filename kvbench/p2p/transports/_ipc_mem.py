@@ -64,6 +64,7 @@ def export_host(buffers: Sequence[torch.Tensor]) -> dict:
     The caller has made the buffers' contents final (queued device work applied): the move
     copies the bytes."""
     storages, _ = group_regions(buffers)
+    check_shm_room(sum(st.nbytes() for st in storages if not st.is_shared()))
     regions = []
     for st in storages:
         fd, size = st._share_fd_cpu_()  # no-op (same fd) for a storage already shared
@@ -71,6 +72,21 @@ def export_host(buffers: Sequence[torch.Tensor]) -> dict:
         regions.append({"fd": fd, "nbytes": size, "inode": (info.st_dev, info.st_ino)})
     _, pieces = group_regions(buffers)  # pointers moved: offsets from the new storages
     return {"kind": "shm", "pid": os.getpid(), "regions": regions, "pieces": pieces}
+
+
+def check_shm_room(nbytes: int, where: str = "/dev/shm") -> None:
+    """Refuse with one line before a move that would not fit: tmpfs accepts the size and
+    kills the process with SIGBUS when a page beyond its room is touched (a container's
+    /dev/shm is often 64 MiB)."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # no /dev/shm to ask: shm_open will say what is wrong
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise TransportError(f"ipc: {nbytes / 2**30:.2f} GiB must go into shared memory but "
+                             f"{where} has {free / 2**30:.2f} GiB free (in a container: "
+                             "--shm-size)")
 
 
 class HostMapping:

@@ -117,20 +117,26 @@ class IPCChannel(Channel):
         comm, peer, tag = self.comm, self.peer, self.tag_setup
         if exporter:
             self.t.dev.synchronize()  # the bytes are final before they move into shared memory
-            handle = export_cuda(self.buffers) if self.cuda else export_host(self.buffers)
+            try:
+                handle = export_cuda(self.buffers) if self.cuda else export_host(self.buffers)
+            except (TransportError, OSError, RuntimeError) as exc:  # the peer must not wait
+                comm.send({"error": str(exc)}, dest=peer, tag=tag)
+                raise TransportError(str(exc)) from None
             comm.send(handle, dest=peer, tag=tag)
             problem = comm.recv(source=peer, tag=tag)
         else:
             handle = comm.recv(source=peer, tag=tag)
-            problem = None
-            try:
-                self.mapping = CudaMapping(handle) if self.cuda else HostMapping(handle)
-                self.remote = self.mapping.views
-            except (TransportError, OSError, RuntimeError) as exc:
-                problem = str(exc)
-            comm.send(problem, dest=peer, tag=tag)
-        if problem:
-            raise TransportError(problem if not exporter else f"rank {peer}: {problem}")
+            problem = handle.get("error")
+            if problem is None:
+                try:
+                    self.mapping = CudaMapping(handle) if self.cuda else HostMapping(handle)
+                    self.remote = self.mapping.views
+                except (TransportError, OSError, RuntimeError) as exc:
+                    comm.send(str(exc), dest=peer, tag=tag)
+                    raise TransportError(str(exc)) from None
+                comm.send(None, dest=peer, tag=tag)
+        if problem:  # the peer's own failure, which it reports too
+            raise TransportError(f"rank {peer}: {problem}")
         if self.cuda:
             self._share_event()
 
