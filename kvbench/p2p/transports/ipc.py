@@ -58,6 +58,24 @@ def runs(idx: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+def adjacent(a: Sequence, b: Sequence) -> list[bool]:
+    """joins[i]: message i starts where message i-1 ends in both buffer lists (same storage),
+    so the two can go as one copy."""
+    def follows(v, i) -> bool:
+        return (v[i].untyped_storage().data_ptr() == v[i - 1].untyped_storage().data_ptr()
+                and v[i].data_ptr() == v[i - 1].data_ptr() + v[i - 1].numel())
+    return [False] + [follows(a, i) and follows(b, i) for i in range(1, len(a))]
+
+
+def _span(views: Sequence, a: int, b: int):
+    """One byte view over messages a..b-1, adjacent in one storage."""
+    if b == a + 1:
+        return views[a]
+    v = views[a]
+    n = views[b - 1].data_ptr() + views[b - 1].numel() - v.data_ptr()
+    return v.new_empty(0).set_(v.untyped_storage(), v.storage_offset(), (n,), (1,))
+
+
 class _Sent(Request):
     """The producer's side of a step: its readiness messages on their way."""
 
@@ -86,8 +104,6 @@ class _Arrival(Request):
             ch.drain()
             if not ch.flags[self.i]:
                 return False
-        if ch.reading:
-            ch.copy(ch.buffers[self.i], ch.remote[self.i])
         self.done = True
         return True
 
@@ -107,6 +123,7 @@ class IPCChannel(Channel):
         self.sig = np.zeros(2, dtype=np.int64)
         self.mapping = None
         self.remote: list | None = None
+        self.joins: list[bool] = []  # the copying side: message i continues i-1 on both sides
         self.event = None  # CUDA: the IPC event the sender records and the receiver waits on
         with WATCHDOG.bounded(f"the ipc handle exchange with rank {peer}"):
             self._exchange(exporter=is_sender == self.reading)
@@ -131,6 +148,7 @@ class IPCChannel(Channel):
                 try:
                     self.mapping = CudaMapping(handle) if self.cuda else HostMapping(handle)
                     self.remote = self.mapping.views
+                    self.joins = adjacent(self.remote, self.buffers)
                 except (TransportError, OSError, RuntimeError) as exc:
                     comm.send(str(exc), dest=peer, tag=tag)
                     raise TransportError(str(exc)) from None
@@ -154,10 +172,17 @@ class IPCChannel(Channel):
 
     # -- one handoff --------------------------------------------------------------------------
 
-    def copy(self, dst, src) -> None:
-        """One message's bytes (CUDA: queued on this rank's stream, completed by the engine's
-        device synchronisation before the notice)."""
-        dst.copy_(src, non_blocking=self.cuda)
+    def copy_range(self, lo: int, hi: int) -> None:
+        """Messages lo..hi-1 copied (read: mapping -> own buffers; write: own -> mapping), one
+        copy per run of messages adjacent on both sides (contiguous blocks of a layer; the
+        blocks of paged tables are mostly apart and go one by one). CUDA: queued on this
+        rank's stream, completed by the engine's device synchronisation before the notice."""
+        src, dst = (self.remote, self.buffers) if self.reading else (self.buffers, self.remote)
+        a = lo
+        for b in range(lo + 1, hi + 1):
+            if b == hi or not self.joins[b]:
+                _span(dst, a, b).copy_(_span(src, a, b), non_blocking=self.cuda)
+                a = b
 
     def drain(self) -> None:
         """Take in every readiness message that has arrived (one per step and run)."""
@@ -169,6 +194,8 @@ class IPCChannel(Channel):
 
                 torch.cuda.current_stream().wait_event(self.event)
             lo, hi = int(self.sig[0]), int(self.sig[1])
+            if self.reading:
+                self.copy_range(lo, hi)
             self.flags[lo:hi] = True
 
     def post(self, i: int, ready=None) -> Request:
@@ -181,15 +208,15 @@ class IPCChannel(Channel):
             import torch
 
             if not self.reading:
-                for i in idx:
-                    self.copy(self.remote[i], self.buffers[i])
+                for lo, hi in runs(idx):
+                    self.copy_range(lo, hi)
             self.event.record(torch.cuda.current_stream())
         else:
             if ready is not None:
                 ready.wait()  # the step's bytes are produced before the peer may read them
             if not self.reading:
-                for i in idx:
-                    self.copy(self.remote[i], self.buffers[i])
+                for lo, hi in runs(idx):
+                    self.copy_range(lo, hi)
         reqs, keep = [], []
         for lo, hi in runs(idx):
             sig = np.array([lo, hi], dtype=np.int64)
