@@ -45,6 +45,9 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(RUNS), help="comma list of: " + ", ".join(RUNS))
     p.add_argument("--iters", default="20")
     p.add_argument("--timeout", default="600", help="kvbench --timeout (s)")
+    p.add_argument("--ab-bytes", type=int, default=655_360_000,
+                   help="bytes of the in-process A/B (floor vs copy out of an ipc mapping; "
+                        "0: skip); default 2,000 tokens of the default model")
     args = p.parse_args(argv)
     unknown = set(args.only.split(",")) - set(RUNS)
     if unknown:
@@ -97,11 +100,43 @@ def _f(v, w: int, spec: str = ".2f") -> str:
     return f"{'-':>{w}}" if v is None else f"{format(v, spec):>{w}}"
 
 
+def mapping_ab(nbytes: int, rounds: int = 16) -> dict:
+    """In one process, alternating: the floor's copy (private buffer -> private buffer) and the
+    same copy out of shared memory exported and mapped exactly as --transport ipc does.
+    Medians after two warm-up rounds: whether reading through the mapping costs anything."""
+    import statistics
+
+    import torch
+
+    from kvbench.p2p.layout import empty
+    from kvbench.p2p.transports._ipc_mem import HostMapping, export_host
+
+    torch.set_num_threads(1)  # as in a rank bound to one core
+    src = empty(nbytes, torch.uint8, "cpu").fill_(5)
+    dst = empty(nbytes, torch.uint8, "cpu").fill_(1)
+    shared = empty(nbytes, torch.uint8, "cpu").fill_(5)
+    mapping = HostMapping(export_host([shared]))
+    mapped = mapping.views[0]
+    times: dict[str, list[float]] = {"floor": [], "mapped": []}
+    for _ in range(rounds):
+        for name, s in (("floor", src), ("mapped", mapped)):
+            t0 = time.perf_counter()
+            dst.copy_(s)
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v[2:]) for k, v in times.items()}
+    del mapped
+    mapping.close()
+    return {"bytes": nbytes, "rounds": rounds, "floor_gbps": nbytes / med["floor"] / 1e9,
+            "mapped_gbps": nbytes / med["mapped"] / 1e9, "ratio": med["floor"] / med["mapped"]}
+
+
 def versions() -> dict:
     import torch
     from mpi4py import MPI
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip() or None
+    return {"kvbench_commit": commit, "python": platform.python_version(), "torch": torch.__version__,
             "mpi4py": __import__("mpi4py").__version__,
             "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
             "kernel": platform.release(), "cpus": os.cpu_count(), "host": platform.node()}
@@ -121,9 +156,14 @@ def main(argv=None) -> int:
         results[label] = recs
         ran.append({**info, "loadavg_after": os.getloadavg()})
     text = table(results)
+    ab = mapping_ab(args.ab_bytes) if args.ab_bytes else None
+    if ab:
+        text += (f"\none process, {ab['rounds']} alternating copies of {ab['bytes']:,} B: floor "
+                 f"{ab['floor_gbps']:.2f} GB/s, out of an ipc mapping {ab['mapped_gbps']:.2f} GB/s, "
+                 f"ratio {ab['ratio']:.3f}")
     print(text)
     busy = max(load_before[0], *(r["loadavg_after"][0] for r in ran)) > 0.5 * (os.cpu_count() or 1)
-    summary = {"argv": [sys.executable, *sys.argv], "versions": versions(),
+    summary = {"argv": [sys.executable, *sys.argv], "versions": versions(), "mapping_ab": ab,
                "loadavg_before": load_before, "runs": ran, "table": text,
                "machine_busy": busy, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
