@@ -1,57 +1,88 @@
-"""Yardsticks for harness overhead, timed in the same run as the handoff they judge.
+"""Yardsticks timed in the same run as the handoff they judge, on the same bytes.
 
-Host memory (cpu, cpu-async): a bare mpi4py Send/Recv loop on the same bytes, rank 0 -> 1
-plus a 1-byte ack; no tensors, no registry, no polling helpers. If kvbench's own `mpi`
-numbers fall well below it, the harness is in the way.
+Host memory (cpu, cpu-async), two:
+- `host_copy`: one process copies the bytes from one buffer into another (torch `copy_`,
+  the copy --transport ipc makes). No transport between two processes can beat one copy:
+  it is the floor for every one-copy transport (ipc, MPI's shared memory with CMA/XPMEM).
+- `bare_mpi`: a bare mpi4py Send/Recv loop rank 0 -> 1 plus a 1-byte ack; no tensors, no
+  registry, no polling helpers. If kvbench's own `mpi` numbers fall well below it, the
+  harness is in the way.
 
-GPU memory (cuda): a host-buffer MPI loop would compare a device handoff against a host
-memcpy. Instead rank 0 times a copy of the same bytes within its GPU (torch copy_) and, when
-it sees two GPUs, from its GPU to the next one (torch's cross-device copy_, i.e.
-cudaMemcpyPeer over NVLink/PCIe); vs_baseline compares against the peer copy when there is
-one, else the same-device copy.
+GPU memory (cuda), chosen from the GPUs ranks 0 and 1 recorded (not from what rank 0
+happens to see): the same-GPU copy always, and when the two ranks hold different GPUs of one
+host the copy between exactly those two (torch's cross-device copy_, cudaMemcpyPeer over
+NVLink/PCIe). Ranks on different hosts get no device yardstick (no copy inside one node
+stands for their link), and the record says so.
+
+`vs_baseline` is kvbench's ratio to the last yardstick listed (bare MPI on host memory, the
+peer copy when there is one on a GPU); `vs_<kind>` is the ratio to each.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from kvbench.p2p.harness import barrier
 from kvbench.records.stats import percentile
 from kvbench.units import gb_per_s
 
 _MAX = 1 << 30
 
-
-def baseline_kinds(device: str, visible_gpus: int) -> list[str]:
-    """Which yardsticks a run on `device` gets, the one vs_baseline uses last."""
-    if device == "cuda":
-        return ["device_copy", "peer_copy"] if visible_gpus >= 2 else ["device_copy"]
-    return ["bare_mpi"]
+LABELS = {"host_copy": "single-process copy", "bare_mpi": "bare mpi4py Send/Recv",
+          "device_copy": "same-GPU copy", "peer_copy": "GPU-to-GPU peer copy"}
 
 
-LABELS = {"bare_mpi": "bare mpi4py Send/Recv", "device_copy": "same-GPU copy",
-          "peer_copy": "GPU-to-GPU peer copy"}
+def same_gpu(a: Mapping, b: Mapping) -> bool:
+    """Whether two recorded GPU choices (kvbench.p2p.gpu_select.GpuChoice) are one device."""
+    if a.get("host") != b.get("host"):
+        return False
+    if a.get("uuid") and b.get("uuid"):
+        return a["uuid"] == b["uuid"]
+    return (a.get("index"), a.get("cuda_visible_devices")) == \
+        (b.get("index"), b.get("cuda_visible_devices"))
 
 
-def baseline_gbps(comm, nbytes: int | None, device: str, args) -> dict[str, float] | None:
-    """Median GB/s of each yardstick for `nbytes` (collective; rank 0 gets {kind: GB/s})."""
+def baseline_kinds(device: str, gpus: Sequence[Mapping | None] | None = None
+                   ) -> tuple[list[str], str | None]:
+    """(the yardsticks a run gets, the one vs_baseline uses last; a note when there is none),
+    from the device and ranks 0 and 1's recorded GPUs."""
+    if device != "cuda":
+        return ["host_copy", "bare_mpi"], None
+    a, b = (list(gpus or []) + [None, None])[:2]
+    if a is None or b is None:
+        return [], "no device yardstick: ranks 0 and 1 did not both record a GPU"
+    if a.get("host") != b.get("host"):
+        return [], (f"no device yardstick: ranks 0 and 1 are on different hosts ({a.get('host')}, "
+                    f"{b.get('host')}); no copy inside one node stands for their link")
+    if same_gpu(a, b):
+        return ["device_copy"], None
+    return ["device_copy", "peer_copy"], None
+
+
+def baseline_gbps(comm, nbytes: int | None, kinds: Sequence[str], args,
+                  gpus: Sequence[Mapping | None] | None = None) -> dict[str, float | None] | None:
+    """Median GB/s of each yardstick for `nbytes` (collective; rank 0 gets {kind: GB/s}).
+    Yardsticks timed by rank 0 alone leave the other ranks asleep in a polled barrier."""
     nbytes = comm.bcast(nbytes, root=0)
     iters = comm.bcast(max(args.min_iters, min(args.iters, 10)), root=0)
-    visible = 0
-    if device == "cuda":
-        import torch
-
-        visible = torch.cuda.device_count()
+    rank = comm.Get_rank()
     out = {}
-    for kind in baseline_kinds(device, visible):
+    for kind in kinds:
         if kind == "bare_mpi":
             out[kind] = bare_mpi_gbps(comm, nbytes, iters)
-        else:
-            got = _copy_gbps(nbytes, iters, peer=kind == "peer_copy") if comm.Get_rank() == 0 else None
-            comm.Barrier()
-            out[kind] = got
-    return out if comm.Get_rank() == 0 else None
+            continue
+        got = None
+        if rank == 0:
+            if kind == "host_copy":
+                got = host_copy_gbps(nbytes, iters)
+            else:
+                got = _device_copy(nbytes, iters, gpus, peer=kind == "peer_copy")
+        barrier(comm, args.timeout, f"the {LABELS[kind]} yardstick", idle=rank != 0)
+        out[kind] = got
+    return out if rank == 0 else None
 
 
 def bare_mpi_gbps(comm, nbytes: int, iters: int, warmup: int = 2) -> float | None:
@@ -82,12 +113,50 @@ def bare_mpi_gbps(comm, nbytes: int, iters: int, warmup: int = 2) -> float | Non
     return gb_per_s(nbytes, percentile(times, 50)) if rank == 0 else None
 
 
-def _copy_gbps(nbytes: int, iters: int, peer: bool, warmup: int = 2) -> float:
-    """Median GB/s of copy_ between two device buffers (same GPU, or this GPU -> the next)."""
+def host_copy_gbps(nbytes: int, iters: int, warmup: int = 2) -> float:
+    """Median GB/s of one process copying `nbytes` between two host buffers allocated as the
+    KV is (kvbench.p2p.layout.empty), every page touched first."""
+    import torch
+
+    from kvbench.p2p.layout import empty
+
+    src = empty(nbytes, torch.uint8, "cpu").fill_(0x5A)
+    dst = empty(nbytes, torch.uint8, "cpu").fill_(0)
+    times = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return gb_per_s(nbytes, percentile(times, 50))
+
+
+def local_index(choice: Mapping) -> int | None:
+    """This process's CUDA index of a recorded GPU (by UUID; None: not visible here)."""
+    import torch
+
+    from kvbench.p2p.gpu_select import _identity
+
+    for i in range(torch.cuda.device_count()):
+        if choice.get("uuid") and _identity(i)[0] == choice["uuid"]:
+            return i
+    return None
+
+
+def _device_copy(nbytes: int, iters: int, gpus, peer: bool) -> float | None:
+    """Rank 0: the same-GPU copy on its GPU, or the copy from its GPU to rank 1's (None when
+    rank 1's GPU is not visible to rank 0, e.g. one GPU per task under Slurm)."""
     import torch
 
     here = torch.cuda.current_device()
-    there = (here + 1) % torch.cuda.device_count() if peer else here
+    there = local_index(gpus[1]) if peer else here
+    return None if there is None else _copy_gbps(nbytes, iters, here, there)
+
+
+def _copy_gbps(nbytes: int, iters: int, here: int, there: int, warmup: int = 2) -> float:
+    """Median GB/s of copy_ between two device buffers (GPU `here` -> GPU `there`)."""
+    import torch
+
     src = torch.full((nbytes,), 0x5A, dtype=torch.uint8, device=f"cuda:{here}")
     dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{there}")
     times = []

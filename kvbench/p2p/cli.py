@@ -18,7 +18,7 @@ from kvbench.cli import (
 from kvbench.model import PRESETS
 from kvbench.p2p import world as mpi_world
 from kvbench.p2p.args import PROG, build_parser, mem_available_bytes, prescan, validate
-from kvbench.p2p.baseline import LABELS, baseline_gbps
+from kvbench.p2p.baseline import LABELS, baseline_gbps, baseline_kinds
 from kvbench.p2p.devices import make_device
 from kvbench.p2p.engine import Engine, close_links
 from kvbench.p2p.gpu_select import select_local_gpu
@@ -273,6 +273,7 @@ def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, point
     pats = [pc(ctx) for pc in pclasses]
     tctx.pairs = sorted({pair for p in pats for pair in p.pairs()})
     order, note, error = choose_order(comm, args, pats, points, hosts, dev.name, gpus)
+    error = error or transport.refusal()  # the same on every rank (hosts, pairs)
     if not error:  # collective per-pattern set-up (calibration, plans); may refuse the run
         reasons = [p.prepare(points) for p in pats]
         error = agree(comm, next((r for r in reasons if r), None))
@@ -343,28 +344,37 @@ def assemble(args, comm, device: str, measured, spec_common: dict, base_common: 
         yardstick = None
         if args.baseline:
             WATCHDOG.phase("baseline")
+            kinds, note = baseline_kinds(device, base_common.get("gpus"))
             yardstick = baseline_gbps(comm, results[0]["bytes"] if comm.Get_rank() == 0 else None,
-                                      device, args)
+                                      kinds, args, base_common.get("gpus"))
         for fields in results:
             spec = make_spec(spec_common, pat, fields).as_dict()
             rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
             rec.update(spec=spec, spec_id=spec_id_of(spec))
-            if yardstick:
-                add_baseline(rec, yardstick)
+            if args.baseline and comm.Get_rank() == 0:
+                add_baseline(rec, yardstick, note)
             records.append(rec)
     return records
 
 
-def add_baseline(rec: dict, yardstick: dict[str, float | None]) -> None:
-    """Yardstick figures and kvbench's ratio to the last (most demanding) one."""
+def add_baseline(rec: dict, yardstick: dict[str, float | None], note: str | None = None) -> None:
+    """Yardstick figures, kvbench's ratio to each (`vs_<kind>`) and to the last one listed
+    (`vs_baseline`, `baseline_kind`), and a table line naming them all (or why there is none)."""
+    cells = []
     for kind, gbps in yardstick.items():
+        ratio = rec["gbps"] / gbps if gbps and rec["gbps"] is not None else None
         rec[f"baseline_{kind}_gbps"] = gbps
-    kind, gbps = list(yardstick.items())[-1]
-    rec["baseline_kind"] = kind
-    rec["vs_baseline"] = rec["gbps"] / gbps if gbps and rec["gbps"] is not None else None
-    ratio = "-" if rec["vs_baseline"] is None else f"{rec['vs_baseline']:.3f}"
-    rec["table_note"] = (f"{LABELS[kind]} {_num(gbps, '.2f')} GB/s; "
-                         f"kvbench/{kind.replace('_', ' ')} = {ratio}")
+        rec[f"vs_{kind}"] = ratio
+        cells.append(f"{LABELS[kind]} {_num(gbps, '.2f')} GB/s, kvbench/{kind.replace('_', ' ')} = "
+                     f"{_num(ratio, '.3f')}")
+    if yardstick:
+        kind = list(yardstick)[-1]
+        rec["baseline_kind"], rec["vs_baseline"] = kind, rec[f"vs_{kind}"]
+    if note:
+        rec["baseline_note"] = note
+        cells.append(note)
+    line = "; ".join(cells)
+    rec["table_note"] = f"{rec['table_note']}\n    {line}" if rec.get("table_note") else line
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -14,7 +14,9 @@ polled handoff barrier), gathering samples (gather), gathering records (the data
 sum of wrong elements: once a blocking allreduce), baseline (barrier and blocking
 Send/Recv). Per transport (mpi, gloo, nixl): connect (MPI_Comm_dup, torch's TCP rendezvous,
 NIXL's communicator), data check, tear-down (transport close, NIXL's info allgather,
-MPI_Finalize); for nixl also set-up (the metadata exchange of a channel). The cases run four
+MPI_Finalize); for nixl also set-up (the metadata exchange of a channel); for ipc connect,
+set-up (the exchange of shared-memory handles) and data check (the producer waits for the
+consumer's notice; the producer stopped or killed is in tests/p2p/test_ipc.py). The cases run four
 at a time, --timeout 10: two to three minutes in all on 2 busy cores. Each case's time from the
 stop to the job's end is printed (pytest -s) for docs/robustness.md; it is not asserted
 (a hang fails by the subprocess limit instead).
@@ -56,6 +58,9 @@ CASES = {  # name: (phase, p2p flags)
     "nixl-set-up": ("set-up", ("--transport", "nixl", "--no-nixl-progress-thread")),
     "nixl-data-check": ("data-check", ("--transport", "nixl", "--no-nixl-progress-thread")),
     "nixl-tear-down": ("tear-down", ("--transport", "nixl", "--no-nixl-progress-thread")),
+    "ipc-connect": ("connect", ("--transport", "ipc")),
+    "ipc-set-up": ("set-up", ("--transport", "ipc")),
+    "ipc-data-check": ("data-check", ("--transport", "ipc")),
 }
 HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
 # Run inside a private mount namespace: an empty /dev/shm of its own, listed after the job.

@@ -136,6 +136,11 @@ class Transport(ABC):
         """Why this transport cannot run here (missing package, no GPU), or None."""
         return None
 
+    def refusal(self) -> str | None:
+        """Why this transport cannot run on this world (ctx.hosts, ctx.pairs are known), the
+        same line on every rank; None: it can. Asked before anything is set up."""
+        return None
+
     def open(self) -> None:
         """Collective connection set-up (all ranks call it)."""
 

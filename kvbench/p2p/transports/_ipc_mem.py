@@ -1,0 +1,170 @@
+"""Sharing one rank's message buffers with a peer process on the same host (--transport ipc).
+
+The exporting rank describes each distinct allocation under its buffers (a *region*) plus
+where every buffer lies in it (a `Piece`); the importing rank maps every region once and
+builds a view per buffer. After that, a handoff is one copy between the mapped views and the
+importer's own buffers: no bytes pass through a socket or a bounce buffer.
+
+Host memory: the region is moved into POSIX shared memory in place with torch's
+file-descriptor strategy (`_share_fd_cpu_`: shm_open, then shm_unlink at once, the fd kept;
+every existing view of the storage follows the move). The name is gone before any peer maps
+it, so no segment can outlive the processes, whatever kills them: the importer opens the
+exporter's descriptor through /proc/PID/fd/FD (same host, same PID namespace, same user) and
+checks it is the same inode. The kernel frees the memory when the last mapping goes.
+
+CUDA memory: the region's CUDA IPC memory handle (`_share_cuda_`, what torch.multiprocessing
+sends), opened by the importer on the GPU with the same UUID (cudaIpcOpenMemHandle with lazy
+peer access: the same GPU, or another GPU of the node).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.p2p.transports.base import TransportError
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where one message buffer lies: region index, byte offset in it, length in bytes."""
+
+    region: int
+    offset: int
+    nbytes: int
+
+
+def group_regions(buffers: Sequence[torch.Tensor]) -> tuple[list[torch.UntypedStorage], list[Piece]]:
+    """The distinct storages under `buffers` (flat uint8 views) and each buffer's place in them.
+    Call again after a storage moved (its data pointer changes)."""
+    storages: list[torch.UntypedStorage] = []
+    index: dict[int, int] = {}
+    pieces = []
+    for b in buffers:
+        if b.dtype != torch.uint8 or b.dim() != 1 or not b.is_contiguous():
+            raise TransportError("ipc: message buffers must be flat contiguous byte views")
+        st = b.untyped_storage()
+        key = st.data_ptr()
+        if key not in index:
+            index[key] = len(storages)
+            storages.append(st)
+        pieces.append(Piece(index[key], b.data_ptr() - key, b.numel()))
+    return storages, pieces
+
+
+# -- host memory ---------------------------------------------------------------------------------
+
+
+def export_host(buffers: Sequence[torch.Tensor]) -> dict:
+    """Move the buffers' storages into POSIX shared memory (in place) and describe them.
+    The caller has made the buffers' contents final (queued device work applied): the move
+    copies the bytes."""
+    storages, _ = group_regions(buffers)
+    check_shm_room(sum(st.nbytes() for st in storages if not st.is_shared()))
+    regions = []
+    for st in storages:
+        fd, size = st._share_fd_cpu_()  # no-op (same fd) for a storage already shared
+        info = os.fstat(fd)
+        regions.append({"fd": fd, "nbytes": size, "inode": (info.st_dev, info.st_ino)})
+    _, pieces = group_regions(buffers)  # pointers moved: offsets from the new storages
+    return {"kind": "shm", "pid": os.getpid(), "regions": regions, "pieces": pieces}
+
+
+def check_shm_room(nbytes: int, where: str = "/dev/shm") -> None:
+    """Refuse with one line before a move that would not fit: tmpfs accepts the size and
+    kills the process with SIGBUS when a page beyond its room is touched (a container's
+    /dev/shm is often 64 MiB)."""
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # no /dev/shm to ask: shm_open will say what is wrong
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise TransportError(f"ipc: {nbytes / 2**30:.2f} GiB must go into shared memory but "
+                             f"{where} has {free / 2**30:.2f} GiB free (in a container: "
+                             "--shm-size)")
+
+
+class HostMapping:
+    """The importer's side: every region mapped once, a view per buffer."""
+
+    def __init__(self, handle: dict):
+        self.maps: list[mmap.mmap] = []
+        flats = [self._map(handle["pid"], r) for r in handle["regions"]]
+        self.views = [flats[p.region][p.offset:p.offset + p.nbytes] for p in handle["pieces"]]
+
+    def _map(self, pid: int, region: dict) -> torch.Tensor:
+        path = f"/proc/{pid}/fd/{region['fd']}"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise TransportError(f"ipc: cannot open the producer's shared memory at {path} "
+                                 f"({exc.strerror}): the ranks must share a host, a PID "
+                                 "namespace and a user") from None
+        try:
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) != tuple(region["inode"]) or info.st_size < region["nbytes"]:
+                raise TransportError(f"ipc: {path} is not the producer's shared memory (another "
+                                     "host or PID namespace behind the same name?)")
+            m = mmap.mmap(fd, region["nbytes"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.maps.append(m)
+        return torch.frombuffer(m, dtype=torch.uint8)
+
+    def close(self) -> None:
+        """Drop the views and unmap (a view still held elsewhere keeps its map until freed)."""
+        self.views = []
+        for m in self.maps:
+            try:
+                m.close()
+            except BufferError:  # a tensor over it is still alive: freed with it
+                pass
+        self.maps = []
+
+
+# -- CUDA memory ---------------------------------------------------------------------------------
+
+
+def gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def local_gpu(uuid: str) -> int | None:
+    """This process's index of the GPU with `uuid` (None: not visible here)."""
+    for i in range(torch.cuda.device_count()):
+        if gpu_uuid(i) == uuid:
+            return i
+    return None
+
+
+def export_cuda(buffers: Sequence[torch.Tensor]) -> dict:
+    """CUDA IPC handles of the buffers' allocations, and the GPU they live on (by UUID)."""
+    storages, pieces = group_regions(buffers)
+    device = buffers[0].device.index
+    return {"kind": "cuda_ipc", "uuid": gpu_uuid(device),
+            "regions": [st._share_cuda_() for st in storages], "pieces": pieces}
+
+
+class CudaMapping:
+    """The importer's side on CUDA: every handle opened once on the exporter's GPU."""
+
+    def __init__(self, handle: dict):
+        here = local_gpu(handle["uuid"])
+        if here is None:
+            raise TransportError(f"ipc: the producer's GPU {handle['uuid']} is not visible to this "
+                                 "rank (CUDA_VISIBLE_DEVICES): CUDA IPC needs both ranks to see "
+                                 "both GPUs")
+        self.device = torch.device("cuda", here)
+        flats = []
+        for reg in handle["regions"]:
+            st = torch.UntypedStorage._new_shared_cuda(here, *reg[1:])
+            flats.append(torch.empty(0, dtype=torch.uint8, device=self.device).set_(st))
+        self.views = [flats[p.region][p.offset:p.offset + p.nbytes] for p in handle["pieces"]]
+
+    def close(self) -> None:
+        self.views = []
