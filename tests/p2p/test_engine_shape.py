@@ -239,3 +239,31 @@ def test_planted_faults_fail_the_data_check(tiny, fault):
                   "--iters", "2", "--min-iters", "2", "--warmup", "0", timeout=240)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "data check failed" in res.stderr
+
+
+def test_progress_delay_reaches_the_binding_for_one_call():
+    """The lab's vLLM runs NIXL's progress thread with a 1000 us delay (kvbench.lab.connector);
+    the engine-shaped run sets it through the same seam, for its own agent only."""
+    import sys
+    import types
+
+    from kvbench.p2p.transports.nixl_import import agent_with_progress_delay
+
+    seen = []
+    api = types.ModuleType("fake_nixl_api")
+    api.nixlBind = types.SimpleNamespace(nixlAgent=lambda name, cfg: seen.append(cfg.pthrDelay))
+
+    def nixl_agent(name, cfg):
+        cfg.pthrDelay = 0  # what nixl_cu12/_api.py does
+        return api.nixlBind.nixlAgent(name, cfg)
+
+    nixl_agent.__module__ = api.__name__
+    api.nixl_agent = nixl_agent
+    sys.modules[api.__name__] = api
+    try:
+        agent_with_progress_delay(api, "a", types.SimpleNamespace(), 1000)
+        agent_with_progress_delay(api, "b", types.SimpleNamespace(), 0)
+        nixl_agent("c", types.SimpleNamespace())
+    finally:
+        del sys.modules[api.__name__]
+    assert seen == [1000, 0, 0]

@@ -38,7 +38,12 @@ from collections.abc import Sequence
 
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
-from kvbench.p2p.transports.nixl_import import INSTALL_HINT, _version, import_nixl  # noqa: F401
+from kvbench.p2p.transports.nixl_import import (  # noqa: F401
+    INSTALL_HINT,
+    _version,
+    agent_with_progress_delay,
+    import_nixl,
+)
 from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_info for users)
     _flush_c_stdio,
     _ucx_probe,
@@ -569,6 +574,9 @@ class NIXLTransport(Transport):
         e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
                        help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
                             "with --nixl-shape engine, which records postDuration/xferDuration)")
+        e.add_argument("--nixl-progress-delay-us", type=int, default=0, metavar="US",
+                       help="the progress thread's delay between polls (NIXL's Python agent fixes "
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector)")
         e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
                        help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
@@ -601,6 +609,7 @@ class NIXLTransport(Transport):
         self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.progress_delay_us = o.nixl_progress_delay_us
         self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
@@ -630,7 +639,7 @@ class NIXLTransport(Transport):
             cfg = mod.nixl_agent_config(enable_prog_thread=self.progress_thread, backends=["UCX"],
                                         num_threads=self.threads,
                                         capture_telemetry=self.telemetry)
-            self.agent = mod.nixl_agent(self.agent_name, cfg)
+            self.agent = agent_with_progress_delay(mod, self.agent_name, cfg, self.progress_delay_us)
         except Exception as exc:  # noqa: BLE001
             raise TransportError(f"nixl: could not create the NIXL agent: {exc}") from None
         finally:
@@ -656,6 +665,8 @@ class NIXLTransport(Transport):
         if self.threads or self.telemetry or self.poll_text != "busy":
             out.update(nixl_threads=self.threads, nixl_telemetry=self.telemetry,
                        nixl_poll=self._poll_label())
+        if self.progress_delay_us:
+            out["nixl_progress_delay_us"] = self.progress_delay_us
         if self.shape == "engine":
             from kvbench.p2p.engine_shape import block_ids_label
 
