@@ -69,3 +69,12 @@ def test_agreement_ratios_targets_and_feature_costs():
     doc["p2p"].update(tokens=256, tokens_why="x", block_size=128, cores=[0, 1], ucx_env={})
     md = ar.markdown(doc)
     assert "| 1 | 2 |" in md and "threads0" in md
+
+
+def test_engine_shaped_prediction_interpolates_and_never_extrapolates():
+    from kvbench.lab.handoff import engine_shaped_at
+
+    pts = [(1000, 0.1, 2.0), (3000, 0.3, 4.0)]
+    assert engine_shaped_at(pts, 2000) == {"post_ms": pytest.approx(0.2), "xfer_ms": pytest.approx(3.0)}
+    assert engine_shaped_at(pts, 1000)["xfer_ms"] == 2.0
+    assert engine_shaped_at(pts, 3001) is None and engine_shaped_at(pts, 10) is None
