@@ -68,6 +68,7 @@ def parse_rates(text: str | None, plan) -> list[float]:
 def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: int) -> dict:
     """Every (rate, repeat) run on the disaggregated deployment; rate -> [per repeat: deltas]."""
     sweep = Sweep(plan, lab, out, vllm)
+    sweep.start_grace_s = 180.0  # `vllm bench serve` alone can take a minute to start here
     got: dict[str, list] = {}
     started: list = []
     with stop_on_exit(started):

@@ -128,6 +128,7 @@ class Sweep:
     def __init__(self, plan, lab, out: Path, vllm: str):
         self.plan, self.lab, self.out, self.vllm = plan, lab, out, vllm
         self.c = plan.criteria
+        self.start_grace_s = 0.0  # stall watch paused while the client starts (kvbench lab agree)
 
     def prepare_cache(self, point: Point, target: Target, folder: Path, run: bench.BenchRun) -> str:
         """cold: every instance's prefix cache reset; warm: the same prompts sent once first."""
@@ -162,7 +163,8 @@ class Sweep:
         with scraping(target.metrics, folder, bound, point):
             ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
                                         folder / "vllm-bench.log", bound, progress(target.metrics),
-                                        self.c.request_deadline_ms / 1000.0 + 10.0)
+                                        self.c.request_deadline_ms / 1000.0 + 10.0,
+                                        self.start_grace_s)
         records = self.convert(point, folder) if ok else None
         result = {"point": asdict(point), "status": "done" if records else "failed",
                   "reason": why if not ok else ("" if records else "conversion failed"),

@@ -426,6 +426,18 @@ def test_a_stalled_deployment_gets_the_run_killed(tmp_path):
     assert not ok and "stopped answering" in why
 
 
+def test_the_stall_watch_waits_out_the_client_start_up(tmp_path):
+    """No token during the start-up grace is not a stall; after it, it is."""
+    from kvbench.lab.bench import run_bounded
+
+    ok, why = run_bounded(["sleep", "4.5"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
+                          start_grace_s=30)
+    assert ok and why == ""
+    ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
+                          start_grace_s=2)
+    assert not ok and "stopped answering" in why
+
+
 def test_a_progressing_run_is_left_to_finish(tmp_path):
     from kvbench.lab.bench import run_bounded
 
