@@ -267,3 +267,12 @@ def test_progress_delay_reaches_the_binding_for_one_call():
     finally:
         del sys.modules[api.__name__]
     assert seen == [1000, 0, 0]
+
+
+def test_plans_name_the_shape_they_were_fitted_on():
+    """'link' and 'engine-shaped' are never confused downstream: plan rows and exports say which."""
+    from kvbench.plan.floors import Link
+
+    assert Link("x", "fit", 1.0, 0.1, group={"transport_options.shape": "engine"}).shape == "engine"
+    assert Link("x", "fit", 1.0, 0.1, group={"transport": "nixl"}).shape == "link"
+    assert Link("x", "user", 1.0, 0.1).shape is None
