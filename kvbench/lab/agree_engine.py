@@ -38,10 +38,15 @@ def _keep(sample_name: str) -> bool:
     return any(sample_name.startswith(f) for f in FAMILIES.values())
 
 
-def read(url: str, timeout_s: float = 10.0) -> dict[str, tuple] | None:
-    """{key: (cumulative buckets, sum, count)} of one /metrics reading, None if it did not answer."""
-    line = scrape_once(Endpoint("decode", url), time.monotonic(), timeout_s, _keep)
-    if line["kind"] != "sample":
+def read(url: str, timeout_s: float = 20.0, tries: int = 3) -> dict[str, tuple] | None:
+    """{key: (cumulative buckets, sum, count)} of one /metrics reading, None if it did not
+    answer in `tries` attempts (a busy host can miss one: the run would then go uncounted)."""
+    for _ in range(tries):
+        line = scrape_once(Endpoint("decode", url), time.monotonic(), timeout_s, _keep)
+        if line["kind"] == "sample":
+            break
+        time.sleep(1.0)
+    else:
         return None
     out = {}
     for key, name in FAMILIES.items():
