@@ -36,7 +36,7 @@ FACTORS = {
     "delay0": ("--nixl-progress-delay-us 0", "progress-thread delay (lab's -> NIXL's 0)"),
     "reuse-handle": ("--no-nixl-per-request", "a new prepped READ per request"),
     "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
-    "scattered": ("--nixl-blocks scattered", "scattered block ids (no merging)"),
+    "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
     "busy-poll": ("--nixl-poll busy", "completion polled per engine step (1 ms)"),
 }
 

@@ -89,10 +89,11 @@ def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
     per side), or the recorded list from a file (file:PATH)."""
     if kind == "contiguous":
         return list(range(need))
-    if kind == "scattered":
-        pool = need + max(1, math.ceil(need / 8))
+    if kind == "scattered":  # ids two apart, shuffled: no neighbour is ever the next id, so
+        # nothing merges (a random draw from a small pool often came out consecutive)
+        slots = need + max(1, math.ceil(need / 8))
         rng = random.Random(10_007 + seed * 7919 + (side == "decode"))
-        return rng.sample(range(pool), need)
+        return rng.sample([2 * k + (side == "decode") for k in range(slots)], need)
     if kind.startswith("file:"):
         ids = read_block_file(kind[5:])[side]
         if len(ids) < need:

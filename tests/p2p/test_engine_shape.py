@@ -89,6 +89,9 @@ def test_block_tables(tmp_path):
     assert es.block_table("contiguous", 4, "prefill") == [0, 1, 2, 3]
     a, b = es.block_table("scattered", 50, "prefill"), es.block_table("scattered", 50, "decode")
     assert len(set(a)) == 50 and a != b and a != sorted(a)
+    for n in (2, 3, 50):  # scattered means nothing merges, also for a 2-block request
+        t = es.block_table("scattered", n, "prefill")
+        assert all(y != x + 1 for x, y in zip(t, t[1:], strict=False)), t
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({"prefill": [7, 3, 9], "decode": [0, 1, 2]}))
     assert es.block_table(f"file:{f}", 2, "prefill") == [7, 3]
