@@ -21,7 +21,7 @@ from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.transports import nixl_import
-from tests.conftest import run_mpi
+from tests.conftest import ROOT, run_mpi
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
@@ -206,18 +206,45 @@ def test_predicted_descriptor_count_is_nixls(tiny, case):
 # ---------------------------------------------------------------------------
 # the whole path under MPI: records, telemetry, planted faults
 
-ENGINE = ("kvbench.p2p --transport nixl --nixl-shape engine --layout paged --granularity block "
+ENGINE = ("--transport nixl --nixl-shape engine --layout paged --granularity block "
           "--block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 --quiet "
           "--no-nixl-progress-thread --nixl-threads 0")
+DRIVER = """\
+import shlex, sys
+from mpi4py import MPI
+from kvbench.p2p import cli as p2p
+
+for line in open(sys.argv[1]):
+    rc = p2p.cli(shlex.split(line))
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print("RC", rc, line.split("--out ")[1].strip(), flush=True)
+"""
+RUNS = {"telemetry": "--nixl-blocks scattered", "corrupt": "--debug-corrupt-elements 5",
+        "reversed": "--debug-region-order reversed"}
+
+
+@pytest.fixture(scope="module")
+def engine_job(tiny, tmp_path_factory):
+    """One MPI job (torch + NIXL start once): the telemetry run, then two planted faults."""
+    tmp = tmp_path_factory.mktemp("engine")
+    lines = [f"{ENGINE} --model-config {tiny} {flags} --out {tmp / name}" for name, flags in RUNS.items()]
+    (tmp / "cases.txt").write_text("\n".join(lines) + "\n")
+    (tmp / "driver.py").write_text(DRIVER)
+    res = run_mpi(2, "driver", str(tmp / "cases.txt"), cwd=tmp, timeout=300,
+                  extra_env={"PYTHONPATH": str(ROOT)})
+    rcs = {line.split()[2].rsplit("/", 1)[1]: int(line.split()[1])
+           for line in res.stdout.splitlines() if line.startswith("RC ")}
+    recs = {name: [json.loads(x) for f in (tmp / name).glob("*.jsonl") for x in f.open()]
+            for name in RUNS}
+    return rcs, recs, res
 
 
 @pytest.mark.mpi
 @needs_nixl
-def test_engine_shaped_run_records_telemetry(tiny, tmp_path):
-    res = run_mpi(2, *ENGINE.split(), "--model-config", str(tiny), "--nixl-blocks", "scattered",
-                  "--out", str(tmp_path), timeout=240)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    (rec,) = [json.loads(line) for f in tmp_path.glob("*.jsonl") for line in f.open()]
+def test_engine_shaped_run_records_telemetry(engine_job):
+    rcs, recs, res = engine_job
+    assert rcs.get("telemetry") == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (rec,) = recs["telemetry"]
     assert rec["wrong"] == 0
     opts = rec["spec"]["transport_options"]
     assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"]) == \
@@ -226,7 +253,7 @@ def test_engine_shaped_run_records_telemetry(tiny, tmp_path):
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))
     assert tel["bytes"] == [rec["bytes"]] * n  # NIXL moved exactly the request's pages
-    assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] > 4
+    assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] == 16  # 4 layers x 4 blocks
     assert all(x >= p > 0 for x, p in zip(tel["xfer_ms"], tel["post_ms"], strict=True))
     # per request: a handle made and released every handoff, timed beside the post
     per = 1 + len(rec["warmup_ms"]) + rec["iters"] + 1
@@ -236,12 +263,12 @@ def test_engine_shaped_run_records_telemetry(tiny, tmp_path):
 
 @pytest.mark.mpi
 @needs_nixl
-@pytest.mark.parametrize("fault", ["--debug-corrupt-elements=5", "--debug-region-order=reversed"])
-def test_planted_faults_fail_the_data_check(tiny, fault):
-    res = run_mpi(2, *ENGINE.split(), "--model-config", str(tiny), "--no-write", fault,
-                  "--iters", "2", "--min-iters", "2", "--warmup", "0", timeout=240)
-    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "data check failed" in res.stderr
+@pytest.mark.parametrize("fault", ["corrupt", "reversed"])
+def test_planted_faults_fail_the_data_check(engine_job, fault):
+    rcs, recs, res = engine_job
+    assert rcs.get(fault) == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (rec,) = recs[fault]
+    assert rec["wrong"] > 0
 
 
 def test_progress_delay_reaches_the_binding_for_one_call():
