@@ -68,18 +68,19 @@ def bench_cmd(vllm: str, run: BenchRun, out: Path, rate: str | None = None,
 
 
 def run_bounded(cmd: list[str], log: Path, timeout_s: float, progress=None,
-                stall_s: float | None = None) -> tuple[bool, str]:
+                stall_s: float | None = None, start_grace_s: float = 0.0) -> tuple[bool, str]:
     """Run cmd in its own process group; (ok, reason).
 
     Killed (the whole group) past timeout_s, or when progress() - a number that grows
-    while the deployment works, e.g. tokens generated - has not changed for stall_s.
+    while the deployment works, e.g. tokens generated - has not changed for stall_s
+    (not counted during the first start_grace_s: the client's own start-up on a busy host).
     """
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
         try:
-            why = _watch(proc, timeout_s, progress, stall_s)
+            why = _watch(proc, timeout_s, progress, stall_s, start_grace_s)
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -90,16 +91,16 @@ def run_bounded(cmd: list[str], log: Path, timeout_s: float, progress=None,
                                                           f"(see {log.name})")
 
 
-def _watch(proc, timeout_s: float, progress, stall_s: float | None) -> str:
+def _watch(proc, timeout_s: float, progress, stall_s: float | None, grace_s: float = 0.0) -> str:
     """Wait for proc; kill it and say why when it runs too long or the deployment stalls."""
     t0 = time.monotonic()
-    last, last_change = None, t0
+    last, last_change = None, t0 + grace_s
     while proc.poll() is None:
         now = time.monotonic()
         if progress is not None and stall_s is not None:
             value = progress()
             if value != last:
-                last, last_change = value, now
+                last, last_change = value, max(now, last_change)
             elif now - last_change > stall_s:
                 return _kill(proc, f"no token generated for {stall_s:.0f} s: deployment stopped answering "
                                    "(run killed)")

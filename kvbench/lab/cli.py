@@ -4,6 +4,7 @@
     kvbench lab up PLAN.yaml                 # both deployments, ready, then returns
     kvbench lab up PLAN.yaml --deployment disaggregated --foreground   # until Ctrl-C
     kvbench lab down                         # stop what `lab up` started (by PID group)
+    kvbench lab agree PLAN.yaml --rates 1    # vLLM's NIXL metrics vs kvbench's predictions
 
 Docs: docs/lab.md.
 """
@@ -49,6 +50,9 @@ def build_parser() -> ArgumentParser:
     sub.add_parser("down", help="stop every deployment `lab up` started", prog="kvbench lab down")
     sub.add_parser("status", help="show what `lab up` started and whether it is alive",
                    prog="kvbench lab status")
+    sub.add_parser("agree", help="vLLM's own NIXL metrics vs kvbench's engine-shaped and plain "
+                   "predictions (kvbench lab agree PLAN.yaml --help)", prog="kvbench lab agree",
+                   add_help=False)
     c = sub.add_parser("capture-metrics", help="capture real /metrics text of every role",
                        prog="kvbench lab capture-metrics")
     c.add_argument("--out-dir", required=True)
@@ -111,8 +115,9 @@ def cmd_status(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
     if args.command == "install":
         print(labenv.install())
         return 0

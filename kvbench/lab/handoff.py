@@ -49,3 +49,53 @@ def reference_fit(model_dir: Path, out_dir: Path, log: Path) -> Path:
         subprocess.run([sys.executable, "-m", "kvbench.fit", *map(str, records), "--out", str(fit)],
                        check=True, stdout=fh, stderr=subprocess.STDOUT)
     return fit
+
+
+def engine_cmd(model_config: Path, out_dir: Path, delay_us: int) -> list[str]:
+    """The engine-shaped p2p as the lab's vLLM performs it (kvbench.p2p.engine_shape): per-layer
+    regions, per-block descriptors, a prepped READ per request, 1 ms step polling, 4 UCX
+    threads, the lab connector's progress-thread delay."""
+    return [mpirun(), "-n", "2", sys.executable, "-m", "kvbench.p2p", "--transport", "nixl",
+            "--nixl-shape", "engine", "--nixl-progress-delay-us", str(delay_us),
+            "--model-config", str(model_config), "--dtype", "bf16", "--layout", "paged",
+            "--granularity", "block", "--block-size", str(ENGINE_BLOCK_TOKENS),
+            "--sizes", P2P_TOKENS, "--iters", "40", "--out", str(out_dir), "--quiet"]
+
+
+def engine_reference(model_dir: Path, out_dir: Path, log: Path, delay_us: int,
+                     ucx_env: dict) -> Path:
+    """Run the engine-shaped p2p once into out_dir (kept for resume); returns its records file."""
+    done = sorted(out_dir.glob("kvbench-p2p-*.jsonl"))
+    if done:
+        return done[-1]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **ucx_env)
+    with open(log, "ab") as fh:
+        subprocess.run(engine_cmd(model_dir / "config.json", out_dir, delay_us), check=True,
+                       env=env, stdout=fh, stderr=subprocess.STDOUT)
+    return sorted(out_dir.glob("kvbench-p2p-*.jsonl"))[-1]
+
+
+def engine_shaped_points(records: Path) -> list[tuple[int, float, float]]:
+    """(bytes, NIXL telemetry post mean ms, xfer mean ms) per measured size, by bytes."""
+    import json
+
+    pts = []
+    for line in records.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("wrong") == 0 and rec.get("nixl_xfer_mean_ms") is not None:
+            pts.append((int(rec["bytes"]), float(rec["nixl_post_mean_ms"]),
+                        float(rec["nixl_xfer_mean_ms"])))
+    return sorted(pts)
+
+
+def engine_shaped_at(points: list[tuple[int, float, float]], nbytes: float) -> dict | None:
+    """The engine-shaped prediction at `nbytes`: the measured size itself, else straight-line
+    interpolation between the two measured sizes around it (no extrapolation: None outside)."""
+    for (b0, p0, x0), (b1, p1, x1) in zip(points, points[1:], strict=False):
+        if b0 <= nbytes <= b1:
+            w = 0.0 if b1 == b0 else (nbytes - b0) / (b1 - b0)
+            return {"post_ms": p0 + w * (p1 - p0), "xfer_ms": x0 + w * (x1 - x0)}
+    if len(points) == 1 and points[0][0] == round(nbytes):
+        return {"post_ms": points[0][1], "xfer_ms": points[0][2]}
+    return None

@@ -128,6 +128,7 @@ class Sweep:
     def __init__(self, plan, lab, out: Path, vllm: str):
         self.plan, self.lab, self.out, self.vllm = plan, lab, out, vllm
         self.c = plan.criteria
+        self.start_grace_s = 0.0  # stall watch paused while the client starts (kvbench lab agree)
 
     def prepare_cache(self, point: Point, target: Target, folder: Path, run: bench.BenchRun) -> str:
         """cold: every instance's prefix cache reset; warm: the same prompts sent once first."""
@@ -162,7 +163,8 @@ class Sweep:
         with scraping(target.metrics, folder, bound, point):
             ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
                                         folder / "vllm-bench.log", bound, progress(target.metrics),
-                                        self.c.request_deadline_ms / 1000.0 + 10.0)
+                                        self.c.request_deadline_ms / 1000.0 + 10.0,
+                                        self.start_grace_s)
         records = self.convert(point, folder) if ok else None
         result = {"point": asdict(point), "status": "done" if records else "failed",
                   "reason": why if not ok else ("" if records else "conversion failed"),
@@ -265,7 +267,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the report gives medians "
                    "and the spread across them (default 1)")
     p.add_argument("--no-handoff-model", action="store_true",
-                   help="skip the p2p NIXL reference and the engine-vs-model comparison")
+                   help="skip the p2p NIXL references (plain and engine-shaped) and the "
+                        "engine-vs-model comparison")
     return p
 
 
@@ -284,9 +287,10 @@ def main(argv=None) -> int:
     vllm = bench.find_vllm(labenv.lab_bin("vllm") if lab else None)
     out = Path(args.out or f"lab-sweep-{utc_stamp()}")
     open_out(out, args.plan, argv)
-    fit = None
+    fit = engine_ref = None
     if lab and not args.no_handoff_model:
         fit = reference_fit(lab, out)
+        engine_ref = engine_reference(lab, out)
     pts = points(plan, args.repeats)
     todo = [p for p in pts if not (p.folder(out) / "run.json").exists()]
     print(f"sweep: {len(pts)} runs, {len(pts) - len(todo)} already done", file=sys.stderr, flush=True)
@@ -296,7 +300,7 @@ def main(argv=None) -> int:
         mine = [p for p in todo if p.deployment == name]
         if mine:
             run_deployment(sweep, name, mine, counter, len(pts))
-    print(write_report(out, plan, pts, fit))
+    print(write_report(out, plan, pts, fit, engine_ref))
     return 0
 
 
@@ -306,6 +310,17 @@ def reference_fit(lab, out: Path) -> Path:
 
     print("sweep: measuring the NIXL reference with kvbench p2p + fit first", file=sys.stderr, flush=True)
     return run_fit(model_for(lab), out / "handoff-model", out / "handoff-model.log")
+
+
+def engine_reference(lab, out: Path) -> Path:
+    from kvbench.lab.deploy import model_for, nixl_env
+    from kvbench.lab.handoff import engine_reference as run_engine
+
+    print("sweep: measuring the engine-shaped NIXL reference (kvbench p2p --nixl-shape engine)",
+          file=sys.stderr, flush=True)
+    ucx = {k: v for k, v in nixl_env(lab, 0).items() if k.startswith("UCX_")}
+    return run_engine(model_for(lab), out / "engine-shaped", out / "engine-shaped.log",
+                      lab.workarounds.nixl_poll_delay_us, ucx)
 
 
 def cli(argv=None) -> int:

@@ -77,11 +77,15 @@ def _kv_lines(report: dict) -> list[str]:
         model = (f"{_ms(m['predicted_ms'], 3)}{_band(m['predicted_band_ms'], '.3f')}" if m else "-")
         ratio = (f"{_ms(m['ratio'], 2)}{_band(m['ratio_band'], '.2f')}" if m else "-")
         qs = " / ".join(_ms(r[f"p{q}_ms"], 2) for q in (50, 90, 99))
+        es = r.get("engine_shaped") or {}
         rows.append([r["cache_state"], f"{r['rate_rps']:g}", r["role"], _ms(r["transfers"]), _ms(r["mean_bytes"]),
-                     _ms(r["mean_ms"], 3), qs, _ms(r["observed_gb_s"], 4), model, ratio])
+                     _ms(r["mean_ms"], 3), qs, _ms(r["observed_gb_s"], 4),
+                     _ms(es.get("predicted_ms"), 3) if es else "-",
+                     _ms(es.get("ratio"), 2) if es else "-", model, ratio])
     out = _table(["cache", "rate rps", "role", "transfers", "mean bytes", "mean ms",
-                  "p50 / p90 / p99 ms (bucket est.)", "observed GB/s", "model ms [95% band]",
-                  "engine/model [vs band]"], rows)
+                  "p50 / p90 / p99 ms (bucket est.)", "observed GB/s", "engine-shaped ms",
+                  "engine/engine-shaped", "plain model ms [95% band]",
+                  "engine/plain model [vs band]"], rows)
     link = next((r["model"] for r in report["kv_transfers"] if r["model"]), None)
     fit = (f"Model: `{link['link']}` from `{report['handoff_fit']}`: setup {link['setup_ms']:.4g} ms + "
            f"{link['effective_gb_s']:.4g} GB/s (kvbench p2p --transport nixl on this machine, then kvbench "
@@ -89,7 +93,14 @@ def _kv_lines(report: dict) -> list[str]:
            "model's uncertainty, not the spread of single transfers)"
            + (f"; no band: {link['no_band']}" if link.get("no_band") else "") + "." if link else
            "No fitted model beside the engine (`--no-handoff-model`, or no transfers).")
-    return out + ["", "From the decode instance's own NIXL histograms over each run (`kvbench slo analyze "
+    ref = report.get("engine_shaped_reference")
+    shaped = (f"Engine-shaped: `kvbench p2p --nixl-shape engine` records `{ref}` (vLLM 0.32's regions, "
+              "descriptors, per-request READ, 1 ms step polling, the lab's agent settings; docs/nixl.md): "
+              "NIXL's own xferDuration mean, the quantity behind vllm:nixl_xfer_time_seconds, at the "
+              "engine's mean bytes (interpolated between measured sizes). The plain model is the link "
+              "shape (busy-polled, reused handles): what the interconnect can do, not what the engine "
+              "pays. " if ref else "No engine-shaped reference (`--no-handoff-model`). ")
+    return out + ["", shaped + "From the decode instance's own NIXL histograms over each run (`kvbench slo analyze "
                   "--metrics --fit`). Percentiles interpolate inside Prometheus buckets ('-': too few "
                   "transfers for that percentile); cells are medians over repeats [min-max]. " + fit]
 

@@ -158,8 +158,9 @@ def _increase(per_rep: list[dict], key: str) -> float | None:
     return sum(vals) if vals else None
 
 
-def kv_table(roles: dict[tuple, list[dict]]) -> list[dict]:
-    """Per run and role with KV transfers: slo's distribution, and its engine-vs-model comparison."""
+def kv_table(roles: dict[tuple, list[dict]], engine_points: list | None = None) -> list[dict]:
+    """Per run and role with KV transfers: slo's distribution, its engine-vs-model comparison
+    (the plain link fit), and the engine-shaped prediction beside it."""
     rows = []
     for (state, dep, rate, role), per_rep in sorted(roles.items(), key=lambda kv: str(kv[0])):
         kvs = [r["kv_transfer"] for r in per_rep if (r.get("kv_transfer") or {}).get("source") == "histogram"
@@ -173,8 +174,25 @@ def kv_table(roles: dict[tuple, list[dict]]) -> list[dict]:
                      **{k: median_spread([t[k] for t in totals])
                         for k in ("mean_bytes", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "observed_gb_s")},
                      "time_buckets_ms": _pool_buckets([t.get("time_buckets_ms") or [] for t in totals]),
-                     "model": _model_summary(models)})
+                     "model": _model_summary(models),
+                     "engine_shaped": _engine_shaped(totals, engine_points)})
     return rows
+
+
+def _engine_shaped(totals: list[dict], points: list | None) -> dict | None:
+    """kvbench p2p --nixl-shape engine's NIXL xferDuration mean at each repeat's mean bytes,
+    and the engine's mean time over it (kvbench.lab.handoff.engine_shaped_at)."""
+    from kvbench.lab.handoff import engine_shaped_at
+
+    if not points:
+        return None
+    preds = [(t, engine_shaped_at(points, t["mean_bytes"])) for t in totals if t.get("mean_bytes")]
+    preds = [(t, p) for t, p in preds if p is not None]
+    if not preds:
+        return None
+    return {"predicted_ms": median_spread([p["xfer_ms"] for _, p in preds]),
+            "ratio": median_spread([t["mean_ms"] / p["xfer_ms"] for t, p in preds
+                                    if t.get("mean_ms") is not None and p["xfer_ms"] > 0])}
 
 
 def _pool_buckets(per_rep: list[list]) -> list[list]:
@@ -244,7 +262,7 @@ def _capacities(analyses: dict, runs: list[dict], plan) -> tuple[dict, dict]:
     return capacity, verdicts
 
 
-def write_report(out: Path, plan, pts, fit: Path | None) -> str:
+def write_report(out: Path, plan, pts, fit: Path | None, engine_ref: Path | None = None) -> str:
     from kvbench.lab.sweepfmt import markdown, plot_sweep
 
     runs = load_runs(out, pts)
@@ -252,13 +270,17 @@ def write_report(out: Path, plan, pts, fit: Path | None) -> str:
     analyses = {k: run_analyze(out, plan, k, [r for r in runs if r["p"].repeat == k], fit) for k in reps}
     capacity, verdicts = _capacities(analyses, runs, plan)
     roles = engine_roles(analyses)
+    from kvbench.lab.handoff import engine_shaped_points
+
+    engine_points = engine_shaped_points(engine_ref) if engine_ref else None
     report = {"schema": "kvbench.lab.sweep-report/2", "plan": plan.path, "machine": machine_note(runs),
               "provenance": provenance(out),
               "runs": [{k: v for k, v in r.items() if k not in ("folder", "p")} for r in runs],
               "analysis_errors": {k: a["error"] for k, a in analyses.items() if a and "error" in a},
               "capacity": capacity, "verdicts": verdicts, "points": point_table(analyses, plan),
-              "scheduler": scheduler_table(roles), "kv_transfers": kv_table(roles),
+              "scheduler": scheduler_table(roles), "kv_transfers": kv_table(roles, engine_points),
               "handoff_fit": str(fit) if fit else None,
+              "engine_shaped_reference": str(engine_ref) if engine_ref else None,
               "attainment_min_pct": 100 * plan.criteria.slo_attainment_min}
     slo_plots = sorted(str(p.relative_to(out)) for p in (out / "analysis").glob("rep*.png") if ".stale-" not in p.name)
     report["plots"] = plot_sweep(out, report) + slo_plots

@@ -26,7 +26,7 @@ from kvbench.cli import (
     parse_positive_ints,
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.p2p import patterns, transports
+from kvbench.p2p import engine_shape, patterns, transports
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
@@ -267,6 +267,9 @@ def validate(args, world_size: int):
         KVSizing(model, dtype, t, block_size=args.block_size if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
+    shape_error = engine_shape.usage_error(args)
+    if shape_error:
+        raise UsageError(shape_error)
     device = resolve_device(args.device)
     if args.pack_kernel == "cuda":
         from kvbench.p2p.cuda_kernels import unavailable_reason

@@ -128,7 +128,8 @@ class Engine:
             self._owned.add(id(data))
             self.device.run(data.fill if is_sender else data.clear)
         peer = dst if is_sender else src
-        ch = self.transport.channel(peer, plan.buffers, is_sender, plan.layer_of)
+        shape = {"regions": plan.regions, "blocks": plan.blocks} if plan.regions else {}
+        ch = self.transport.channel(peer, plan.buffers, is_sender, plan.layer_of, **shape)
         return Link(src, dst, is_sender, data, plan, ch, Notice(self.comm, peer))
 
     def settle(self) -> None:

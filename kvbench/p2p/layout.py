@@ -81,6 +81,10 @@ class KVSpec:
     layout: str = "contiguous"  # or "paged"
     block_size: int = 16
     origin: int = 0  # seeds the values (the prefill side's identity)
+    # paged only: "split" keeps K and V of a layer in separate pools (one page per part);
+    # "joint" puts a block's K and V in one page of its layer, as vLLM 0.32's CPU/FlashAttention
+    # caches do (kvbench.p2p.engine_shape)
+    pages: str = "split"
 
     def __post_init__(self):
         if not self.heads:
@@ -132,7 +136,10 @@ class KVCache:
     """The tensors one rank holds for one request, plus how to fill and check them."""
 
     def __init__(self, spec: KVSpec, device: str = "cpu", table_seed: int = 0, slack: float = 0.125,
-                 pack_kernel: str = "torch"):
+                 pack_kernel: str = "torch", table: Sequence[int] | None = None):
+        """`table` (paged only): one block table shared by every layer, as an engine's block
+        manager hands out (a layer uses its first layer_blocks entries); None draws a random
+        table per layer from `table_seed`."""
         # "torch": index_select/index_copy_; "cuda": cuda/kv_pack.cu (paged on a GPU only)
         self.pack_kernel = pack_kernel if spec.layout == "paged" else "torch"
         self.spec = spec
@@ -155,15 +162,26 @@ class KVCache:
         elif s.layout == "paged":
             need = max(s.layer_blocks(layer) for layer in range(m.layers))
             self.pool_blocks = need + max(1, math.ceil(need * slack))
-            self.backing = empty((m.layers, s.parts, self.pool_blocks, s.block_size, H, W),
-                                 self.tdtype, self.device)
+            if table is not None:
+                if len(table) < need or min(table) < 0 or len(set(table)) != len(table):
+                    raise ValueError(f"block table needs {need} distinct non-negative ids, got "
+                                     f"{len(table)} ({len(set(table))} distinct)")
+                self.pool_blocks = max(self.pool_blocks, max(table) + 1)
+            joint = s.pages == "joint"
+            shape = ((m.layers, self.pool_blocks, s.parts, s.block_size, H, W) if joint else
+                     (m.layers, s.parts, self.pool_blocks, s.block_size, H, W))
+            self.backing = empty(shape, self.tdtype, self.device)
             gen = torch.Generator().manual_seed(10_007 + table_seed)
             for layer in range(m.layers):
-                perm = torch.randperm(self.pool_blocks, generator=gen)[: s.layer_blocks(layer)]
-                self.block_ids.append(perm.tolist())
-                self.block_tables.append(perm.to(self.device))
+                if table is None:
+                    ids = torch.randperm(self.pool_blocks, generator=gen)[: s.layer_blocks(layer)]
+                else:
+                    ids = torch.tensor(list(table[: s.layer_blocks(layer)]), dtype=torch.int64)
+                self.block_ids.append(ids.tolist())
+                self.block_tables.append(ids.to(self.device))
                 for part in range(s.parts):
-                    self.tensors.append(self.backing[layer, part])
+                    self.tensors.append(self.backing[layer, :, part] if joint
+                                        else self.backing[layer, part])
         else:
             raise ValueError(f"unknown layout {s.layout}")
 
@@ -178,6 +196,12 @@ class KVCache:
         per block, and a block plan has tens of thousands."""
         pool = self.tensors[self.index(layer, part)]
         return [pool[b] for b in self.block_ids[layer]]
+
+    def page_views(self, layer: int) -> list[torch.Tensor]:
+        """The request's pages of one layer in block-table order (paged): with joint pages one
+        page holds the block's K and V, with split pages this is the K page only."""
+        src = self.backing[layer] if self.spec.pages == "joint" else self.backing[layer, 0]
+        return [src[b] for b in self.block_ids[layer]]
 
     def gather(self, layer: int, part: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Token-ordered `[tokens, H, W]` of one tensor (packs paged blocks)."""

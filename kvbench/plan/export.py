@@ -64,6 +64,7 @@ def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int)
         "tp": tp, "tp_note": shard["note"] or f"KV heads split over {tp} rank(s); each rank moves its shard",
         "model": model.name, "dtype": dtype.name,
         "transport": (link.group or {}).get("transport"), "link": link.label,
+        "shape": link.shape,
         "context": {"fit": fit_path, "group": link.group, "regime": regime, "fit_warnings": link.fit_warnings,
                     "notes": notes},
         "fold": {"prompt_tokens": fold_tokens,

@@ -63,6 +63,15 @@ class Link:
     draws: np.ndarray | None = None  # (B, 2) joint draws of (setup_ms, ms_per_gb) from the fit
     no_band: str | None = None  # why there are no draws
 
+    @property
+    def shape(self) -> str | None:
+        """What the fitted records measured: "engine" (the handoff an engine performs,
+        kvbench p2p --nixl-shape engine) or "link" (a buffer moved as fast as the transport
+        allows); None for a rate the user gave."""
+        if self.source != "fit":
+            return None
+        return str((self.group or {}).get("transport_options.shape") or "link")
+
     def _regime(self, kv_bytes: int) -> tuple[str, dict | None]:
         tr = self.two_regimes
         if not tr:
@@ -248,6 +257,7 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> l
             rows.append({
                 "link": link.label,
                 "source": link.source,
+                "shape": link.shape,
                 "group": link.group,
                 "prompt_tokens": sz.tokens,
                 "kv_bytes": kv,

@@ -275,7 +275,11 @@ def test_report_shows_capacity_queues_kv_distribution_and_the_models_band(tmp_pa
 
     plan_path = _plan_2x2(tmp_path)
     plan, out, pts = _fake_runs(tmp_path, plan_path, metrics_server(grow=True))
-    text = write_report(out, plan, pts, FIT2)
+    shaped = tmp_path / "engine-shaped.jsonl"  # engine-shaped p2p records around the mean bytes
+    shaped.write_text("".join(json.dumps({"bytes": b, "wrong": 0, "nixl_post_mean_ms": p,
+                                          "nixl_xfer_mean_ms": x}) + "\n"
+                              for b, p, x in ((524288, 0.2, 3.0), (655360, 0.3, 4.0))))
+    text = write_report(out, plan, pts, FIT2, shaped)
     report = json.loads((out / "sweep-report.json").read_text())
     assert not report["analysis_errors"]
     caps = report["capacity"]["cold"][0]
@@ -299,7 +303,11 @@ def test_report_shows_capacity_queues_kv_distribution_and_the_models_band(tmp_pa
         observed = 1000 * 0.138042 / 24
         assert m["ratio"]["median"] == pytest.approx(observed / m["predicted_ms"]["median"])
         assert m["ratio_band"] == pytest.approx([observed / band[1], observed / band[0]])
+        es = r["engine_shaped"]  # 589824 B sits halfway between the measured sizes
+        assert es["predicted_ms"]["median"] == pytest.approx(3.5)
+        assert es["ratio"]["median"] == pytest.approx(observed / 3.5)
     assert "## Scheduler: queues per role" in text and "95% band" in text
+    assert "engine/engine-shaped" in text and "plain model" in text
     assert (out / "sweep-cold.png").stat().st_size > 10_000 and (out / "analysis" / "rep1.png").exists()
     assert "runs/cold/disaggregated/2rps-rep1/scrape.jsonl" in report["files"]
     made = (out / "analysis" / "rep1.json").stat().st_mtime_ns
@@ -415,6 +423,18 @@ def test_a_stalled_deployment_gets_the_run_killed(tmp_path):
     from kvbench.lab.bench import run_bounded
 
     ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0)
+    assert not ok and "stopped answering" in why
+
+
+def test_the_stall_watch_waits_out_the_client_start_up(tmp_path):
+    """No token during the start-up grace is not a stall; after it, it is."""
+    from kvbench.lab.bench import run_bounded
+
+    ok, why = run_bounded(["sleep", "4.5"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
+                          start_grace_s=30)
+    assert ok and why == ""
+    ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
+                          start_grace_s=2)
     assert not ok and "stopped answering" in why
 
 

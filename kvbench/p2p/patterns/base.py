@@ -71,6 +71,24 @@ def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
                    pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
 
 
+def engine_shaped(ctx: PatternContext) -> bool:
+    """The run moves the engine-shaped handoff (--nixl-shape engine; kvbench.p2p.engine_shape)."""
+    return getattr(ctx.args, "nixl_shape", "link") == "engine"
+
+
+def make_engine_data(ctx: PatternContext, point: Point) -> KVCache:
+    """The paged KV as the engine holds it: pages joint or split by --nixl-kv, one block table
+    for every layer from --nixl-blocks (this rank's side of it)."""
+    from kvbench.p2p.engine_shape import block_table
+
+    a = ctx.args
+    spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], "paged", a.block_size,
+                  pages=a.nixl_kv)
+    need = max(spec.layer_blocks(layer) for layer in range(ctx.model.layers))
+    side = "prefill" if ctx.rank == 0 else "decode"
+    return KVCache(spec, ctx.dev.torch_device, table=block_table(a.nixl_blocks, need, side))
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 

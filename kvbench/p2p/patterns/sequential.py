@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvbench.p2p.engine import Handoff
+from kvbench.p2p.engine_shape import plan_engine
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
@@ -10,8 +11,10 @@ from kvbench.p2p.patterns.base import (
     Pattern,
     Point,
     PointRun,
+    engine_shaped,
     kv_spec,
     make_data,
+    make_engine_data,
     peak_device_bytes,
     peak_rss_bytes,
     per_rank_or_none,
@@ -39,13 +42,37 @@ def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
     transport breakdown, peak memory per rank. Rank 0 gets `fields` with them added."""
     total = None if wrong is None else ctx.comm.allreduce(wrong)
     parts = ctx.comm.gather([lk.channel.breakdown() for lk in links if lk is not None], root=0)
+    tel = ctx.comm.gather([lk.channel.telemetry() for lk in links
+                           if lk is not None and hasattr(lk.channel, "telemetry")], root=0)
     rss = ctx.comm.gather(peak_rss_bytes(), root=0)
     gpu = ctx.comm.gather(peak_device_bytes(), root=0)
     if ctx.rank != 0:
         return None
     breakdown = {k: v for rank in parts for part in rank for k, v in part.items()}
-    return {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss,
-            "peak_device_bytes": per_rank_or_none(gpu)}
+    out = {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss,
+           "peak_device_bytes": per_rank_or_none(gpu)}
+    got = next((t for rank in tel for t in rank if t), None)
+    if got is not None:
+        out.update(telemetry_fields(got, loops[0] if loops else None, ctx.settings.warmup))
+    return out
+
+
+def telemetry_fields(tel: dict, loop, warmup: int) -> dict:
+    """NIXL's per-transfer telemetry of the engine-shaped handoff, split like the samples:
+    `nixl_telemetry` holds the timed handoffs' values in samples_ms order (the cold one and
+    the data check's apart), and the means the engine's Prometheus histograms average."""
+    if loop is None or not tel.get("post_ms"):
+        return {}
+    n = len(loop.samples.samples_ms)
+    timed = {k: v[1 + warmup:1 + warmup + n] for k, v in tel.items()}
+    if len(timed["post_ms"]) != n:  # every handoff reads its telemetry: this is a bug
+        raise RuntimeError(f"telemetry for {len(timed['post_ms'])} of {n} timed handoffs")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"nixl_telemetry": {**timed, "cold": {k: v[0] for k, v in tel.items()}},
+            "nixl_post_mean_ms": mean(timed["post_ms"]),
+            "nixl_xfer_mean_ms": mean(timed["xfer_ms"]),
+            "nixl_desc_count": timed["desc_count"][-1],
+            "nixl_expected_desc_count": timed["expected_desc_count"][-1]}
 
 
 @register
@@ -58,8 +85,12 @@ class Sequential(Pattern):
 
     def setup(self, point: Point) -> PointRun:
         ctx, eng = self.ctx, self.ctx.engine
-        data = make_data(ctx, point, table_seed=ctx.rank)
-        plan = plan_messages(data, ctx.args.granularity)
+        if engine_shaped(ctx):
+            data = make_engine_data(ctx, point)
+            plan = plan_engine(data)
+        else:
+            data = make_data(ctx, point, table_seed=ctx.rank)
+            plan = plan_messages(data, ctx.args.granularity)
         link = eng.link(0, 1, data, plan)
         eng.settle()
         handoff = Handoff(eng, [link])

@@ -38,7 +38,12 @@ from collections.abc import Sequence
 
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
-from kvbench.p2p.transports.nixl_import import INSTALL_HINT, _version, import_nixl  # noqa: F401
+from kvbench.p2p.transports.nixl_import import (  # noqa: F401
+    INSTALL_HINT,
+    _version,
+    agent_with_progress_delay,
+    import_nixl,
+)
 from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_info for users)
     _flush_c_stdio,
     _ucx_probe,
@@ -509,6 +514,11 @@ class NIXLChannel(Channel):
                   f"{regs} registration(s), remote agent {self.remote}", file=sys.stderr, flush=True)
 
 
+# channel class per --nixl-shape; the engine shape's module registers itself (the transport
+# registry imports every module of this package before a transport is used)
+CHANNELS: dict[str, type] = {"link": NIXLChannel}
+
+
 @register
 class NIXLTransport(Transport):
     name = "nixl"
@@ -517,9 +527,9 @@ class NIXLTransport(Transport):
     @classmethod
     def add_arguments(cls, parser) -> None:
         g = parser.add_argument_group("nixl transport (--transport nixl)")
-        g.add_argument("--nixl-op", choices=("write", "read"), default="write",
+        g.add_argument("--nixl-op", choices=("write", "read"), default=None,
                        help="write: prefill pushes into decode's registered buffers; read: decode "
-                            "pulls from prefill's (default write)")
+                            "pulls from prefill's (default write; read with --nixl-shape engine)")
         g.add_argument("--nixl-recreate", action="store_true",
                        help="create a new transfer request every handoff (timed) instead of reposting")
         g.add_argument("--nixl-reregister", action="store_true",
@@ -535,6 +545,40 @@ class NIXLTransport(Transport):
         g.add_argument("--nixl-progress-thread", action=argparse.BooleanOptionalAction, default=True,
                        help="NIXL's own progress thread (NIXL's default, on); without it progress "
                             "comes only from polling, which is faster when cores are scarce")
+        e = parser.add_argument_group(
+            "nixl engine-shaped handoff (--nixl-shape engine; docs/nixl.md)")
+        e.add_argument("--nixl-shape", choices=("link", "engine"), default="link",
+                       help="link (default): the message plan moved as fast as NIXL allows, "
+                            "busy-polled; engine: vLLM 0.32's pull connector: per-layer regions, "
+                            "one descriptor per block, region-major ids, a prepped READ per request "
+                            "with the notification on it, completion polled per engine step, "
+                            "NIXL telemetry per handoff (needs --layout paged --granularity block)")
+        e.add_argument("--nixl-kv", choices=("joint", "split"), default="joint",
+                       help="engine shape: K and V of a block in one page, one region per layer "
+                            "(joint, vLLM 0.32), or separate K and V regions per layer (split)")
+        e.add_argument("--nixl-blocks", default="contiguous", metavar="IDS",
+                       help="engine shape: the request's block ids: contiguous (a fresh "
+                            "allocator, default), scattered, or file:PATH (JSON {\"prefill\": [...], "
+                            "\"decode\": [...]})")
+        e.add_argument("--nixl-per-request", action=argparse.BooleanOptionalAction, default=True,
+                       help="engine shape: make_prepped_xfer + post + release per handoff (default "
+                            "on); off: one handle made once and reposted")
+        e.add_argument("--nixl-poll", default=None, metavar="WHEN",
+                       help="completion polling: busy, fixed:MS (an idle engine steps about every "
+                            "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
+                            "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
+                            "--nixl-shape engine")
+        e.add_argument("--nixl-threads", type=int, default=None, metavar="N",
+                       help="UCX worker threads of the agent (nixl_agent_config num_threads; "
+                            "default 0, 4 with --nixl-shape engine as vLLM sets)")
+        e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
+                       help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
+                            "with --nixl-shape engine, which records postDuration/xferDuration)")
+        e.add_argument("--nixl-progress-delay-us", type=int, default=0, metavar="US",
+                       help="the progress thread's delay between polls (NIXL's Python agent fixes "
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector)")
+        e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
+                       help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
                        help="test hook: stall (prefill never posts/announces) or error (the "
                             "initiator drops the peer's metadata before its first post)")
@@ -552,12 +596,23 @@ class NIXLTransport(Transport):
         if not os.environ.get("NIXL_LOG_LEVEL"):  # its INFO lines would land in our stdout table
             logging.getLogger("nixl").setLevel(logging.WARNING)
         o = self.ctx.options
-        self.op = o.nixl_op
+        self.shape = getattr(o, "nixl_shape", "link")
+        engine = self.shape == "engine"
+        self.op = o.nixl_op or ("read" if engine else "write")
         self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
         self.prep, self.inject = o.nixl_prep, o.nixl_inject
-        self.batch = o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
-                                                   getattr(o, "pattern", ""))
+        self.batch = "handoff" if engine else (
+            o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
+                                          getattr(o, "pattern", "")))
         self.progress_thread = o.nixl_progress_thread
+        self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
+        self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
+        self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
+        self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.progress_delay_us = o.nixl_progress_delay_us
+        self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
+        if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
+            os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
         # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
         self.comm = self.ctx.comm.Dup()
         self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
@@ -581,8 +636,10 @@ class NIXLTransport(Transport):
         self.agent_name = f"kvbench-{socket.gethostname()}-{os.getpid()}-r{self.ctx.rank}-{id(self):x}"
         t0 = now()
         try:
-            cfg = mod.nixl_agent_config(enable_prog_thread=self.progress_thread, backends=["UCX"])
-            self.agent = mod.nixl_agent(self.agent_name, cfg)
+            cfg = mod.nixl_agent_config(enable_prog_thread=self.progress_thread, backends=["UCX"],
+                                        num_threads=self.threads,
+                                        capture_telemetry=self.telemetry)
+            self.agent = agent_with_progress_delay(mod, self.agent_name, cfg, self.progress_delay_us)
         except Exception as exc:  # noqa: BLE001
             raise TransportError(f"nixl: could not create the NIXL agent: {exc}") from None
         finally:
@@ -596,14 +653,39 @@ class NIXLTransport(Transport):
             raise TransportError("nixl: the UCX backend plugin is missing from this NIXL install "
                                  f"(plugins: {', '.join(self.agent.get_plugin_list()) or 'none'})")
 
-    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None,
+                regions=None, blocks=None) -> Channel:
+        if self.shape == "engine":  # kvbench.p2p.transports.nixl_engine adds itself here
+            return CHANNELS["engine"](self, peer, buffers, is_sender, layer_of, regions, blocks)
         return NIXLChannel(self, peer, buffers, is_sender, layer_of)
 
     def record_fields(self) -> dict:
-        return {"nixl_op": self.op, "nixl_mode": self.mode, "nixl_prep": self.prep,
-                "nixl_batch": self.batch, "nixl_progress_thread": self.progress_thread}
+        out = {"nixl_op": self.op, "nixl_mode": self.mode, "nixl_prep": self.prep,
+               "nixl_batch": self.batch, "nixl_progress_thread": self.progress_thread}
+        if self.threads or self.telemetry or self.poll_text != "busy":
+            out.update(nixl_threads=self.threads, nixl_telemetry=self.telemetry,
+                       nixl_poll=self._poll_label())
+        if self.progress_delay_us:
+            out["nixl_progress_delay_us"] = self.progress_delay_us
+        if self.shape == "engine":
+            from kvbench.p2p.engine_shape import block_ids_label
+
+            out.update(nixl_shape="engine", nixl_kv=self.kv,
+                       nixl_blocks=block_ids_label(self.blocks),
+                       nixl_per_request=self.per_request,
+                       nixl_mode="per-request" if self.per_request else "reuse")
+            if self.region_order != "natural":
+                out["nixl_region_order"] = self.region_order
+        return out
+
+    def _poll_label(self) -> str:
+        from kvbench.p2p.engine_shape import PollSchedule
+
+        return PollSchedule(self.poll_text).label()
 
     def spec_options(self) -> dict:
+        """Link runs keep the keys they always had (their spec ids stay); the engine shape and
+        the agent's non-default threads, telemetry or polling add theirs."""
         return {k.removeprefix("nixl_"): v for k, v in self.record_fields().items()}
 
     # -- per-peer remote agents and notification dispatch ---------------------

@@ -51,3 +51,31 @@ def _version(module_name: str) -> str | None:
         return importlib.metadata.version(_DISTS.get(module_name, module_name))
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def agent_with_progress_delay(mod, name: str, cfg, delay_us: int):
+    """nixl_agent(name, cfg) with the progress thread's delay set to `delay_us`.
+
+    nixl 1.5.1's Python agent hard-codes `agent_config.pthrDelay = 0` (nixl_cu12/_api.py:226).
+    The lab's vLLM sets another delay the same way (kvbench.lab.connector wraps the binding's
+    agent constructor), so an engine-shaped run that reproduces the lab must too: the
+    binding seen by `_api` is swapped for this one call only, then put back."""
+    if delay_us <= 0:
+        return mod.nixl_agent(name, cfg)
+    api = importlib.import_module(mod.nixl_agent.__module__)  # where nixl_agent finds nixlBind
+    real = api.nixlBind
+
+    class _Bind:
+        def __getattr__(self, key):
+            return getattr(real, key)
+
+        @staticmethod
+        def nixlAgent(agent_name, config):  # noqa: N802 - the binding's name
+            config.pthrDelay = delay_us
+            return real.nixlAgent(agent_name, config)
+
+    api.nixlBind = _Bind()
+    try:
+        return mod.nixl_agent(name, cfg)
+    finally:
+        api.nixlBind = real

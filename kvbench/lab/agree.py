@@ -1,0 +1,182 @@
+"""`kvbench lab agree PLAN.yaml`: kvbench's prediction held against vLLM's own transfer metrics.
+
+    kvbench lab agree examples/lab-plan.yaml --rates 1,4 --repeats 3 --out results/lab/agree
+
+1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running);
+   per rate and repeat one bounded `vllm bench serve` run with the plan's workload, prefix
+   cache reset first (every request pulls its whole KV), the decode instance's NIXL
+   histograms read before and after (kvbench.lab.agree_engine: exact means from
+   _sum/_count, bucket fractions, never interpolated percentiles).
+2. The deployment goes down; per repeat one MPI job runs the engine-shaped p2p
+   (kvbench.lab.agree_p2p) on the lab model's geometry, the engine's block size and the
+   engine's block count per transfer, on the instances' cores, with the lab's UCX
+   environment and progress-thread delay: the engine configuration, one-factor-off
+   variants, and the engine polled at decode's measured step times of each rate.
+3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
+4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
+   and transfer time, ratio with a 95% interval over repeats, the feature costs, and the
+   plain fit's ratio beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from kvbench.cli import ArgumentParser, UsageError
+from kvbench.lab import agree_engine, agree_p2p, bench, deploy
+from kvbench.lab import env as labenv
+from kvbench.lab.agree_report import analyse, markdown
+from kvbench.lab.handoff import ENGINE_BLOCK_TOKENS
+from kvbench.lab.procs import run_interruptible, stop_on_exit
+from kvbench.lab.sweep import Point, Sweep, lab_target, running_lab
+from kvbench.records.write import utc_stamp, write_new_file
+
+SCHEMA = "kvbench.lab.agree/1"
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="kvbench lab agree", description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", metavar="PLAN.yaml")
+    p.add_argument("--rates", default=None, help="offered rates in rps, comma-separated "
+                   "(default: the plan's offered_rates_rps)")
+    p.add_argument("--repeats", type=int, default=3, help="engine runs and p2p jobs per rate "
+                   "(default 3; the ratio's 95%% interval needs at least 2)")
+    p.add_argument("--out", default=None, help="a new folder (default lab-agree-<UTC stamp>)")
+    p.add_argument("--p2p-iters", type=int, default=60, help="timed handoffs per p2p configuration")
+    p.add_argument("--no-factorial", action="store_true",
+                   help="only the engine configuration (no one-factor-off variants)")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain p2p fit")
+    return p
+
+
+def parse_rates(text: str | None, plan) -> list[float]:
+    if text is None:
+        return sorted(float(r) for r in plan.criteria.offered_rates_rps)
+    try:
+        rates = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--rates: numbers in rps, comma-separated, got {text!r}") from None
+    if not rates or not all(0 < r <= 1000 for r in rates):
+        raise UsageError("--rates: every rate must be in (0, 1000] rps")
+    return sorted(rates)
+
+
+def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: int) -> dict:
+    """Every (rate, repeat) run on the disaggregated deployment; rate -> [per repeat: deltas]."""
+    sweep = Sweep(plan, lab, out, vllm)
+    sweep.start_grace_s = 180.0  # `vllm bench serve` alone can take a minute to start here
+    got: dict[str, list] = {}
+    started: list = []
+    with stop_on_exit(started):
+        model = deploy.model_for(lab)
+        st = running_lab("disaggregated", lab)
+        if st is None:
+            st = deploy.bring_up(lab, "disaggregated", model, out / "logs" / "disaggregated", started)
+        target = lab_target(st, model)
+        decode = target.metrics.get("decode", [None])[0]
+        for rate in rates:
+            for k in range(1, repeats + 1):
+                print(f"agree: engine {rate:g} rps repeat {k}", file=sys.stderr, flush=True)
+                before = agree_engine.read(decode) if decode else None
+                res = sweep.run_point(Point("cold", "disaggregated", rate, k), target)
+                time.sleep(2.0)  # the engine logs its stats every step; one more scrape interval
+                after = agree_engine.read(decode) if decode else None
+                got.setdefault(f"{rate:g}", []).append(
+                    {"status": res["status"], "reason": res["reason"], "wall_s": res["wall_s"],
+                     "load_before": res["load_before"], "load_after": res["load_after"],
+                     "metrics": agree_engine.delta(before, after)})
+    return got
+
+
+def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: bool) -> dict:
+    """Per repeat one MPI job of the engine-shaped configurations; returns the run notes."""
+    from kvbench.model import resolve_model
+
+    cfg = deploy.model_for(lab) / "config.json"
+    m = resolve_model(None, str(cfg))
+    bs = ENGINE_BLOCK_TOKENS
+    page_all = 2 * bs * m.kv_heads * m.head_dim * 2 * m.layers
+    means = [r["metrics"].get("bytes", {}).get("mean") for runs in engine.values() for r in runs]
+    means = [b for b in means if b]
+    mean_bytes = sum(means) / len(means) if means else None
+    tokens, why = agree_p2p.tokens_for(mean_bytes, page_all, bs, lab.load.input_len)
+    draws = {}
+    for rate, runs in engine.items():
+        d = next((agree_engine.step_draws(r["metrics"].get("itl")) for r in runs
+                  if agree_engine.step_draws(r["metrics"].get("itl"))), None)
+        if d is not None:
+            path = out / "p2p" / f"steps-{rate}rps.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(d) + "\n")
+            draws[rate] = path
+    base = agree_p2p.base_flags(cfg, bs, tokens, iters, lab.workarounds.nixl_poll_delay_us)
+    cfgs = agree_p2p.configs(draws, factorial)
+    ucx = {k: v for k, v in deploy.nixl_env(lab, 0).items() if k.startswith("UCX_")}
+    cores = (lab.cores[0], lab.cores[1] if len(lab.cores) > 1 else lab.cores[0])
+    reps = []
+    for k in range(1, repeats + 1):
+        print(f"agree: p2p repeat {k} ({len(cfgs)} configurations)", file=sys.stderr, flush=True)
+        load = os.getloadavg()[0]
+        recs = agree_p2p.run_job(out / "p2p" / f"rep{k}", base, cfgs, cores, ucx,
+                                 out / "p2p.log", 600 + 60 * len(cfgs))
+        reps.append({"load_before": load, "load_after": os.getloadavg()[0],
+                     "configs": {n: agree_p2p.summary(r) for n, r in recs.items()}})
+    return {"tokens": tokens, "tokens_why": why, "block_size": bs, "mean_bytes_engine": mean_bytes,
+            "base_flags": base, "configs": cfgs, "ucx_env": ucx, "cores": list(cores),
+            "repeats": reps}
+
+
+def plain_fit(lab, out: Path) -> str | None:
+    from kvbench.lab.handoff import reference_fit
+
+    print("agree: the plain p2p fit the sweep uses", file=sys.stderr, flush=True)
+    try:
+        return str(reference_fit(deploy.model_for(lab), out / "plain", out / "plain.log"))
+    except Exception as exc:  # noqa: BLE001 - the comparison goes on without it, and says why
+        print(f"agree: plain fit failed: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv=None) -> int:
+    from kvbench.lab.planfile import load_lab_plan
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if not 1 <= args.repeats <= 50 or not 1 <= args.p2p_iters <= 10_000:
+        raise UsageError("--repeats must be 1..50 and --p2p-iters 1..10000")
+    plan, lab = load_lab_plan(args.plan)
+    if lab is None:
+        raise UsageError(f"{args.plan}: kvbench lab agree needs the plan's lab: section")
+    if labenv.missing_reason():
+        raise UsageError(labenv.missing_reason())
+    rates = parse_rates(args.rates, plan)
+    out = Path(args.out or f"lab-agree-{utc_stamp()}")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not empty: give a new --out folder")
+    out.mkdir(parents=True, exist_ok=True)
+    started = utc_stamp()
+    vllm = bench.find_vllm(labenv.lab_bin("vllm"))
+    engine = engine_runs(plan, lab, out, vllm, rates, args.repeats)
+    p2p = p2p_runs(lab, out, engine, args.repeats, args.p2p_iters, not args.no_factorial)
+    fit = None if args.no_plain else plain_fit(lab, out)
+    doc = {"schema": SCHEMA, "command": ["kvbench", "lab", "agree", *argv], "started": started,
+           "finished": utc_stamp(), "plan": args.plan, "rates_rps": rates,
+           "repeats": args.repeats, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
+           "loadavg_end": os.getloadavg(), "engine": engine, "p2p": p2p, "plain_fit": fit}
+    doc["agreement"] = analyse(doc)
+    write_new_file(out / "agreement.json", json.dumps(doc, indent=2) + "\n")
+    write_new_file(out / "agreement.md", markdown(doc))
+    print(markdown(doc))
+    return 0
+
+
+def cli(argv=None) -> int:
+    return run_interruptible("kvbench lab agree", main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

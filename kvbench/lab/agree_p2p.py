@@ -1,0 +1,108 @@
+"""kvbench's side of `kvbench lab agree`: the engine-shaped p2p on the lab's exact geometry.
+
+One `mpirun -n 2` job per repeat runs every configuration in turn (`kvbench.p2p.cli` called
+once per configuration, each into its own folder, so the torch/NIXL start-up is paid once):
+the engine as deployed (`engine`: what vLLM 0.32.0 + the lab's connector do) and, one factor
+at a time, the engine without each feature, so each feature's cost is a measured difference.
+The prefill rank runs on the prefill instance's core, the decode rank on the decode
+instance's (taskset, as `kvbench.lab.deploy` binds them), with the lab's UCX environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbench.lab.handoff import mpirun
+
+DRIVER = """\
+import shlex, sys
+from mpi4py import MPI  # MPI is this driver's: each p2p.cli call leaves it up for the next
+from kvbench.p2p import cli as p2p
+
+for line in open(sys.argv[1]):
+    p2p.cli(shlex.split(line))
+"""
+
+# name -> (flags on top of the engine configuration, what the difference measures)
+FACTORS = {
+    "engine": ("", "vLLM 0.32.0 as the lab deploys it"),
+    "threads0": ("--nixl-threads 0", "UCX worker threads (4 -> 0)"),
+    "no-progress-thread": ("--no-nixl-progress-thread", "NIXL's progress thread"),
+    "delay0": ("--nixl-progress-delay-us 0", "progress-thread delay (lab's -> NIXL's 0)"),
+    "reuse-handle": ("--no-nixl-per-request", "a new prepped READ per request"),
+    "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
+    "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
+    "busy-poll": ("--nixl-poll busy", "completion polled per engine step (1 ms)"),
+}
+
+
+def tokens_for(mean_bytes: float | None, page_bytes_all_layers: int, block_size: int,
+               input_len: int) -> tuple[int, str]:
+    """The prompt length whose paged KV is the engine's transfer: whole blocks of the engine's
+    mean bytes per transfer, else the workload's prompt rounded up to blocks."""
+    if mean_bytes:
+        blocks = max(1, round(mean_bytes / page_bytes_all_layers))
+        exact = abs(blocks * page_bytes_all_layers - mean_bytes) < 0.5
+        return blocks * block_size, (f"{blocks} block(s) = the engine's mean bytes per transfer"
+                                     + ("" if exact else f" rounded ({mean_bytes:.0f} B)"))
+    blocks = math.ceil(input_len / block_size)
+    return blocks * block_size, f"{blocks} block(s) from the workload's {input_len}-token prompts"
+
+
+def base_flags(model_config: Path, block_size: int, tokens: int, iters: int,
+               delay_us: int) -> str:
+    return (f"--transport nixl --nixl-shape engine --layout paged --granularity block "
+            f"--block-size {block_size} --model-config {model_config} --dtype bf16 "
+            f"--sizes {tokens} --iters {iters} --min-iters {min(iters, 10)} --warmup 3 "
+            f"--seconds-per-point 30 --quiet --nixl-threads 4 --nixl-progress-delay-us {delay_us}")
+
+
+def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
+    """name -> extra flags: the engine, its one-factor-off variants, and per rate the engine
+    polled at the decode instance's own measured step times."""
+    out = {k: v[0] for k, v in FACTORS.items() if factorial or k == "engine"}
+    for rate, path in draws.items():
+        out[f"poll-drawn@{rate}"] = f"--nixl-poll draw:{path}"
+    return out
+
+
+def run_job(folder: Path, base: str, cfgs: dict[str, str], cores: tuple[int, int],
+            ucx_env: dict, log: Path, timeout_s: float) -> dict[str, dict | None]:
+    """Every configuration in one MPI job; name -> its record (None when it produced none)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"{base} {extra} --out {folder / name}" for name, extra in cfgs.items()]
+    (folder / "cases.txt").write_text("\n".join(lines) + "\n")
+    (folder / "driver.py").write_text(DRIVER)
+    py = [sys.executable, str(folder / "driver.py"), str(folder / "cases.txt")]
+    cmd = [mpirun(), "--bind-to", "none", "-n", "1", "taskset", "-c", str(cores[0]), *py,
+           ":", "-n", "1", "taskset", "-c", str(cores[1]), *py]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", **ucx_env)
+    with open(log, "ab") as fh:
+        fh.write((" ".join(cmd) + "\n").encode())
+        subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
+                       check=False)
+    return {name: _record(folder / name) for name in cfgs}
+
+
+def _record(folder: Path) -> dict | None:
+    files = sorted(folder.glob("kvbench-p2p-*.jsonl"))
+    if not files:
+        return None
+    rec = json.loads(files[-1].read_text().splitlines()[0])
+    return rec if rec.get("wrong") == 0 and rec.get("nixl_post_mean_ms") is not None else None
+
+
+def summary(rec: dict | None) -> dict | None:
+    """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count."""
+    if rec is None:
+        return None
+    return {"post_mean_ms": rec["nixl_post_mean_ms"], "xfer_mean_ms": rec["nixl_xfer_mean_ms"],
+            "kvbench_p50_ms": rec["p50_ms"], "n": rec["n_samples"], "bytes": rec["bytes"],
+            "desc_count": rec["nixl_desc_count"], "spec_id": rec["spec_id"],
+            "transport_options": rec["spec"]["transport_options"]}

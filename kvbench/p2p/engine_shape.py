@@ -1,0 +1,297 @@
+"""The engine-shaped handoff: how a serving engine lays out and addresses the KV it moves.
+
+A *link* handoff moves a buffer as fast as the transport allows. An *engine-shaped* one
+moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/nixl.md
+"Engine-shaped handoff" cites file and line), so that its cost is what the engine pays:
+
+- regions: one per attention layer, K and V of a block in one page (`kv joint`, vLLM 0.32.0
+  CPU/FlashAttention caches), or one per layer and part (`kv split`, older versions and other
+  backends); every region holds the whole block pool;
+- descriptors: one per block per region, ids region-major (`region * pool_blocks + block`),
+  one block table shared by every layer, its ids contiguous, scattered, or read from a file
+  (NIXL merges runs that are consecutive on both sides, so this changes the merged count);
+- completion polled at an engine's step cadence (a fixed period, or step times drawn from
+  a recorded distribution) instead of a busy loop.
+
+This module holds the parts that need no NIXL: option parsing, block tables, the message
+plan with its region table, descriptor ids and the merged count they should give, and the
+poll schedule. The NIXL side is kvbench.p2p.transports.nixl_engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.p2p.layout import KVCache, as_bytes
+from kvbench.p2p.messages import MessagePlan
+
+KV_PAGES = ("joint", "split")
+BLOCK_IDS = ("contiguous", "scattered")  # or file:PATH
+
+
+@dataclass(frozen=True)
+class Region:
+    """One registered region as the initiator addresses it: `n_blocks` blocks of `block_len`
+    bytes, `stride` bytes apart from `base`."""
+
+    base: int
+    stride: int
+    n_blocks: int
+    block_len: int
+
+    def addr(self, block: int) -> int:
+        return self.base + block * self.stride
+
+
+# ---------------------------------------------------------------------------
+# block tables
+
+
+def read_block_file(path: str) -> dict[str, list[int]]:
+    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation). Raises ValueError
+    with one line naming the problem."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"block-id file {path}: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) < {"prefill", "decode"}:
+        raise ValueError(f"block-id file {path}: expected an object with 'prefill' and 'decode' "
+                         "lists of block ids")
+    out = {}
+    for side in ("prefill", "decode"):
+        ids = doc[side]
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 1 << 31
+                           for b in ids) or len(set(ids)) != len(ids)):
+            raise ValueError(f"block-id file {path}: '{side}' must be a non-empty list of "
+                             "distinct block ids in 0..2^31-1")
+        out[side] = ids
+    return out
+
+
+def block_ids_label(kind: str) -> str:
+    """What goes into the spec: the kind, or for a file the hash of its content (a path says
+    nothing about what was measured)."""
+    if not kind.startswith("file:"):
+        return kind
+    digest = hashlib.sha256(Path(kind[5:]).read_bytes()).hexdigest()[:8]
+    return f"file#{digest}"
+
+
+def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
+    """The block ids one side's request uses (first `need` entries matter): contiguous from 0
+    (a fresh engine's allocator), scattered (a random draw from a pool with 1/8 slack, seeded
+    per side), or the recorded list from a file (file:PATH)."""
+    if kind == "contiguous":
+        return list(range(need))
+    if kind == "scattered":  # ids two apart, shuffled: no neighbour is ever the next id, so
+        # nothing merges (a random draw from a small pool often came out consecutive)
+        slots = need + max(1, math.ceil(need / 8))
+        rng = random.Random(10_007 + seed * 7919 + (side == "decode"))
+        return rng.sample([2 * k + (side == "decode") for k in range(slots)], need)
+    if kind.startswith("file:"):
+        ids = read_block_file(kind[5:])[side]
+        if len(ids) < need:
+            raise ValueError(f"block-id file {kind[5:]}: '{side}' lists {len(ids)} blocks, the "
+                             f"request needs {need}")
+        return ids[:need]
+    raise ValueError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
+
+
+# ---------------------------------------------------------------------------
+# the message plan with its region table
+
+
+def region_table(data: KVCache) -> list[Region]:
+    """The cache's regions in registration order (layer, then part for split pages)."""
+    s = data.spec
+    out = []
+    for layer in range(s.model.layers):
+        pool = data.backing[layer]  # joint: [pool, parts, bs, H, W]; split: [parts, pool, ...]
+        parts = [pool] if s.pages == "joint" else [pool[p] for p in range(s.parts)]
+        for t in parts:
+            page = t[0].numel() * t.element_size()
+            out.append(Region(t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], page))
+    return out
+
+
+def plan_engine(data: KVCache) -> MessagePlan:
+    """One message per (region, block of the request), region-major, each a page of the
+    cache itself (zero copy). `plan.regions` and `plan.blocks` carry what the transport
+    needs to build the engine's descriptor lists and ids."""
+    s = data.spec
+    if s.layout != "paged":
+        raise ValueError("the engine-shaped handoff moves a paged KV (--layout paged)")
+    regions = region_table(data)
+    per_layer = 1 if s.pages == "joint" else s.parts
+    bufs, layers, blocks = [], [], []
+    for layer in range(s.model.layers):
+        table = [int(b) for b in data.block_tables[layer]]
+        for p in range(per_layer):
+            r = layer * per_layer + p
+            src = data.backing[layer] if s.pages == "joint" else data.backing[layer, p]
+            for b in table:
+                bufs.append(as_bytes(src[b]))
+                layers.append(layer)
+                blocks.append((r, b))
+    plan = MessagePlan(bufs, layers, _cache=data)
+    plan.regions, plan.blocks = regions, blocks
+    return plan
+
+
+# ---------------------------------------------------------------------------
+# descriptor ids and the count NIXL should merge them into
+
+
+def desc_ids(regions: list[Region], blocks: list[tuple[int, int]]) -> list[int]:
+    """Region-major ids into a dlist holding every region's whole pool, in region order
+    (vLLM: region_offsets[r] + block)."""
+    offsets = [0]
+    for reg in regions[:-1]:
+        offsets.append(offsets[-1] + reg.n_blocks)
+    return [offsets[r] + b for r, b in blocks]
+
+
+def check_region_major(blocks: list[tuple[int, int]]) -> None:
+    """The ids must be region-ordered (vLLM asserts the same): every region's blocks together,
+    regions ascending. Raises ValueError at the first violation."""
+    seen, last = set(), None
+    for i, (r, _b) in enumerate(blocks):
+        if r != last:
+            if r in seen or (last is not None and r < last):
+                raise ValueError(f"descriptor {i}: region {r} after region {last}: the ids are "
+                                 "not region-major")
+            seen.add(r)
+            last = r
+
+
+def dlist_rows(regions: list[Region]) -> list[tuple[int, int]]:
+    """(address, length) of every row of the full dlist, region-major."""
+    return [(reg.addr(b), reg.block_len) for reg in regions for b in range(reg.n_blocks)]
+
+
+def merged_count(local_rows, local_ids, remote_rows, remote_ids) -> int:
+    """Descriptors left after NIXL merges neighbours: entry i joins entry i-1 when both its
+    local and remote ids are the next ids and the rows are adjacent in memory on both sides."""
+    if not local_ids:
+        return 0
+    n = 1
+    for i in range(1, len(local_ids)):
+        li, ri, lp, rp = local_ids[i], remote_ids[i], local_ids[i - 1], remote_ids[i - 1]
+        joined = (li == lp + 1 and ri == rp + 1
+                  and local_rows[li][0] == local_rows[lp][0] + local_rows[lp][1]
+                  and remote_rows[ri][0] == remote_rows[rp][0] + remote_rows[rp][1])
+        n += not joined
+    return n
+
+
+# ---------------------------------------------------------------------------
+# the engine's completion poll
+
+
+class PollSchedule:
+    """When the engine looks at a transfer again: `busy` (every test), `fixed:MS` (an idle
+    engine steps about every millisecond), or `draw:FILE` (step times drawn from a recorded
+    distribution: a JSON list of step times in ms, or {"le_ms": [...], "count": [...]} with
+    cumulative histogram counts, drawn uniformly inside the bucket)."""
+
+    def __init__(self, text: str, seed: int = 0):
+        self.text = text
+        self.kind, _, arg = text.partition(":")
+        self.rng = random.Random(seed)
+        self.samples: list[float] = []
+        self.buckets: list[tuple[float, float, float]] = []  # (lo, hi, cumulative fraction)
+        if self.kind == "busy" and not arg:
+            return
+        if self.kind == "fixed":
+            try:
+                self.period = float(arg)
+            except ValueError:
+                raise ValueError(f"poll {text!r}: fixed:MS needs a number of ms") from None
+            if not (math.isfinite(self.period) and 0 < self.period <= 10_000):
+                raise ValueError(f"poll {text!r}: the period must be in (0, 10000] ms")
+            return
+        if self.kind == "draw" and arg:
+            self._load(arg)
+            return
+        raise ValueError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
+
+    def _load(self, path: str) -> None:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"poll file {path}: {exc}") from None
+        if isinstance(doc, list):
+            vals = [float(v) for v in doc if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if not vals or len(vals) != len(doc) or not all(0 <= v < 1e4 for v in vals):
+                raise ValueError(f"poll file {path}: a list of step times in ms (0..10000)")
+            self.samples = vals
+            return
+        le, count = (doc.get("le_ms"), doc.get("count")) if isinstance(doc, dict) else (None, None)
+        if (not isinstance(le, list) or not isinstance(count, list) or len(le) != len(count)
+                or not le or count[-1] <= 0 or any(b < a for a, b in zip(count, count[1:], strict=False))
+                or any(b <= a for a, b in zip(le, le[1:], strict=False)) or not math.isfinite(le[-1])):
+            raise ValueError(f"poll file {path}: le_ms (ascending, finite) and cumulative count "
+                             "lists of one length")
+        lo = 0.0
+        for bound, c in zip(le, count, strict=True):
+            self.buckets.append((lo, float(bound), c / count[-1]))
+            lo = float(bound)
+
+    @property
+    def busy(self) -> bool:
+        return self.kind == "busy"
+
+    def next_ms(self) -> float:
+        """The time to the engine's next step, in ms."""
+        if self.kind == "fixed":
+            return self.period
+        if self.samples:
+            return self.rng.choice(self.samples)
+        u = self.rng.random()
+        for lo, hi, frac in self.buckets:
+            if u <= frac:
+                return self.rng.uniform(lo, hi)
+        return self.buckets[-1][1]
+
+    def label(self) -> str:
+        """For the spec: a drawn schedule by the content of its file."""
+        if self.kind != "draw":
+            return self.text
+        digest = hashlib.sha256(Path(self.text[5:]).read_bytes()).hexdigest()[:8]
+        return f"draw#{digest}"
+
+
+def usage_error(args) -> str | None:
+    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None."""
+    shape = getattr(args, "nixl_shape", "link")
+    try:
+        if getattr(args, "nixl_poll", None):
+            PollSchedule(args.nixl_poll)
+        if shape != "engine":
+            return None
+        if args.transport != "nixl":
+            return "--nixl-shape engine needs --transport nixl"
+        if args.layout != "paged" or args.granularity != "block":
+            return "--nixl-shape engine moves a paged KV block by block: add --layout paged --granularity block"
+        if args.pattern.strip() != "sequential":
+            return "--nixl-shape engine runs with --pattern sequential (one request, prefill -> decode)"
+        if args.nixl_op == "write":
+            return "--nixl-shape engine models vLLM's pull connector (decode READs): use --nixl-op read"
+        if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
+            return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
+                    "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
+        if args.nixl_threads is not None and not 0 <= args.nixl_threads <= 256:
+            return "--nixl-threads must be 0..256"
+        if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
+            return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
+        block_table(args.nixl_blocks, 1, "prefill")
+        block_table(args.nixl_blocks, 1, "decode")
+    except ValueError as exc:
+        return str(exc)
+    return None

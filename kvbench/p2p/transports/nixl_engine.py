@@ -1,0 +1,207 @@
+"""The engine-shaped NIXL handoff (--nixl-shape engine): what vLLM 0.32.0's pull connector does.
+
+Per channel, once (as the connector does at registration and at the handshake):
+  - one registration covering the whole KV backing buffer (NX/base_worker.py:1737-1749);
+  - a local dlist of every block of every region, region-major, and a remote one built from
+    the peer's region table (NX/base_worker.py:1973-2052), both prepped (prep_xfer_dlist);
+  - each side's descriptor ids for the request (region * pool_blocks + block) exchanged.
+Per handoff (one request):
+  - prefill announces the request (the control plane of the engine: the proxy's
+    kv_transfer_params; not part of the engine's NIXL metrics);
+  - decode makes a prepped READ over the request's ids with the notification attached
+    (make_prepped_xfer(..., notif_msg)), posts it without a message (NX/pull_worker.py:546-559),
+    looks at it once in the same step and then once per engine step (PollSchedule); on DONE
+    it reads NIXL's telemetry for the handle and releases it (NX/base_worker.py:3083-3087);
+  - prefill "frees its blocks" when the READ's notification arrives.
+Switches (--no-nixl-per-request: one handle made once and reposted with the notification;
+--nixl-poll busy; --nixl-kv split; --nixl-blocks; --nixl-threads; telemetry) isolate each
+feature's cost. Telemetry per handoff: postDuration, xferDuration (NIXL's, microseconds,
+recorded in ms), totalBytes and descCount after merging, beside kvbench's own times.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import astuple
+
+import numpy as np
+
+from kvbench.p2p.engine_shape import (
+    PollSchedule,
+    Region,
+    check_region_major,
+    desc_ids,
+    dlist_rows,
+    merged_count,
+)
+from kvbench.p2p.transports.base import TransportError
+from kvbench.p2p.transports.nixl import (
+    _PROC,
+    _SETUP,
+    _SYNC,
+    CHANNELS,
+    NIXLChannel,
+    _notif,
+    now,
+)
+
+TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count")
+
+
+def _rows(regions: list[Region]) -> np.ndarray:
+    """The full dlist as NIXL's Nx3 (address, length, device) array."""
+    rows = dlist_rows(regions)
+    out = np.zeros((len(rows), 3), dtype=np.uint64)
+    if rows:
+        out[:, :2] = np.asarray(rows, dtype=np.uint64)
+    return out
+
+
+class EngineChannel(NIXLChannel):
+    """A NIXL channel in the engine's shape (see the module doc). Read only: decode initiates."""
+
+    def __init__(self, transport, peer, buffers, is_sender, layer_of=None, regions=None,
+                 blocks=None):
+        if regions is None or blocks is None:
+            raise TransportError("nixl: the engine-shaped handoff needs the paged KV's region "
+                                 "table (--layout paged --granularity block)")
+        check_region_major(blocks)
+        self.region_list, self.block_list = list(regions), list(blocks)
+        self.ids = desc_ids(self.region_list, self.block_list)
+        self.poll = PollSchedule(transport.poll_text, seed=transport.ctx.rank)
+        self.per_request = transport.per_request
+        self.next_poll = 0.0
+        self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
+        self.remote_ids: list[int] = []
+        self.expected = None
+        super().__init__(transport, peer, buffers, is_sender, layer_of)
+
+    # -- set-up ------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        agent, t = self.agent, self.t
+        self._register()
+        self.xc.swap(None, self._tag(_SYNC), "set-up sync")
+        t0 = now()
+        mine = {"cid": self.cid, "op": self.op, "role": self.role, "mem": self.mem,
+                "sizes": [d[1] for d in self.descs], "md": agent.get_agent_metadata(),
+                "regions": [astuple(r) for r in self.region_list],
+                "ids": self.ids}
+        theirs = self.xc.swap(mine, self._tag(_SETUP), "NIXL metadata")
+        if theirs["role"] == self.role or theirs.get("regions") is None:
+            raise TransportError(f"nixl: rank {self.peer}: its channel is not an engine-shaped "
+                                 f"{'decode' if self.is_sender else 'prefill'} channel")
+        if theirs["sizes"] != mine["sizes"] or theirs["mem"] != self.mem:
+            raise TransportError(f"nixl: rank {self.peer}: block sizes or memory types differ")
+        self.remote = t.load_remote(self.peer, theirs["md"])
+        t.attach(self)
+        if self.initiator:
+            self._add("nixl_metadata_ms", (now() - t0) * 1e3)
+            remote_regions = [Region(*r) for r in theirs["regions"]]
+            self.remote_ids = list(theirs["ids"])
+            if t.region_order == "reversed":  # test fault: the peer's regions in the wrong order
+                self.remote_ids = _reverse_regions(self.remote_ids, remote_regions)
+            local_rows, remote_rows = _rows(self.region_list), _rows(remote_regions)
+            t1 = now()
+            self.local_dl = agent.prep_xfer_dlist("NIXL_INIT_AGENT", local_rows, self.mem)
+            self.remote_dl = agent.prep_xfer_dlist(self.remote, remote_rows, self.mem)
+            self._add("nixl_prep_dlist_ms", (now() - t1) * 1e3)
+            self.expected = merged_count(dlist_rows(self.region_list), self.ids,
+                                         dlist_rows(remote_regions), self.remote_ids)
+            if not self.per_request:
+                self._make(0)
+        self._flush()
+
+    def _make(self, u: int, notif: bytes = b"") -> None:
+        t0 = now()
+        self.xfers[u] = self.agent.make_prepped_xfer(self.OP, self.local_dl, self.ids,
+                                                     self.remote_dl, self.remote_ids, notif)
+        self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
+        if self.t.backend_used is None:
+            try:
+                self.t.backend_used = self.agent.query_xfer_backend(self.xfers[u])
+            except Exception:  # noqa: BLE001 - unknown is an answer
+                self.t.backend_used = "unknown"
+
+    # -- the handoff ---------------------------------------------------------------
+
+    def _issue(self, u: int) -> None:
+        notif = _notif(self.cid, "d", self.h, u)
+        if self.per_request:  # the notification rides on the READ from its creation
+            self._make(u, notif)
+        t0 = now()
+        try:
+            st = (self.agent.transfer(self.xfers[u]) if self.per_request
+                  else self.agent.transfer(self.xfers[u], notif))
+        except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
+            self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
+        t1 = now()
+        self._add("nixl_post_ms", (t1 - t0) * 1e3)
+        self.t_first = t0
+        self.state[u] = _PROC
+        if st == "ERR":
+            self._failed(u, "post returned ERR")
+        self.next_poll = t1  # the engine looks once more in the step that posted
+
+    def check(self, u: int) -> None:
+        """One engine step's look at the transfer: not before the step comes (sleeping, as an
+        idle engine does), then NIXL's state; on DONE its telemetry, then the release."""
+        if not self.poll.busy:
+            wait = self.next_poll - now()
+            if wait > 0:
+                time.sleep(wait)
+        try:
+            st = self.agent.check_xfer_state(self.xfers[u])
+        except Exception as exc:  # noqa: BLE001
+            self._failed(u, f"{type(exc).__name__}: {exc}")
+        t = now()
+        if st == "PROC":
+            if not self.poll.busy:
+                self.next_poll = t + self.poll.next_ms() / 1e3
+            return
+        if st != "DONE":
+            self._failed(u, f"ended in {st}")
+        self._telemetry(u)
+        if self.per_request:
+            t2 = now()
+            self.xfers[u].release()
+            self.xfers[u] = None
+            self._add("nixl_release_ms", (now() - t2) * 1e3)
+        self._unit_done(u, t)
+
+    def _telemetry(self, u: int) -> None:
+        if not self.t.telemetry:
+            return
+        try:
+            res = self.agent.get_xfer_telemetry(self.xfers[u])
+        except Exception as exc:  # noqa: BLE001 - telemetry off by NIXL_TELEMETRY_ENABLE=n
+            raise TransportError(f"nixl: no transfer telemetry ({type(exc).__name__}: {exc}); "
+                                 "is NIXL_TELEMETRY_ENABLE set to n?") from None
+        self.tel["post_ms"].append(res.postDuration / 1e3)
+        self.tel["xfer_ms"].append(res.xferDuration / 1e3)
+        self.tel["desc_count"].append(int(res.descCount))
+        self.tel["bytes"].append(int(res.totalBytes))
+        self.tel["expected_desc_count"].append(self.expected)
+
+    def end_handoff(self) -> None:
+        """Handles were released on DONE (per request); nothing else is per handoff."""
+        self.xc.finish_sends()
+        self._flush()
+        self.in_handoff = False
+
+    def telemetry(self) -> dict[str, list]:
+        """Per handoff on the initiator (cold, warm-ups, timed, data check, in order)."""
+        return {k: list(v) for k, v in self.tel.items()} if self.initiator else {}
+
+
+def _reverse_regions(ids: list[int], regions: list[Region]) -> list[int]:
+    """The same blocks addressed in the reverse region order (a planted fault)."""
+    offsets = np.cumsum([0] + [r.n_blocks for r in regions[:-1]]).tolist()
+    out = []
+    for i in ids:
+        r = max(k for k, o in enumerate(offsets) if o <= i)
+        out.append(offsets[len(regions) - 1 - r] + (i - offsets[r]))
+    return out
+
+
+CHANNELS["engine"] = EngineChannel

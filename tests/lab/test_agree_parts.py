@@ -1,0 +1,80 @@
+"""`kvbench lab agree`'s arithmetic without a lab: histogram deltas from two /metrics readings,
+step-time draws, and the agreement table from a synthetic document."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench.lab import agree_engine as ae
+from kvbench.lab import agree_report as ar
+
+INF = float("inf")
+
+
+def reading(post_sum: float, n: int, buckets: dict) -> dict:
+    return {"post": (buckets, post_sum, n), "xfer": (buckets, post_sum * 2, n)}
+
+
+def test_delta_gives_exact_means_and_bucket_fractions():
+    before = reading(1.0, 10, {0.001: 5, 0.005: 10, INF: 10})
+    after = reading(1.0 + 0.012, 14, {0.001: 6, 0.005: 12, INF: 14})  # 4 more: 1, 1, 2 beyond
+    d = ae.delta(before, after)
+    assert d["post"]["count"] == 4
+    assert d["post"]["mean"] == pytest.approx(3.0)  # 12 ms over 4 transfers, exact
+    assert d["xfer"]["mean"] == pytest.approx(6.0)
+    assert d["post"]["buckets"] == [[1.0, 0.25], [5.0, 0.25], ["+Inf", 0.5]]
+    assert ae.delta(None, after) == {}
+    assert ae.delta(after, after)["post"]["count"] == 0
+
+
+def test_step_draws_keep_finite_buckets_as_cumulative_counts():
+    itl = {"count": 10, "buckets": [[5.0, 0.2], [10.0, 0.7], ["+Inf", 0.1]]}
+    assert ae.step_draws(itl)["le_ms"] == [5.0, 10.0]
+    assert ae.step_draws(itl)["count"] == [2, 9]
+    assert ae.step_draws({"count": 0, "buckets": []}) is None
+
+
+def test_interval_needs_two_repeats():
+    assert ar.interval([1.0])["ci95"] is None
+    iv = ar.interval([1.0, 1.2, 1.1])
+    assert iv["mean"] == pytest.approx(1.1) and iv["ci95"][0] < 1.1 < iv["ci95"][1]
+
+
+def _doc(engine_post: list[float], pred_post: list[float]) -> dict:
+    runs = [{"status": "done", "metrics": {
+        "post": {"count": 5, "mean": p, "buckets": [[1.0, 1.0]]},
+        "xfer": {"count": 5, "mean": 2 * p, "buckets": [[5.0, 1.0]]},
+        "bytes": {"count": 5, "mean": 524288.0, "buckets": []}}} for p in engine_post]
+    reps = [{"configs": {"engine": {"post_mean_ms": p, "xfer_mean_ms": 2 * p},
+                         "threads0": {"post_mean_ms": p / 2, "xfer_mean_ms": p}}}
+            for p in pred_post]
+    return {"rates_rps": [1.0], "engine": {"1": runs}, "plain_fit": None,
+            "p2p": {"repeats": reps, "configs": {"engine": "", "threads0": "--nixl-threads 0"}}}
+
+
+def test_agreement_ratios_targets_and_feature_costs():
+    a = ar.analyse(_doc([2.0, 2.2], [2.0, 2.0]))
+    row = a["rates"][0]
+    assert row["engine_shaped"]["ratio"]["post"]["mean"] == pytest.approx(1.05)
+    assert a["target_at_lowest_rate"]["post"]["met"] is True
+    bad = ar.analyse(_doc([3.0, 3.0], [2.0, 2.0]))  # planted: the engine pays 1.5x
+    assert bad["target_at_lowest_rate"]["post"]["met"] is False
+    assert bad["target_at_lowest_rate"]["xfer"]["met"] is False
+    cost = {c["config"]: c for c in a["factor_costs"]}
+    assert cost["threads0"]["post_feature_cost_ms"] == pytest.approx(1.0)
+    assert row["plain"]["predicted_mean_ms"] is None
+    doc = _doc([2.0, 2.2], [2.0, 2.0])
+    doc.update(agreement=a, command=["kvbench", "lab", "agree"], finished="now", host="h",
+               cpu_count=2, loadavg_end=(1.0, 1.0, 1.0))
+    doc["p2p"].update(tokens=256, tokens_why="x", block_size=128, cores=[0, 1], ucx_env={})
+    md = ar.markdown(doc)
+    assert "| 1 | 2 |" in md and "threads0" in md
+
+
+def test_engine_shaped_prediction_interpolates_and_never_extrapolates():
+    from kvbench.lab.handoff import engine_shaped_at
+
+    pts = [(1000, 0.1, 2.0), (3000, 0.3, 4.0)]
+    assert engine_shaped_at(pts, 2000) == {"post_ms": pytest.approx(0.2), "xfer_ms": pytest.approx(3.0)}
+    assert engine_shaped_at(pts, 1000)["xfer_ms"] == 2.0
+    assert engine_shaped_at(pts, 3001) is None and engine_shaped_at(pts, 10) is None
