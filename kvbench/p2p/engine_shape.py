@@ -131,7 +131,7 @@ def plan_engine(data: KVCache) -> MessagePlan:
     per_layer = 1 if s.pages == "joint" else s.parts
     bufs, layers, blocks = [], [], []
     for layer in range(s.model.layers):
-        table = [int(b) for b in data.block_tables[layer]]
+        table = data.block_ids[layer]  # the host copy: no device read per block
         for p in range(per_layer):
             r = layer * per_layer + p
             src = data.backing[layer] if s.pages == "joint" else data.backing[layer, p]
