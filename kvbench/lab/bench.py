@@ -86,7 +86,7 @@ def run_bounded(cmd: list[str], log: Path, timeout_s: float, progress=None,
             raise
     if why:
         return False, why
-    return (True, "") if proc.returncode == 0 else (False, f"vllm bench serve exited {proc.returncode} "
+    return (True, "") if proc.returncode == 0 else (False, f"{Path(cmd[0]).name} exited {proc.returncode} "
                                                           f"(see {log.name})")
 
 

@@ -103,7 +103,8 @@ def markdown(report: dict, plan) -> str:
     errors = [f"- analysis of repeat {k} failed: {e}" for k, e in report.get("analysis_errors", {}).items()]
     lines = ["# kvbench sweep report", "", f"Plan: `{report['plan']}`. {plan.summary()}", "",
              f"Command: `{' '.join(pv['command'] or [])}` (started {pv['started']}); vLLM {pv['vllm']} "
-             f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}.", "",
+             f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}; "
+             f"load generator {pv.get('client', 'vllm bench serve')}.", "",
              f"Host {m['host']} ({m['cores']} cores); 1-min load average during runs "
              f"{_num(m['load_1min_min'])}-{_num(m['load_1min_max'])}: {busy}.", "", *errors,
              "## Capacity, first failing gate and verdict", "", *_capacity_lines(report),

@@ -1,7 +1,7 @@
 """Convert AIPerf 0.13 `profile_export.jsonl` (per-request records) into kvbench request records.
 
 What AIPerf writes per request (one JSON object a line, `--export-level records` or `raw`;
-sources cited in docs/slo.md section 4):
+sources cited in docs/slo.md section 3):
     metadata.request_start_ns   time.time_ns() when the request was sent (wall clock)
     metadata.credit_issued_ns   time.time_ns() when the rate limiter released it (the schedule)
     metadata.request_end_ns     time.time_ns() at the end of the response, or of the error

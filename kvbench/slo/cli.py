@@ -146,7 +146,7 @@ def build_parser() -> ArgumentParser:
     c = sub.add_parser("convert", help="convert a load generator's per-request export (vLLM, AIPerf, GuideLLM)",
                        prog="kvbench slo convert",
                        description="Write kvbench request records from one run of vllm bench serve, "
-                                   "AIPerf or GuideLLM,\nin kvbench's definitions (docs/slo.md section 4).")
+                                   "AIPerf or GuideLLM,\nin kvbench's definitions (docs/slo.md section 3).")
     c.add_argument("--from", dest="tool", required=True, choices=list(CONVERTERS),
                    help="; ".join(f"{k}: {v}" for k, v in INPUTS.items()))
     _convert_args(c, "RESULT")

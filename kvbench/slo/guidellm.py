@@ -1,7 +1,7 @@
 """Convert GuideLLM 0.8 `benchmarks.json` (`guidellm run --output kind=json`) into kvbench records.
 
 What GuideLLM keeps per request (benchmarks[i].requests.successful|errored|incomplete, each a
-GenerativeRequestStats; sources cited in docs/slo.md section 4), times in epoch seconds
+GenerativeRequestStats; sources cited in docs/slo.md section 3), times in epoch seconds
 (time.time()):
     info.timings.targeted_start         when the rate profile meant to send it (the schedule)
     info.timings.request_start          when the backend sent it

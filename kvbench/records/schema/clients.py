@@ -2,7 +2,7 @@
 
 Only the fields kvbench converts are typed and bounded; everything else in these files is
 the tool's own business and kept as it is (Open). Field meanings, units and clock origins
-are cited from each tool's source in docs/slo.md (section 4).
+are cited from each tool's source in docs/slo.md (section 3).
 """
 
 from __future__ import annotations
