@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.cli import UsageError
 from kvbench.lab import bench
 
 CLIENTS = ("vllm", "aiperf", "guidellm")
+# start-up of AIPerf (its services, tokenizer, dataset) and GuideLLM (tokenizer, synthetic data,
+# workers) before the first request: 20-90 s seen on the busy 2-core lab machine
+STARTUP_S = 180.0
 VERSIONS = {"aiperf": "0.13.0", "guidellm": "0.8.1"}  # the versions kvbench's converters were checked on
 
 
@@ -50,10 +53,15 @@ def find_client(tool: str, lab_vllm: Path | None) -> str:
 
 @dataclass(frozen=True)
 class ClientRun:
-    """One run's command line and where its result lands (what `slo convert` reads)."""
+    """One run's command line, where its result lands (what `slo convert` reads), its environment."""
 
     cmd: list[str]
     result: Path
+    # AIPerf 0.13 cannot load a tokenizer from a local folder under HF_HUB_OFFLINE=1
+    # (HFValidationError "Repo id must be in the form ...", seen in the lab test), so only
+    # vLLM's client runs with the Hugging Face offline switches
+    env: dict[str, str] = field(default_factory=dict)
+    startup_s: float = 0.0  # the tool's own start-up before its first request (added to the bounds)
 
 
 def client_run(tool: str, exe: str, run: bench.BenchRun, folder: Path, prepass: bool = False) -> ClientRun:
@@ -62,12 +70,12 @@ def client_run(tool: str, exe: str, run: bench.BenchRun, folder: Path, prepass: 
     if tool == "vllm":
         out = folder / f"{stem}.json" if prepass else folder / "vllm-bench.json"
         return ClientRun(bench.bench_cmd(exe, run, out, rate="inf" if prepass else None,
-                                         concurrency=4 if prepass else None), out)
+                                         concurrency=4 if prepass else None), out, dict(bench.OFFLINE_ENV))
     if tool == "aiperf":
         out = folder / ("aiperf-warm" if prepass else "aiperf")
-        return ClientRun(aiperf_cmd(exe, run, out, prepass), out)
+        return ClientRun(aiperf_cmd(exe, run, out, prepass), out, startup_s=STARTUP_S)
     out = folder / ("guidellm-warm" if prepass else "guidellm") / "benchmarks.json"
-    return ClientRun(guidellm_cmd(exe, run, out, prepass), out)
+    return ClientRun(guidellm_cmd(exe, run, out, prepass), out, startup_s=STARTUP_S)
 
 
 def aiperf_cmd(exe: str, run: bench.BenchRun, out: Path, prepass: bool = False) -> list[str]:

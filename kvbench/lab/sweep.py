@@ -145,7 +145,8 @@ class Sweep:
             return "prefix cache reset on every instance"
         if point.cache_state == "warm":
             cr = client_run(self.client, self.exe, run, folder, prepass=True)
-            ok, why = bench.run_bounded(cr.cmd, self.log(folder, prepass=True), bench.wall_bound_s(run, 60))
+            ok, why = bench.run_bounded(cr.cmd, self.log(folder, prepass=True),
+                                        bench.wall_bound_s(run, 60) + cr.startup_s, env_extra=cr.env)
             return "same prompts sent once before the run (prefix cache warm)" if ok else f"prepass failed: {why}"
         return f"cache state {point.cache_state!r} is a label only (kvbench knows cold and warm)"
 
@@ -163,12 +164,12 @@ class Sweep:
         run = self.bench_run(point, target)
         cache_note = self.prepare_cache(point, target, folder, run)
         load_before = os.getloadavg()[0]
-        bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0)
-        t0 = time.time()
         cr = client_run(self.client, self.exe, run, folder)
+        bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0) + cr.startup_s
+        t0 = time.time()
         with scraping(target.metrics, folder, bound, point):
             ok, why = bench.run_bounded(cr.cmd, self.log(folder), bound, progress(target.metrics),
-                                        self.c.request_deadline_ms / 1000.0 + 10.0)
+                                        self.c.request_deadline_ms / 1000.0 + 10.0, cr.env, cr.startup_s)
         records = self.convert(point, folder, cr.result) if ok else None
         result = {"point": asdict(point), "client": self.client, "status": "done" if records else "failed",
                   "reason": why if not ok else ("" if records else "conversion failed"),
