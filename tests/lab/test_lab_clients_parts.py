@@ -96,3 +96,33 @@ def test_each_client_gets_the_same_open_loop_workload(tmp_path):
     assert flag(warm_a.cmd, "--concurrency") == "4" and "--request-rate" not in warm_a.cmd
     assert flag(warm_g.cmd, "--profile") == "kind=concurrent,streams=4"
     assert warm_a.result != client_run("aiperf", "aiperf", RUN, tmp_path).result
+
+
+def test_start_up_allowance_delays_the_stall_watch(tmp_path):
+    """A client silent through its start-up is not a stalled deployment; without the allowance
+    the same silence is killed as a stall (the fault the lab test met with GuideLLM)."""
+    cmd = ["sh", "-c", "sleep 3"]
+
+    def flat():
+        return (0,)
+
+    ok, why = bench.run_bounded(cmd, tmp_path / "a.log", 600, flat, 0.5, {}, startup_s=600)
+    assert (ok, why) == (True, "")
+    ok, why = bench.run_bounded(cmd, tmp_path / "b.log", 600, flat, 0.5, {})
+    assert not ok and "no token generated" in why
+    ok, why = bench.run_bounded(["sh", "-c", "exit 3"], tmp_path / "c.log", 600, env_extra={})
+    assert not ok and why == "sh exited 3 (see c.log)"
+
+
+def test_sweep_without_the_client_installed_is_one_line(tmp_path, monkeypatch):
+    import kvbench.lab.sweep
+    from tests.test_robust import run
+
+    monkeypatch.setenv("KVBENCH_CLIENTS_HOME", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.setattr(kvbench.lab.sweep.labenv, "missing_reason", lambda: None)  # CI may lack the lab venv
+    rc, _, err = run(kvbench.lab.sweep.cli, EXAMPLE, "--client", "guidellm", "--out", tmp_path / "s")
+    assert rc == 2 and err.count("\n") == 1 and "pip install guidellm==0.8.1" in err, err
+    assert not (tmp_path / "s").exists()
+    rc, _, err = run(kvbench.lab.sweep.cli, EXAMPLE, "--client", "locust")
+    assert rc == 2 and "invalid choice: 'locust'" in err
