@@ -126,3 +126,12 @@ def test_sweep_without_the_client_installed_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "s").exists()
     rc, _, err = run(kvbench.lab.sweep.cli, EXAMPLE, "--client", "locust")
     assert rc == 2 and "invalid choice: 'locust'" in err
+
+
+def test_report_provenance_names_the_load_generator(tmp_path):
+    from kvbench.lab.sweepreport import provenance
+
+    for client, label in (("aiperf", "aiperf 0.13.0"), ("guidellm", "guidellm 0.8.1"), ("vllm", "vllm bench serve")):
+        out = tmp_path / client
+        open_out(out, str(EXAMPLE), [], client)
+        assert provenance(out)["client"] == label
