@@ -113,7 +113,7 @@ def markdown(report: dict, plan) -> str:
              "## KV transfers and the engine against kvbench's model", "", *_kv_lines(report), "",
              "## Plots", "", *[f"- `{p}`" for p in report["plots"]], "",
              f"## Raw files ({len(report['files'])})", "",
-             "Every run folder keeps the vllm bench result and log, the converted records, the scrape of "
+             "Every run folder keeps the load generator's result and log, the converted records, the scrape of "
              "every instance's /metrics (`scrape.jsonl`) and `run.json`; `analysis/` holds kvbench slo's "
              "JSON reports and plots, `handoff-model/` the p2p records and fit: see sweep-report.json "
              "`files` for the full list.", ""]
