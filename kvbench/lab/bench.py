@@ -67,34 +67,41 @@ def bench_cmd(vllm: str, run: BenchRun, out: Path, rate: str | None = None,
                   "--result-filename", out.name]
 
 
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
 def run_bounded(cmd: list[str], log: Path, timeout_s: float, progress=None,
-                stall_s: float | None = None, start_grace_s: float = 0.0) -> tuple[bool, str]:
+                stall_s: float | None = None, env_extra: dict[str, str] | None = None,
+                startup_s: float = 0.0) -> tuple[bool, str]:
     """Run cmd in its own process group; (ok, reason).
 
+    env_extra (default: Hugging Face offline, no vLLM usage stats) is added to the environment;
+    startup_s is the client's own start-up before its first request (AIPerf and GuideLLM spend
+    a minute on a busy 2-core machine): the stall watch starts after it.
     Killed (the whole group) past timeout_s, or when progress() - a number that grows
     while the deployment works, e.g. tokens generated - has not changed for stall_s
     (not counted during the first start_grace_s: the client's own start-up on a busy host).
     """
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    env = dict(os.environ, **(OFFLINE_ENV if env_extra is None else env_extra))
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
         try:
-            why = _watch(proc, timeout_s, progress, stall_s, start_grace_s)
+            why = _watch(proc, timeout_s, progress, stall_s, startup_s)
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
     if why:
         return False, why
-    return (True, "") if proc.returncode == 0 else (False, f"vllm bench serve exited {proc.returncode} "
+    return (True, "") if proc.returncode == 0 else (False, f"{Path(cmd[0]).name} exited {proc.returncode} "
                                                           f"(see {log.name})")
 
 
-def _watch(proc, timeout_s: float, progress, stall_s: float | None, grace_s: float = 0.0) -> str:
+def _watch(proc, timeout_s: float, progress, stall_s: float | None, startup_s: float = 0.0) -> str:
     """Wait for proc; kill it and say why when it runs too long or the deployment stalls."""
     t0 = time.monotonic()
-    last, last_change = None, t0 + grace_s
+    last, last_change = None, t0 + startup_s
     while proc.poll() is None:
         now = time.monotonic()
         if progress is not None and stall_s is not None:

@@ -1,7 +1,8 @@
 """`kvbench sweep PLAN.yaml`: the plan's equal-budget rate sweep, run and judged.
 
 For every deployment x cache state x offered rate (x repeat) one bounded open-loop
-`vllm bench serve` run, with the deployment's /metrics recorded during it by `kvbench slo
+run of the chosen load generator (`--client`: `vllm bench serve`, AIPerf or GuideLLM,
+kvbench.lab.clients), with the deployment's /metrics recorded during it by `kvbench slo
 scrape`; records converted and analysed (with the scrapes) by `kvbench slo`; one report
 (kvbench.lab.sweepreport). With a `lab:` section and no endpoints the deployments are
 started locally, one at a time (an idle deployment would share the cores), and stopped
@@ -27,6 +28,7 @@ from pathlib import Path
 from kvbench.cli import ArgumentParser, UsageError
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
+from kvbench.lab.clients import CLIENTS, client_run, find_client
 from kvbench.lab.procs import run_interruptible, stop_on_exit
 from kvbench.records.write import utc_stamp, write_new_file
 
@@ -125,10 +127,14 @@ def set_aside(folder: Path) -> None:
 
 
 class Sweep:
-    def __init__(self, plan, lab, out: Path, vllm: str):
-        self.plan, self.lab, self.out, self.vllm = plan, lab, out, vllm
+    def __init__(self, plan, lab, out: Path, exe: str, client: str = "vllm"):
+        self.plan, self.lab, self.out, self.exe, self.client = plan, lab, out, exe, client
         self.c = plan.criteria
         self.start_grace_s = 0.0  # stall watch paused while the client starts (kvbench lab agree)
+
+    def log(self, folder: Path, prepass: bool = False) -> Path:
+        name = "vllm-bench" if self.client == "vllm" else f"{self.client}-bench"
+        return folder / ("warm-prepass.log" if prepass else f"{name}.log")
 
     def prepare_cache(self, point: Point, target: Target, folder: Path, run: bench.BenchRun) -> str:
         """cold: every instance's prefix cache reset; warm: the same prompts sent once first."""
@@ -139,8 +145,9 @@ class Sweep:
                 _post(base + "/reset_prefix_cache")
             return "prefix cache reset on every instance"
         if point.cache_state == "warm":
-            cmd = bench.bench_cmd(self.vllm, run, folder / "warm-prepass.json", rate="inf", concurrency=4)
-            ok, why = bench.run_bounded(cmd, folder / "warm-prepass.log", bench.wall_bound_s(run, 60))
+            cr = client_run(self.client, self.exe, run, folder, prepass=True)
+            ok, why = bench.run_bounded(cr.cmd, self.log(folder, prepass=True),
+                                        bench.wall_bound_s(run, 60) + cr.startup_s, env_extra=cr.env)
             return "same prompts sent once before the run (prefix cache warm)" if ok else f"prepass failed: {why}"
         return f"cache state {point.cache_state!r} is a label only (kvbench knows cold and warm)"
 
@@ -158,15 +165,16 @@ class Sweep:
         run = self.bench_run(point, target)
         cache_note = self.prepare_cache(point, target, folder, run)
         load_before = os.getloadavg()[0]
-        bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0)
+        cr = client_run(self.client, self.exe, run, folder)
+        bound = bench.wall_bound_s(run, self.c.request_deadline_ms / 1000.0) + cr.startup_s
         t0 = time.time()
         with scraping(target.metrics, folder, bound, point):
-            ok, why = bench.run_bounded(bench.bench_cmd(self.vllm, run, folder / "vllm-bench.json"),
-                                        folder / "vllm-bench.log", bound, progress(target.metrics),
-                                        self.c.request_deadline_ms / 1000.0 + 10.0,
-                                        self.start_grace_s)
-        records = self.convert(point, folder) if ok else None
-        result = {"point": asdict(point), "status": "done" if records else "failed",
+            grace = max(cr.startup_s, self.start_grace_s)
+            ok, why = bench.run_bounded(cr.cmd, self.log(folder), bound + grace - cr.startup_s,
+                                        progress(target.metrics),
+                                        self.c.request_deadline_ms / 1000.0 + 10.0, cr.env, grace)
+        records = self.convert(point, folder, cr.result) if ok else None
+        result = {"point": asdict(point), "client": self.client, "status": "done" if records else "failed",
                   "reason": why if not ok else ("" if records else "conversion failed"),
                   "cache": cache_note, "num_prompts": run.num_prompts, "seed": run.seed,
                   "scrape": (folder / "scrape.jsonl").exists(),
@@ -175,9 +183,9 @@ class Sweep:
         write_new_file(folder / "run.json", json.dumps(result, indent=2) + "\n")
         return result
 
-    def convert(self, point: Point, folder: Path) -> Path | None:
+    def convert(self, point: Point, folder: Path, result: Path) -> Path | None:
         out = folder / "records.jsonl"
-        cmd = [sys.executable, "-m", "kvbench", "slo", "convert-vllm", str(folder / "vllm-bench.json"),
+        cmd = [sys.executable, "-m", "kvbench", "slo", "convert", "--from", self.client, str(result),
                "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
                "--cache-state", point.cache_state, "--out", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -210,8 +218,8 @@ def plan_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def open_out(out: Path, plan_path: str, argv: list[str]) -> None:
-    """Create the sweep folder, or resume one made from the same plan file."""
+def open_out(out: Path, plan_path: str, argv: list[str], client: str = "vllm") -> None:
+    """Create the sweep folder, or resume one made from the same plan file with the same client."""
     meta = out / "sweep.json"
     digest = plan_digest(plan_path)
     if meta.exists():
@@ -219,10 +227,14 @@ def open_out(out: Path, plan_path: str, argv: list[str]) -> None:
         if old.get("plan_sha256_16") != digest:
             raise UsageError(f"{out} holds a sweep of a different plan (or the plan changed); "
                              "use a new --out folder")
+        if old.get("client", "vllm") != client:
+            raise UsageError(f"{out} holds a sweep driven by --client {old.get('client', 'vllm')}; "
+                             f"use a new --out folder for --client {client}")
         print(f"sweep: resuming in {out}", file=sys.stderr)
         return
     out.mkdir(parents=True, exist_ok=True)
     write_new_file(meta, json.dumps({"schema": SCHEMA, "plan": plan_path, "plan_sha256_16": digest,
+                                     "client": client,
                                      "command": ["kvbench", "sweep", *argv],
                                      "started": utc_stamp()}, indent=2) + "\n")
     (out / "plan.yaml").write_bytes(Path(plan_path).read_bytes())
@@ -266,6 +278,9 @@ def build_parser() -> ArgumentParser:
                    "folder of the same plan is resumed")
     p.add_argument("--repeats", type=int, default=1, help="runs per point; the report gives medians "
                    "and the spread across them (default 1)")
+    p.add_argument("--client", choices=CLIENTS, default="vllm",
+                   help="load generator: vllm (vllm bench serve, the lab's), aiperf or guidellm (each from "
+                        "its own venv, see kvbench.lab.clients; default vllm)")
     p.add_argument("--no-handoff-model", action="store_true",
                    help="skip the p2p NIXL references (plain and engine-shaped) and the "
                         "engine-vs-model comparison")
@@ -284,9 +299,9 @@ def main(argv=None) -> int:
     local = [n for n, d in plan.deployment_specs.items() if not d.endpoint]
     if local and labenv.missing_reason():
         raise UsageError(labenv.missing_reason())
-    vllm = bench.find_vllm(labenv.lab_bin("vllm") if lab else None)
+    exe = find_client(args.client, labenv.lab_bin("vllm") if lab else None)
     out = Path(args.out or f"lab-sweep-{utc_stamp()}")
-    open_out(out, args.plan, argv)
+    open_out(out, args.plan, argv, args.client)
     fit = engine_ref = None
     if lab and not args.no_handoff_model:
         fit = reference_fit(lab, out)
@@ -295,7 +310,7 @@ def main(argv=None) -> int:
     todo = [p for p in pts if not (p.folder(out) / "run.json").exists()]
     print(f"sweep: {len(pts)} runs, {len(pts) - len(todo)} already done", file=sys.stderr, flush=True)
     counter = [len(pts) - len(todo)]
-    sweep = Sweep(plan, lab, out, vllm)
+    sweep = Sweep(plan, lab, out, exe, args.client)
     for name in plan.deployments:
         mine = [p for p in todo if p.deployment == name]
         if mine:

@@ -114,7 +114,8 @@ def markdown(report: dict, plan) -> str:
     errors = [f"- analysis of repeat {k} failed: {e}" for k, e in report.get("analysis_errors", {}).items()]
     lines = ["# kvbench sweep report", "", f"Plan: `{report['plan']}`. {plan.summary()}", "",
              f"Command: `{' '.join(pv['command'] or [])}` (started {pv['started']}); vLLM {pv['vllm']} "
-             f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}.", "",
+             f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}; "
+             f"load generator {pv.get('client', 'vllm bench serve')}.", "",
              f"Host {m['host']} ({m['cores']} cores); 1-min load average during runs "
              f"{_num(m['load_1min_min'])}-{_num(m['load_1min_max'])}: {busy}.", "", *errors,
              "## Capacity, first failing gate and verdict", "", *_capacity_lines(report),
@@ -123,7 +124,7 @@ def markdown(report: dict, plan) -> str:
              "## KV transfers and the engine against kvbench's model", "", *_kv_lines(report), "",
              "## Plots", "", *[f"- `{p}`" for p in report["plots"]], "",
              f"## Raw files ({len(report['files'])})", "",
-             "Every run folder keeps the vllm bench result and log, the converted records, the scrape of "
+             "Every run folder keeps the load generator's result and log, the converted records, the scrape of "
              "every instance's /metrics (`scrape.jsonl`) and `run.json`; `analysis/` holds kvbench slo's "
              "JSON reports and plots, `handoff-model/` the p2p records and fit: see sweep-report.json "
              "`files` for the full list.", ""]

@@ -240,7 +240,15 @@ def provenance(out: Path) -> dict:
     except OSError:
         commit = None
     return {"command": meta.get("command"), "started": meta.get("started"), "kvbench_commit": commit,
-            "vllm": labenv.VLLM_VERSION, "nixl": labenv.NIXL_VERSION, "python": platform.python_version()}
+            "vllm": labenv.VLLM_VERSION, "nixl": labenv.NIXL_VERSION, "python": platform.python_version(),
+            "client": client_label(meta.get("client", "vllm"))}
+
+
+def client_label(client: str) -> str:
+    """The load generator and the version its converter was checked on (kvbench.lab.clients)."""
+    from kvbench.lab.clients import VERSIONS
+
+    return "vllm bench serve" if client == "vllm" else f"{client} {VERSIONS[client]}"
 
 
 def _capacities(analyses: dict, runs: list[dict], plan) -> tuple[dict, dict]:

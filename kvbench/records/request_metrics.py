@@ -7,6 +7,9 @@
     max ITL  = the largest chunk gap of one request               (one sample per request)
     E2E_ms   = finish - actual send
 
+A record whose client kept only the first and last chunk (chunk_gaps_recorded false) has
+TTFT, TPOT and E2E but no chunk gap: its ITL samples are absent and its max ITL unknown.
+
 TTFT starts at the *actual* send, as vLLM and AIPerf measure it; a client that falls behind
 its schedule shows up as send lag (scheduled -> actual), reported beside it, not hidden in it.
 """
@@ -47,7 +50,8 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     chunks = rec.chunk_times_ms
     ttft = chunks[0] - rec.actual_send_ms
     tpot = (chunks[-1] - chunks[0]) / (rec.output_tokens - 1) if rec.output_tokens >= 2 else None
-    itls = tuple(b - a for a, b in pairwise(chunks))
+    # without the gaps between first and last chunk (GuideLLM) no gap is known, only TPOT
+    itls = tuple(b - a for a, b in pairwise(chunks)) if rec.chunk_gaps_recorded else ()
     return RequestMetrics(rec, ttft, tpot, itls, max(itls) if itls else None,
                           rec.finish_ms - rec.actual_send_ms, lag)
 

@@ -47,6 +47,7 @@ class RequestRecord:
     input_tokens: int | None = None
     error: str | None = None
     cache_state: str | None = None  # the plan's cache state this run was made under
+    chunk_gaps_recorded: bool = True  # False: chunk_times_ms is (first, last) only (GuideLLM keeps no more)
     where: str = ""  # FILE:LINE, for messages
 
     @property
@@ -87,7 +88,7 @@ def _record(r: RequestIn, where: str) -> RequestRecord:
         scheduled_send_ms=_f(r.scheduled_send_ms), chunk_times_ms=tuple(map(float, r.chunks)),
         chunk_tokens=tuple(r.chunk_tokens) if r.chunk_tokens is not None else None,
         end_ms=_f(r.end_ms), input_tokens=r.input_tokens, error=r.error, cache_state=r.cache_state,
-        where=where)
+        chunk_gaps_recorded=r.chunk_gaps_recorded, where=where)
 
 
 def _f(x: float | None) -> float | None:
@@ -150,6 +151,8 @@ def record_to_json(rec: RequestRecord, meta: dict | None = None) -> dict:
         out["error"] = rec.error
     if rec.cache_state is not None:
         out["cache_state"] = rec.cache_state
+    if not rec.chunk_gaps_recorded:
+        out["chunk_gaps_recorded"] = False
     if meta:
         out["meta"] = meta
     return out

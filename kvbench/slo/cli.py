@@ -1,4 +1,4 @@
-"""`kvbench slo` / `python -m kvbench.slo`: validate a plan, convert vLLM results, analyze records."""
+"""`kvbench slo` / `python -m kvbench.slo`: validate a plan, convert load generators' results, analyze records."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from kvbench.records.write import (
     dumps_json,
     new_file_stream,
     write_files,
-    write_new_file,
 )
 from kvbench.slo import synth
+from kvbench.slo.convert import CONVERTERS, INPUTS, cmd_convert
 from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
 from kvbench.slo.engines import ENGINES, all_known_families, load_mapping
 from kvbench.slo.gates import (
@@ -38,14 +38,15 @@ from kvbench.slo.gates import (
 from kvbench.slo.plan import Plan, load_plan
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
-from kvbench.slo.vllm import convert_vllm
 
 SCHEMA_REPORT = "kvbench.slo.report/1"
 
 _EPILOG = """\
 examples:
   kvbench slo validate-plan examples/pd-benchmark-plan.yaml
-  kvbench slo convert-vllm vllm-agg-4qps.json --deployment aggregated --out agg-4.jsonl
+  kvbench slo convert --from vllm vllm-agg-4qps.json --deployment aggregated --out agg-4.jsonl
+  kvbench slo convert --from aiperf artifacts/ --deployment disaggregated --out disagg-4.jsonl
+  kvbench slo convert --from guidellm benchmarks.json --deployment aggregated --out agg-2.jsonl
   kvbench slo analyze agg-*.jsonl disagg-*.jsonl --plan examples/pd-benchmark-plan.yaml --plot sweep.png
   kvbench slo synth cohort --out cohort.jsonl
   kvbench slo analyze cohort.jsonl --ttft-max-ms 2000 --tpot-max-ms 50 \\
@@ -54,7 +55,7 @@ examples:
       --interval 1 --duration 120 --out run.metrics.jsonl
   kvbench slo analyze disagg-4.jsonl --plan PLAN.yaml --metrics run.metrics.jsonl --fit link.fit.json
 
-Record format, every output field and the vLLM/AIPerf name mapping: docs/slo.md
+Record format, every output field and the vLLM/AIPerf/GuideLLM definitions: docs/slo.md
 """
 
 # analyze flags that a plan also declares: giving both is ambiguous, so it is refused
@@ -78,6 +79,17 @@ def _fraction(text: str) -> float:
     if not 0 <= v <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}")
     return v
+
+
+def _convert_args(c, metavar: str) -> None:
+    c.add_argument("result", metavar=metavar)
+    c.add_argument("--deployment", required=True, help="deployment name for every record")
+    c.add_argument("--offered-rate", type=_RATE, help="offered rate in requests/s (default: the run's own rate)")
+    c.add_argument("--index", type=arg_int(0, 10**6),
+                   help="which result of a vLLM --append-result file, or which benchmark of a GuideLLM report")
+    c.add_argument("--cache-state", metavar="STATE",
+                   help="the plan's cache state this run was made under (e.g. cold, warm)")
+    c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
 
 
 def build_parser() -> ArgumentParser:
@@ -131,15 +143,16 @@ def build_parser() -> ArgumentParser:
                        prog="kvbench slo validate-plan")
     v.add_argument("plan", metavar="PLAN.yaml")
 
-    c = sub.add_parser("convert-vllm", help="convert vllm bench serve --save-result --save-detailed JSON",
-                       prog="kvbench slo convert-vllm")
-    c.add_argument("result", metavar="RESULT.json")
-    c.add_argument("--deployment", required=True, help="deployment name for every record")
-    c.add_argument("--offered-rate", type=_RATE, help="offered rate in requests/s (default: the file's request_rate)")
-    c.add_argument("--index", type=arg_int(0, 10**6), help="which result of an --append-result file")
-    c.add_argument("--cache-state", metavar="STATE",
-                   help="the plan's cache state this run was made under (e.g. cold, warm)")
-    c.add_argument("--out", metavar="FILE.jsonl", help="write records here (never overwrites); default stdout")
+    c = sub.add_parser("convert", help="convert a load generator's per-request export (vLLM, AIPerf, GuideLLM)",
+                       prog="kvbench slo convert",
+                       description="Write kvbench request records from one run of vllm bench serve, "
+                                   "AIPerf or GuideLLM,\nin kvbench's definitions (docs/slo.md section 3).")
+    c.add_argument("--from", dest="tool", required=True, choices=list(CONVERTERS),
+                   help="; ".join(f"{k}: {v}" for k, v in INPUTS.items()))
+    _convert_args(c, "RESULT")
+    cv = sub.add_parser("convert-vllm", help="the same as convert --from vllm",
+                        prog="kvbench slo convert-vllm")
+    _convert_args(cv, "RESULT.json")
 
     sc = sub.add_parser("scrape", help="record timestamped samples of engines' Prometheus /metrics",
                         prog="kvbench slo scrape",
@@ -209,7 +222,7 @@ class _PlanCheck:
         if state is None and len(states) > 1:
             raise UsageError(f"{r.where}: the plan runs every rate once per cache state "
                              f"({', '.join(states)}): the record must say which (cache_state; "
-                             "convert-vllm --cache-state)")
+                             "convert --cache-state)")
         if state is not None and state not in states:
             raise UsageError(f"{r.where}: cache state {state!r} is not in the plan's cache_state "
                              f"({', '.join(states)})")
@@ -349,32 +362,6 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def cmd_convert(args) -> int:
-    if not args.deployment.strip():
-        raise UsageError("--deployment must not be empty")
-    if args.cache_state is not None and not args.cache_state.strip():
-        raise UsageError("--cache-state must not be empty")
-    if args.out:
-        check_new_file(args.out)
-    rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
-    if args.cache_state is not None:
-        rows = [{**r, "cache_state": args.cache_state} for r in rows]
-    text = dumps_jsonl(rows)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    if args.out:
-        write_new_file(Path(args.out), text)
-        print(f"{args.out}: {len(rows)} records ({summary}) for {args.deployment} at "
-              f"{rows[0]['offered_rate_rps']:g} rps")
-    else:
-        sys.stdout.write(text)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-    return 0
-
-
 def _synth_inputs(args) -> tuple[tuple, float, int, tuple]:
     """(rates, duration_s, warm-up requests, cache states) from --plan or the flags, bounded."""
     if args.plan:
@@ -420,8 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_analyze(args, argv)
     if args.command == "validate-plan":
         return cmd_validate(args)
-    if args.command == "convert-vllm":
-        return cmd_convert(args)
+    if args.command in ("convert", "convert-vllm"):
+        return cmd_convert(args, "vllm" if args.command == "convert-vllm" else args.tool)
     if args.command == "scrape":
         return cmd_scrape(args, argv)
     return cmd_synth(args)

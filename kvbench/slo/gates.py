@@ -139,7 +139,8 @@ def request_failures(m: RequestMetrics, c: Criteria) -> list[str]:
     if ("tpot" in lim and m.record.output_tokens >= c.output_tokens_minimum_for_tpot
             and m.tpot_ms is not None and m.tpot_ms > lim["tpot"]):
         fails.append("tpot")
-    if "max_itl" in lim and m.max_itl_ms is not None and m.max_itl_ms > lim["max_itl"]:
+    if "max_itl" in lim and ((m.max_itl_ms is not None and m.max_itl_ms > lim["max_itl"])
+                             or not m.record.chunk_gaps_recorded):  # unknown: not met (fail closed)
         fails.append("max_itl")
     if "deadline" in lim and m.e2e_ms > lim["deadline"]:
         fails.append("deadline")
@@ -155,10 +156,10 @@ def _limit_misses(a: dict, ok: np.ndarray, c: Criteria) -> dict[str, np.ndarray]
     if "tpot" in lim:
         out["tpot"] = ok & (a["tokens"] >= c.output_tokens_minimum_for_tpot) & (a["tpot"] > lim["tpot"])
     if "max_itl" in lim:
-        out["max_itl"] = ok & (a["max_itl"] > lim["max_itl"])
+        out["max_itl"] = ok & ((a["max_itl"] > lim["max_itl"]) | (a["gaps_unknown"] != 0))  # fail closed
     if "deadline" in lim:
         out["deadline"] = ok & (a["e2e"] > lim["deadline"])
-    return out  # NaN compares False: an undefined value never misses a limit
+    return out  # NaN compares False: an undefined value never misses a limit (unrecorded gaps excepted)
 
 
 def _in_flight_at_sends(send: np.ndarray, finish: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -344,7 +345,8 @@ def analyze_group(group: Run | Sequence[RequestRecord], c: Criteria) -> GroupRep
     counts = {"records": len(run), "warmup_excluded": len(run) - n, "offered_after_warmup": n,
               **{s: status.get(s, 0) for s in STATUSES}, "meeting_limits": n_good,
               "missed_limit": {k: int(v.sum()) for k, v in misses.items()},
-              "tpot_not_applicable": int((ok & (a["tokens"] < c.output_tokens_minimum_for_tpot)).sum())}
+              "tpot_not_applicable": int((ok & (a["tokens"] < c.output_tokens_minimum_for_tpot)).sum()),
+              "chunk_gaps_unrecorded": int((ok & (a["gaps_unknown"] != 0)).sum())}
     gates, attainment, error_rate = _gates(n, n_ok, n_good, status, c)
     queue, qgate = _queue(a, meas, c)
     gates += [qgate, _lag_gate(lag, client, run.offered_rate_rps, c)]
@@ -486,7 +488,9 @@ def method_notes(c: Criteria) -> dict:
         "tpot": (f"(last chunk - first chunk) / (output_tokens - 1), successful requests with "
                  f">= {c.output_tokens_minimum_for_tpot} output tokens (vLLM TPOT = AIPerf inter_token_latency)"),
         "itl_per_chunk": "gap between successive chunks, pooled over all chunk gaps (vLLM ITL = AIPerf inter_chunk_latency)",
-        "max_itl_per_request": "largest chunk gap of each successful request",
+        "max_itl_per_request": "largest chunk gap of each successful request (a request whose client "
+                               "kept no chunk gaps, e.g. GuideLLM, misses a declared max ITL limit: "
+                               "fail closed)",
         "attainment": (f"numerator {c.numerator}: {NUMERATORS[c.numerator]}; shown of successful and of "
                        f"all offered after warm-up; gate uses {c.denominator}"),
         "error_rate": "(error + rejected + timeout) / offered after warm-up",

@@ -148,7 +148,9 @@ def format_table(r: dict) -> str:
             f"  TTFT ms      {_pcts(lat['ttft'])}  (n={lat['ttft']['n']})",
             f"  TPOT ms      {_pcts(lat['tpot'])}  (n={lat['tpot']['n']})",
             f"  ITL ms       {_pcts(lat['itl_per_chunk'])}  (per chunk, n={lat['itl_per_chunk']['n']})",
-            f"  max ITL ms   {_pcts(lat['max_itl_per_request'])}  (per request)",
+            f"  max ITL ms   {_pcts(lat['max_itl_per_request'])}  (per request)"
+            + (f"; chunk gaps not recorded by the client for {c['chunk_gaps_unrecorded']} requests"
+               if c.get("chunk_gaps_unrecorded") else ""),
             f"  attainment   {a['numerator_count']} meet limits: {_f(a['of_successful_pct'])}% of "
             f"{a['successful_count']} successful, {_f(a['of_all_offered_pct'])}% of "
             f"{a['offered_after_warmup_count']} offered (missed: {missed or 'none'})",

@@ -34,7 +34,7 @@ class Run:
     offered_rate_rps: float
     cols: dict[str, array] = field(default_factory=lambda: {
         **{k: array("d") for k in _FLOAT_COLUMNS}, "status": array("b"), "tokens": array("q"),
-        "n_gaps": array("q"), "gaps": array("d")})
+        "n_gaps": array("q"), "gaps": array("d"), "gaps_unknown": array("b")})
 
     def add(self, r: RequestRecord) -> None:
         c = self.cols
@@ -47,7 +47,7 @@ class Run:
         gaps: list[float] = []
         if r.status == "ok":  # plain Python: a request has tens of chunks, too few for numpy
             chunks = r.chunk_times_ms
-            gaps = [b - a for a, b in pairwise(chunks)]
+            gaps = [b - a for a, b in pairwise(chunks)] if r.chunk_gaps_recorded else []
             ttft = chunks[0] - r.actual_send_ms
             if r.output_tokens >= 2:
                 tpot = (chunks[-1] - chunks[0]) / (r.output_tokens - 1)
@@ -59,6 +59,7 @@ class Run:
         c["e2e"].append(e2e)
         c["gaps"].extend(gaps)
         c["n_gaps"].append(len(gaps))
+        c["gaps_unknown"].append(r.status == "ok" and not r.chunk_gaps_recorded)
 
     def __len__(self) -> int:
         return len(self.cols["send"])

@@ -431,10 +431,10 @@ def test_the_stall_watch_waits_out_the_client_start_up(tmp_path):
     from kvbench.lab.bench import run_bounded
 
     ok, why = run_bounded(["sleep", "4.5"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
-                          start_grace_s=30)
+                          startup_s=30)
     assert ok and why == ""
     ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
-                          start_grace_s=2)
+                          startup_s=2)
     assert not ok and "stopped answering" in why
 
 

@@ -381,7 +381,7 @@ def test_records_must_match_the_plan(tmp_path, capsys, mutate, message):
 
 @pytest.mark.parametrize("state, message", [
     (None, "the plan runs every rate once per cache state (cold, warm): the record must say which "
-           "(cache_state; convert-vllm --cache-state)"),
+           "(cache_state; convert --cache-state)"),
     ("lukewarm", "cache state 'lukewarm' is not in the plan's cache_state (cold, warm)"),
 ])
 def test_records_must_carry_one_of_the_plans_cache_states(tmp_path, capsys, state, message):

@@ -66,6 +66,8 @@ class RequestIn(Strict):
     error: AnyText | None = None
     meta: dict[str, Any] | None = None
     cache_state: Text | None = None
+    chunk_gaps_recorded: bool = True  # false: the client kept the first and last chunk only
+
 
     @model_validator(mode="after")
     def _agree(self):
@@ -86,6 +88,9 @@ class RequestIn(Strict):
                              f"{len(chunks)} chunk_times_ms")
             if self.status == "ok" and sum(counts) != self.output_tokens:
                 raise refuse(f"chunk_tokens add up to {sum(counts)}, output_tokens is {self.output_tokens}")
+        if not self.chunk_gaps_recorded and (len(chunks) > 2 or counts is not None):
+            raise refuse("chunk_gaps_recorded false: chunk_times_ms holds the first and last chunk "
+                         "only (at most 2 times) and chunk_tokens must be null")
         if self.status == "ok" and (self.output_tokens < 1 or not chunks):
             raise refuse("status ok needs output_tokens >= 1 and the time of the first token")
         return self

@@ -1,0 +1,143 @@
+"""Convert GuideLLM 0.8 `benchmarks.json` (`guidellm run --output kind=json`) into kvbench records.
+
+What GuideLLM keeps per request (benchmarks[i].requests.successful|errored|incomplete, each a
+GenerativeRequestStats; sources cited in docs/slo.md section 3), times in epoch seconds
+(time.time()):
+    info.timings.targeted_start         when the rate profile meant to send it (the schedule)
+    info.timings.request_start          when the backend sent it
+    info.timings.first_token_iteration  the first streamed token
+    info.timings.last_token_iteration   the last streamed token
+    info.timings.token_iterations       how many streamed chunks carried tokens
+    info.timings.request_end            the end of the response
+    output_tokens                       the server's usage count (else one per chunk)
+    info.error                          the error text of an errored request
+It keeps no time for the chunks between the first and the last ("we don't have
+per-iteration timings", request_stats.py), so the records carry those two only
+(chunk_gaps_recorded false): TTFT, TPOT and E2E are exact, chunk gaps unknown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvbench.cli import UsageError
+from kvbench.records.requests import RequestRecord, parse_record, record_to_json
+from kvbench.records.schema.clients import GuidellmBenchmark, GuidellmReport, GuidellmRequest
+from kvbench.records.schema.read import MiB, load_json
+from kvbench.records.schema.types import parse
+from kvbench.slo.vllm import classify_error
+
+MAX_GUIDELLM_BYTES = 1024 * MiB  # every request's prompt and output text is in the file
+_OPEN_LOOP = ("poisson", "constant", "async")
+
+
+def load_report(path: str | Path) -> GuidellmReport:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "benchmarks.json"
+    doc = load_json(p, MAX_GUIDELLM_BYTES, "GuideLLM report", missing="no such file")
+    if not isinstance(doc, dict):
+        raise UsageError(f"{p}: expected a JSON object (guidellm run --output kind=json)")
+    return parse(GuidellmReport, doc, str(p))
+
+
+def pick(report: GuidellmReport, index: int | None, p: Path) -> tuple[int, GuidellmBenchmark]:
+    n = len(report.benchmarks)
+    if index is None:
+        if n > 1:
+            names = ", ".join(f"{i}: {b.config.strategy.type_}"
+                              + (f"@{b.config.strategy.rate:g}" if b.config.strategy.rate else "")
+                              for i, b in enumerate(report.benchmarks))
+            raise UsageError(f"{p}: holds {n} benchmarks ({names}); choose one with --index")
+        index = 0
+    if not 0 <= index < n:
+        raise UsageError(f"--index {index} out of range 0..{n - 1}")
+    return index, report.benchmarks[index]
+
+
+def offered_rate(b: GuidellmBenchmark, given: float | None, notes: list[str]) -> float:
+    st = b.config.strategy
+    if st.type_ not in _OPEN_LOOP:
+        notes.append(f"GuideLLM strategy {st.type_!r} is not open-loop at a fixed rate")
+    if given is not None:
+        if st.rate is not None and abs(st.rate - given) > 1e-9 * max(1.0, given):
+            raise UsageError(f"--offered-rate {given:g} differs from the benchmark's rate {st.rate:g}")
+        return given
+    if st.rate is None:
+        raise UsageError(f"GuideLLM strategy {st.type_!r} has no request rate: pass --offered-rate RPS")
+    return st.rate
+
+
+def _all_kept(b: GuidellmBenchmark, p: Path) -> None:
+    """GuideLLM may keep a sample of each status group (sample_size); kvbench needs every request."""
+    got, want = b.requests, b.metrics.request_totals
+    for name in ("successful", "errored", "incomplete"):
+        if len(getattr(got, name)) != getattr(want, name):
+            raise UsageError(f"{p}: {name}: {len(getattr(got, name))} requests kept of "
+                             f"{getattr(want, name)} made (sample_size {b.config.sample_size}): rerun "
+                             "without a sample size so that every request is in the file")
+
+
+def _record(r: GuidellmRequest, group: str, common: dict, origin: float) -> RequestRecord:
+    t = r.info.timings
+
+    def ms(x: float) -> float:
+        return round((x - origin) * 1000.0, 6)
+
+    sent = next((x for x in (t.request_start, t.resolve_start, t.targeted_start) if x is not None), None)
+    if sent is None:
+        raise UsageError(f"request {r.request_id}: no send time (request_start, resolve_start, targeted_start)")
+    send = ms(sent)
+    sched = None if t.targeted_start is None else ms(t.targeted_start)
+    end_s = t.request_end if t.request_end is not None else t.resolve_end
+    end = None if end_s is None else max(ms(end_s), send)
+    base = dict(**common, request_id=r.request_id, actual_send_ms=send, scheduled_send_ms=sched, end_ms=end)
+    out = r.output_tokens or 0
+    if group == "errored":
+        text = r.info.error or "errored (no message)"
+        return RequestRecord(**base, status=classify_error(text), output_tokens=out, error=text)
+    if group == "incomplete":
+        return RequestRecord(**base, status="timeout", output_tokens=out,
+                             error="incomplete: still running when GuideLLM ended the benchmark (cancelled)")
+    if t.first_token_iteration is None or out < 1:
+        return RequestRecord(**base, status="error", output_tokens=0,
+                             error="successful in GuideLLM, but no first token or no output tokens")
+    first, last = ms(t.first_token_iteration), ms(t.last_token_iteration or t.first_token_iteration)
+    chunks = (first,) if t.token_iterations <= 1 or last == first else (first, last)
+    whole = t.token_iterations == len(chunks)  # every chunk's time is known
+    counts = (out,) if len(chunks) == 1 and whole else None
+    return RequestRecord(**{**base, "end_ms": None if end is None else max(end, chunks[-1])}, status="ok",
+                         output_tokens=out, chunk_times_ms=chunks, chunk_tokens=counts,
+                         chunk_gaps_recorded=whole or len(chunks) == 1)
+
+
+def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float | None = None,
+                     index: int | None = None) -> tuple[list[dict], list[str]]:
+    """Records (as JSON objects) for every request of one benchmark of a GuideLLM report."""
+    p = Path(path)
+    index, b = pick(load_report(p), index, p)
+    _all_kept(b, p)
+    notes: list[str] = []
+    rate = offered_rate(b, offered_rate_rps, notes)
+    groups = [(g, r) for g in ("successful", "errored", "incomplete") for r in getattr(b.requests, g)]
+    if not groups:
+        raise UsageError(f"{p}: benchmark {index} holds no requests")
+    times = [x for _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
+                                            r.info.timings.resolve_start) if x is not None]
+    origin = min(times) if times else 0.0
+    rows = []
+    for g, r in sorted(groups, key=lambda gr: _send_key(gr[1])):
+        common = dict(deployment=deployment, offered_rate_rps=rate, input_tokens=r.prompt_tokens)
+        rec = _record(r, g, common, origin)
+        row = record_to_json(rec, {"source": "guidellm run", "file": p.name, "benchmark": index, "group": g})
+        parse_record(row, f"{p}: benchmark {index} request {r.request_id}")
+        rows.append(row)
+    if any(not r.get("chunk_gaps_recorded", True) for r in rows):
+        notes.append("GuideLLM keeps no chunk times between the first and last token: chunk gaps "
+                     "(ITL per chunk, max ITL) are unknown; a declared max ITL limit fails closed")
+    return rows, notes
+
+
+def _send_key(r: GuidellmRequest) -> float:
+    t = r.info.timings
+    return next((x for x in (t.targeted_start, t.request_start, t.resolve_start) if x is not None), 0.0)
