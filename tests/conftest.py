@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,16 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 the OS has just handed out and nobody listens on (for an
+    address that must refuse connections); servers bind port 0 themselves instead."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """python -m <args...> in a fresh interpreter, text output captured."""
     return subprocess.run([PY, "-m", *args], capture_output=True, text=True, timeout=timeout,
@@ -47,3 +59,52 @@ def run_mpi(n: int, *args: str, timeout: float = 180, cwd=None, extra_env=None,
     cmd = [mpirun, "-n", str(n), *mpi_args, PY, "-m", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=cwd or ROOT)
+
+
+# --- the committed results/, never the user's own ------------------------------------------
+
+_COPY: dict[str, Path] = {}
+
+
+def _tracked(rel: str) -> list[str]:
+    """The files git tracks under rel; without git (a tarball), every file there except
+    results/scratch (where the benchmarks' scripts write)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", rel], cwd=ROOT, capture_output=True,
+                             check=True, timeout=60).stdout.decode()
+        files = [f for f in out.split("\0") if f]
+        if files:
+            return files
+    except (OSError, subprocess.SubprocessError):
+        pass
+    base = ROOT / rel
+    found = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+    return [str(p.relative_to(ROOT)) for p in found
+            if not str(p.relative_to(ROOT)).startswith("results/scratch/")]
+
+
+def committed(rel: str) -> Path:
+    """rel (a file or folder under results/) in a temporary copy holding only what the commit
+    holds: `make bench` and the benchmark scripts write into results/, and a test reading the
+    real folder would see a user's own runs. Copied once per test process, on first use."""
+    if "root" not in _COPY:
+        _COPY["root"] = Path(tempfile.mkdtemp(prefix="kvbench-committed-"))
+        atexit.register(shutil.rmtree, _COPY["root"], ignore_errors=True)
+    top = _COPY["root"]
+    if rel not in _COPY:
+        files = _tracked(rel)
+        if not files:
+            raise FileNotFoundError(f"nothing committed under {rel}")
+        for f in files:
+            dest = top / f
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / f, dest)
+        _COPY[rel] = top / rel
+    return _COPY[rel]
+
+
+def committed_root() -> Path:
+    """The copy's top: paths recorded relative to the checkout (results/...) resolve here."""
+    committed("results/README.md")
+    return _COPY["root"]

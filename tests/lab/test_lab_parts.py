@@ -21,12 +21,12 @@ from kvbench.lab.config import parse_lab
 from kvbench.lab.planfile import load_lab_plan, load_lab_section
 from kvbench.lab.sweep import Point, open_out, points, scrape_endpoints, scraping, set_aside
 from kvbench.lab.sweepreport import adjusted_capacity
+from tests.conftest import committed, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests" / "data" / "metrics"
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
-FIT2 = ROOT / "results" / "shaped-link" / "kvbench-p2p-20261203T092334Z.fit.json"  # kvbench.fit/2
-PORTS = iter(range(19900, 19990))  # the lab's block (CONTRACTS.md section 5), clear of test_lab's
+FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
 
 
 # --- config ---------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def metrics_server():
 
     def make(grow=False):
         handler = type("H", (_Metrics,), {"grow": grow, "hits": 0})
-        server = http.server.HTTPServer(("127.0.0.1", next(PORTS)), handler)
+        server = http.server.HTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}/metrics"
@@ -206,14 +206,14 @@ def metrics_server():
 def test_fetch_reads_a_live_endpoint_and_a_dead_one_is_none(metrics_server):
     url = metrics_server()
     assert snapshot.fetch(url)["nixl_xfer_count"] == 24
-    assert snapshot.fetch(f"http://127.0.0.1:{next(PORTS)}/metrics", timeout_s=2) is None
+    assert snapshot.fetch(f"http://127.0.0.1:{free_port()}/metrics", timeout_s=2) is None
 
 
 # --- the sweep's scrape: kvbench slo scrape, stopped with the load ---------------------------
 
 def test_scraping_runs_slo_scrape_and_stops_it_with_the_load(tmp_path, metrics_server):
     decode = metrics_server()
-    dead = f"http://127.0.0.1:{next(PORTS)}/metrics"  # nobody listens: gaps, the run goes on
+    dead = f"http://127.0.0.1:{free_port()}/metrics"  # nobody listens: gaps, the run goes on
     p = Point("cold", "disaggregated", 2.0, 1)
     t0 = time.monotonic()
     with scraping({"decode": [decode], "prefill": [dead]}, tmp_path, 600, p):

@@ -23,15 +23,14 @@ from pathlib import Path
 import pytest
 
 import kvbench.slo.cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, committed
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "metrics"
-FIT = ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json"  # kvbench.fit/1: no draws
-FIT2 = ROOT / "results" / "shaped-link" / "kvbench-p2p-20261203T092334Z.fit.json"  # /2, with draws
-PORTS = iter(range(18100, 18200))  # this branch's range (CONTRACTS.md section 5)
+FIT = committed("results/kvbench-p2p-20261202T175443Z.fit.json")  # kvbench.fit/1: no draws
+FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # /2, with draws
 
 # vLLM's declarations (NixlPromMetrics): buckets exactly as vLLM builds them
 XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
@@ -95,10 +94,9 @@ class FakeVllm:
         return []
 
     def serve(self) -> tuple[str, object]:
-        port = next(PORTS)
-        server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1", registry=self.registry)
-        self.server = server
-        return f"http://127.0.0.1:{port}/metrics", server
+        server, thread = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=self.registry)
+        self.server = server  # port 0: the OS picks a free one
+        return f"http://127.0.0.1:{server.server_port}/metrics", server
 
     def stop(self):
         self.server.shutdown()
@@ -249,7 +247,7 @@ def test_an_endpoint_that_goes_away_is_a_gap_and_the_run_goes_on(tmp_path, capsy
 def test_a_hung_endpoint_costs_one_timeout_per_scrape_not_the_run(tmp_path, capsys):
     """A server that accepts and never answers: every scrape of it is a gap, bounded by the interval."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", next(PORTS)))
+    sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     out = tmp_path / "hung.jsonl"
     try:
