@@ -41,6 +41,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(ready, what: str, hang_s: float = 300, poll_s: float = 0.1):
+    """Poll ready() until it returns something true (returned): waits end on readiness, a line
+    printed or a file written, never on a clock. hang_s only turns a hang into a failure."""
+    import time
+
+    deadline = time.monotonic() + hang_s
+    while not (got := ready()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"still waiting after {hang_s:g} s (hung?): {what}")
+        time.sleep(poll_s)
+    return got
+
+
+def jsonl_kinds(path: Path) -> list[str]:
+    """The `kind` of every complete line written so far to a JSON-lines file (none if absent)."""
+    import json
+
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(x).get("kind", "") for x in text.splitlines(keepends=True)
+            if x.endswith("\n") and x.strip()]
+
+
 def run_cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """python -m <args...> in a fresh interpreter, text output captured."""
     return subprocess.run([PY, "-m", *args], capture_output=True, text=True, timeout=timeout,

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from kvbench.lab.config import parse_lab
 from kvbench.lab.planfile import load_lab_plan, load_lab_section
 from kvbench.lab.sweep import Point, open_out, points, scrape_endpoints, scraping, set_aside
 from kvbench.lab.sweepreport import adjusted_capacity
-from tests.conftest import committed, free_port
+from tests.conftest import committed, free_port, jsonl_kinds, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests" / "data" / "metrics"
@@ -215,10 +214,11 @@ def test_scraping_runs_slo_scrape_and_stops_it_with_the_load(tmp_path, metrics_s
     decode = metrics_server()
     dead = f"http://127.0.0.1:{free_port()}/metrics"  # nobody listens: gaps, the run goes on
     p = Point("cold", "disaggregated", 2.0, 1)
-    t0 = time.monotonic()
+    out = tmp_path / "scrape.jsonl"
     with scraping({"decode": [decode], "prefill": [dead]}, tmp_path, 600, p):
-        time.sleep(4.0)
-    assert time.monotonic() - t0 < 60  # stopped with the load, not after its 600 s bound
+        # the load's body ends once two readings of each endpoint are written
+        wait_for(lambda: jsonl_kinds(out).count("sample") >= 2 and "gap" in jsonl_kinds(out),
+                 "two scrapes in " + str(out))
     rows = [json.loads(x) for x in (tmp_path / "scrape.jsonl").read_text().splitlines()]
     head, end = rows[0], rows[-1]
     assert head["schema"] == "kvbench.slo.metrics/1" and head["deployment"] == "disaggregated"
@@ -262,8 +262,9 @@ def _fake_runs(tmp_path, plan_path, metrics_url) -> tuple:
                 if r["deployment"] == p.deployment and r["offered_rate_rps"] == p.rate_rps]
         (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
         if p.deployment == "disaggregated":
-            with scraping({"decode": [metrics_url]}, folder, 600, p):
-                time.sleep(3.5)
+            with scraping({"decode": [metrics_url]}, folder, 600, p):  # three readings
+                wait_for(lambda f=folder: jsonl_kinds(f / "scrape.jsonl").count("sample") >= 3,
+                         f"three scrapes in {folder}")
         (folder / "run.json").write_text(json.dumps({"point": {}, "status": "done", "reason": "",
                                                      "load_before": 0.5, "load_after": 0.7}))
     return plan, out, pts
