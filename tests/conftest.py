@@ -55,12 +55,20 @@ def wait_for(ready, what: str, hang_s: float = 300, poll_s: float = 0.1):
 
 
 def jsonl_kinds(path: Path) -> list[str]:
-    """The `kind` of every complete line written so far to a JSON-lines file (none if absent)."""
+    """The `kind` of every complete line written so far to a JSON-lines file: the file itself,
+    or while it is being written, its temp beside it (kvbench.records.write.new_file_stream
+    writes .NAME.*.tmp and links it to NAME once complete)."""
     import json
 
     if not path.exists():
+        temps = sorted(path.parent.glob(f".{path.name}.*.tmp"))
+        if not temps:
+            return []
+        path = temps[0]
+    try:
+        text = path.read_text()
+    except FileNotFoundError:  # the temp was linked and removed between the glob and here
         return []
-    text = path.read_text()
     return [json.loads(x).get("kind", "") for x in text.splitlines(keepends=True)
             if x.endswith("\n") and x.strip()]
 

@@ -361,6 +361,7 @@ def tiny_fs(tmp_path):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.root
 def test_full_disk_is_exit_3_and_leaves_nothing(tiny_fs):
     big = "x" * 200_000
     with pytest.raises(UsageError) as exc:

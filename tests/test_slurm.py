@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import PY, ROOT
 
-pytestmark = [pytest.mark.slurm, pytest.mark.root]
+pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.mpi, pytest.mark.slow]
 
 CLUSTER = ROOT / "scripts" / "slurm-cluster"
 WAIT_S = 900  # per job, on a busy 2-core machine
