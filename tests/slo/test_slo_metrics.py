@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 from pathlib import Path
@@ -366,11 +367,21 @@ def test_real_vllm_capture_reads_through_the_table(path):
     from kvbench.slo.engines import ENGINES, detect_engine
     from kvbench.slo.scrape import parse_metrics_text
 
-    samples = parse_metrics_text(path.read_text(), lambda n: True)
+    text = path.read_text()
+    samples = parse_metrics_text(text, lambda n: True)
     table = ENGINES["vllm"]
     assert detect_engine(set(samples)) == "vllm"
-    assert scalar(samples, table["waiting"], "sum") is not None
-    assert scalar(samples, table["running"], "sum") is not None
+    # the queue gauges as the capture holds them (an idle engine: 0 and 0) ...
+    assert scalar(samples, table["waiting"], "sum") == 0.0
+    assert scalar(samples, table["running"], "sum") == 0.0
+    # ... read from exactly their series: planted values come back, not the by-reason ones
+    planted = re.sub(r"^(vllm:num_requests_waiting\{[^}]*\}) 0\.0$", r"\1 3.0", text, flags=re.M)
+    planted = re.sub(r"^(vllm:num_requests_running\{[^}]*\}) 0\.0$", r"\1 2.0", planted, flags=re.M)
+    planted = re.sub(r"^(vllm:num_requests_waiting_by_reason\{[^}]*\}) 0\.0$", r"\1 50.0", planted,
+                     flags=re.M)
+    again = parse_metrics_text(planted, lambda n: True)
+    assert scalar(again, table["waiting"], "sum") == 3.0
+    assert scalar(again, table["running"], "sum") == 2.0
     h = histogram(samples, table["xfer_time"])
     if h is not None and h[2] > 0:  # a decode instance that has received KV
         assert 0 <= histogram_quantile(0.5, h[0]) < 3600
