@@ -161,6 +161,21 @@ def test_handoff_moves_the_kv_and_splits_setup(matrix, name):
 
 
 @pytest.mark.mpi
+@pytest.mark.check
+@needs_nixl
+def test_one_handoff_over_nixl_moves_every_byte(tmp_path):
+    """The fast tier's NIXL job (make check): one whole-cache WRITE, every element checked."""
+    res = run_mpi(2, "kvbench.p2p", "--transport", "nixl", *SMALL.split(), "--out", str(tmp_path),
+                  timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (rec,) = _records(tmp_path)
+    assert rec["transport"] == "nixl" and rec["wrong"] == 0 and rec["nixl_op"] == "write"
+    info = rec["transport_info"]
+    assert info["backend_used"] == "UCX" and info["failed_transfers"] == 0
+    assert info["path"].startswith("UCX RMA write: "), info["path"]
+
+
+@pytest.mark.mpi
 @needs_nixl
 def test_layerwise_pattern_runs_over_nixl(matrix):
     if "layerwise" not in matrix:

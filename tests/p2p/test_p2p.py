@@ -40,8 +40,8 @@ def p2p(tmp_path: Path, *args: str, n: int = 2, timeout: float = 180):
     ("mpi", "contiguous", "whole", "bf16"),
     ("mpi", "contiguous", "block", "fp8_e4m3"),
     ("mpi", "paged", "layer", "fp8_e5m2"),
-    ("mpi", "paged", "block", "bf16"),
-    ("gloo", "contiguous", "layer", "fp8_e4m3"),
+    pytest.param("mpi", "paged", "block", "bf16", marks=pytest.mark.check),  # fast tier: mpi
+    pytest.param("gloo", "contiguous", "layer", "fp8_e4m3", marks=pytest.mark.check),  # gloo
     ("gloo", "paged", "whole", "bf16"),
 ])
 def test_sequential_handoff_moves_every_byte(tmp_path, transport, layout, granularity, dtype):
@@ -163,6 +163,7 @@ def test_rounds_fall_back_to_blocks_when_every_size_at_once_does_not_fit(monkeyp
 
 
 @pytest.mark.mpi
+@pytest.mark.check
 def test_corrupted_data_fails_the_run(tmp_path):
     res, recs, _ = p2p(tmp_path, "--sizes", "16", "--debug-corrupt-elements", "3", *FAST)
     assert res.returncode == 1
@@ -183,6 +184,7 @@ def test_corrupted_sharded_data_fails_the_run(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.check
 def test_stalled_peer_aborts_instead_of_hanging(tmp_path):
     res, recs, _ = p2p(tmp_path, "--sizes", "16", "--timeout", "3", "--debug-stall-rank", "1",
                        *FAST, timeout=90)
