@@ -134,9 +134,3 @@ def committed(rel: str) -> Path:
                 shutil.copy2(ROOT / f, dest)
         _COPY[rel] = top / rel
     return _COPY[rel]
-
-
-def committed_root() -> Path:
-    """The copy's top: paths recorded relative to the checkout (results/...) resolve here."""
-    committed("results/README.md")
-    return _COPY["root"]

@@ -15,7 +15,7 @@ from kvbench.fit.stats import GroupSamples, _grid_medians, _unit_counts, _weight
 from kvbench.records.schema.p2p import P2PRecord, parse_p2p_line
 from kvbench.records.schema.read import plain_line
 from kvbench.records.schema.types import parse_line_fast
-from tests.conftest import committed, committed_root, run_cli
+from tests.conftest import committed, run_cli
 from tests.fit.test_fit import SPEC, near, rounds_records, write_jsonl
 from tests.fit.test_fit import fit as run_fit
 
@@ -114,7 +114,7 @@ def test_refit_of_committed_records_is_unchanged(tmp_path, fit_json):
     field for field (every draw included) from their committed inputs."""
     kept = json.loads(committed(fit_json).read_text())
     out = tmp_path / "refit.json"
-    res = run_cli("kvbench.fit", *(str(committed_root() / p) for p in kept["inputs"]),
+    res = run_cli("kvbench.fit", *(str(committed(p)) for p in kept["inputs"]),
                   "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert _comparable(json.loads(out.read_text())) == _comparable(kept)

@@ -117,12 +117,12 @@ def test_patterns_are_declarations_on_one_engine():
     synchronises or meets a barrier itself (the three loops that used to exist did)."""
     banned = {"post", "post_many", "barrier", "wait_all", "wait_request", "now", "synchronize",
               "perf_counter", "Ibarrier", "begin_handoff", "end_handoff", "device_sync"}
-    for path in sorted((ROOT / "kvbench" / "patterns").glob("*.py")):
+    for path in sorted((ROOT / "kvbench" / "p2p" / "patterns").glob("*.py")):
         tree = ast.parse(path.read_text())
         called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
                   for n in ast.walk(tree) if isinstance(n, ast.Call)}
         assert not called & banned, (path.name, called & banned)
-    engine = ast.parse((ROOT / "kvbench" / "engine.py").read_text())
+    engine = ast.parse((ROOT / "kvbench" / "p2p" / "engine.py").read_text())
     assert {"Engine", "Handoff", "Link"} <= {n.name for n in engine.body
                                               if isinstance(n, ast.ClassDef)}
 

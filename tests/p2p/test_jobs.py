@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import fit, p2p
+from kvbench.fit import cli as fit
+from kvbench.p2p import args as p2p
 from tests.conftest import PY, ROOT
 
 JOBS = ROOT / "jobs"

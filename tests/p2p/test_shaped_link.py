@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT, committed, committed_root
+from tests.conftest import PY, ROOT, committed
 
 SCRIPT = ROOT / "benchmarks" / "shaped_link.py"
 
@@ -137,7 +137,7 @@ def test_fit_of_the_published_shaped_link_runs(tmp_path):
         records = summary["records"] if isinstance(summary["records"], list) else [
             summary["records"]]
         out = tmp_path / f"again-{i}.fit.json"
-        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(committed_root() / r) for r in records),
+        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(committed(r)) for r in records),
                               "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
                              timeout=120)
         assert res.returncode == 0, res.stderr

@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from kvbench.plan import cli as plan_cli
+from kvbench.plan import cli as kvplan
 from tests.conftest import committed, run_cli
 
 FIT = committed("results/kvbench-p2p-20261202T175443Z.fit.json")
@@ -33,7 +33,7 @@ def fit_file(tmp_path, setup_ms=1.0, gb_s=10.0, name="fit.json", groups=1):
 
 def export(capsys, *args) -> tuple[int, str, str]:
     try:
-        rc = plan_cli.cli(["export", *map(str, args)])
+        rc = kvplan.cli(["export", *map(str, args)])
     except SystemExit as exc:  # argparse's own refusals
         rc = exc.code
     out = capsys.readouterr()
