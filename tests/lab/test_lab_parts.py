@@ -270,6 +270,7 @@ def _fake_runs(tmp_path, plan_path, metrics_url) -> tuple:
     return plan, out, pts
 
 
+@pytest.mark.slow  # four real scrapes of three readings each: out of make check
 def test_report_shows_capacity_queues_kv_distribution_and_the_models_band(tmp_path, metrics_server):
     from kvbench.lab.sweepreport import write_report
     from kvbench.plan.floors import links_from_fit
