@@ -1,13 +1,18 @@
-"""Shared test helpers: run the CLI as a user would, launch real mpirun jobs."""
+"""Shared test helpers: run the CLI as a user would, launch real mpirun jobs, wait on readiness
+(never on a clock), free ports from the OS, and a copy of the committed results/ (never the
+user's own). docs/testing.md says which rules they serve."""
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +39,6 @@ def mpi_env() -> dict[str, str]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 the OS has just handed out and nobody listens on (for an
     address that must refuse connections); servers bind port 0 themselves instead."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -44,8 +47,6 @@ def free_port() -> int:
 def wait_for(ready, what: str, hang_s: float = 300, poll_s: float = 0.1):
     """Poll ready() until it returns something true (returned): waits end on readiness, a line
     printed or a file written, never on a clock. hang_s only turns a hang into a failure."""
-    import time
-
     deadline = time.monotonic() + hang_s
     while not (got := ready()):
         if time.monotonic() > deadline:
@@ -58,8 +59,6 @@ def jsonl_kinds(path: Path) -> list[str]:
     """The `kind` of every complete line written so far to a JSON-lines file: the file itself,
     or while it is being written, its temp beside it (kvbench.records.write.new_file_stream
     writes .NAME.*.tmp and links it to NAME once complete)."""
-    import json
-
     if not path.exists():
         temps = sorted(path.parent.glob(f".{path.name}.*.tmp"))
         if not temps:
