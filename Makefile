@@ -28,6 +28,8 @@ PYTEST = rc=0; $(PY) -m pytest $(1) || rc=$$?; \
 # installed transport, a corrupted-data run, a stalled peer, one sharded run). Leaves out the
 # rest of the mpirun jobs, slow tests, the network, Slurm and the lab.
 CHECK_SELECT := not lab and not slurm and not slow and not network and (not mpi or check)
+# Two workers (pytest-xdist): the tier is mostly fresh interpreters and small jobs, one core each.
+CHECK_WORKERS ?= 2
 
 venv: $(STAMP)
 
@@ -43,7 +45,7 @@ bench: $(STAMP)
 
 check: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks
-	@$(call PYTEST,-q -ra -m "$(CHECK_SELECT)")
+	@$(call PYTEST,-q -ra -n $(CHECK_WORKERS) -m "$(CHECK_SELECT)")
 
 # The full default suite (CI). Its Slurm tests install Debian packages and link a library in
 # a system folder only where CI is set or KVBENCH_ALLOW_SYSTEM_INSTALL=1; otherwise they skip
