@@ -24,7 +24,8 @@ import time
 
 from mpi4py import MPI
 
-from kvbench import engine, p2p
+from kvbench.p2p import cli as p2p
+from kvbench.p2p import engine
 
 
 def plant(fault: str) -> None:
