@@ -9,8 +9,10 @@ shaper allows:
 
     payload GB/s = R bits/s / 8 / 1e9 x payload fraction     (400mbit -> 0.05 GB/s x 0.99397)
 
-1. the fitted rate's 95% interval CONTAINS the payload rate;
-2. the fitted rate is within the tolerance (default 5%) of it.
+1. the fitted rate is within the tolerance (default 5%) of it: the pass/fail verdict;
+2. whether the fitted rate's 95% interval contains it: reported, not a verdict, since one
+   run's 95% interval misses by construction about one run in 20 (coverage is a property
+   across runs: benchmarks/fit_coverage.py measures it).
 
 The token bucket counts every byte of every frame on lo: a 14-byte Ethernet header, 20 bytes
 of IPv4 and 32 of TCP (20 + 12 of timestamps) per segment, and the receiver's ACKs (one per two
@@ -28,8 +30,8 @@ The namespace is always deleted afterwards (also on errors, timeouts and Ctrl-C)
     sudo .venv/bin/python benchmarks/shaped_link.py                      # 400mbit, 256K..4M
     sudo .venv/bin/python benchmarks/shaped_link.py --rate 1gbit --bytes 1M,2M,4M,8M,16M
 
-Exit status: 0 interval contains the payload rate and the estimate is within tolerance,
-1 otherwise (or the run failed),
+Exit status: 0 the estimate is within tolerance of the payload rate, 1 otherwise (or the
+run failed),
 2 bad arguments, 77 cannot run here (not root, no ip/tc, no namespaces, no mpirun,
 no kvbench.p2p): the line starting with SKIP says why.
 
@@ -306,14 +308,15 @@ def _fit(records: list[Path], args) -> tuple[Path, dict]:
 
 
 def judge(g: dict, expected: float, tolerance: float) -> dict:
-    """Does the interval contain the payload rate, and is the estimate within tolerance?"""
+    """Is the estimate within tolerance (the verdict)? Does the interval contain the payload
+    rate (reported: a single 95% interval misses about one time in 20)?"""
     fitted, ci = g["effective_gb_s"], g["effective_gb_s_ci95"]
     contains = ci is not None and (ci[0] is None or ci[0] <= expected) and (
         ci[1] is None or expected <= ci[1])
     err = fitted / expected - 1
     return {"fitted_gb_s": fitted, "fitted_gb_s_ci95": ci, "no_interval": g["no_interval"],
             "interval_contains_expected": contains, "relative_error": err,
-            "within_tolerance": abs(err) <= tolerance, "pass": contains and abs(err) <= tolerance}
+            "within_tolerance": abs(err) <= tolerance, "pass": abs(err) <= tolerance}
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,18 @@
-"""Shared test helpers: run the CLI as a user would, launch real mpirun jobs."""
+"""Shared test helpers: run the CLI as a user would, launch real mpirun jobs, wait on readiness
+(never on a clock), free ports from the OS, and a copy of the committed results/ (never the
+user's own). docs/testing.md says which rules they serve."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +34,42 @@ def mpi_env() -> dict[str, str]:
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env["PATH"] = f"{Path(PY).parent}:{env.get('PATH', '')}"
     return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 the OS has just handed out and nobody listens on (for an
+    address that must refuse connections); servers bind port 0 themselves instead."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(ready, what: str, hang_s: float = 300, poll_s: float = 0.1):
+    """Poll ready() until it returns something true (returned): waits end on readiness, a line
+    printed or a file written, never on a clock. hang_s only turns a hang into a failure."""
+    deadline = time.monotonic() + hang_s
+    while not (got := ready()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"still waiting after {hang_s:g} s (hung?): {what}")
+        time.sleep(poll_s)
+    return got
+
+
+def jsonl_kinds(path: Path) -> list[str]:
+    """The `kind` of every complete line written so far to a JSON-lines file: the file itself,
+    or while it is being written, its temp beside it (kvbench.records.write.new_file_stream
+    writes .NAME.*.tmp and links it to NAME once complete)."""
+    if not path.exists():
+        temps = sorted(path.parent.glob(f".{path.name}.*.tmp"))
+        if not temps:
+            return []
+        path = temps[0]
+    try:
+        text = path.read_text()
+    except FileNotFoundError:  # the temp was linked and removed between the glob and here
+        return []
+    return [json.loads(x).get("kind", "") for x in text.splitlines(keepends=True)
+            if x.endswith("\n") and x.strip()]
 
 
 def run_cli(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -61,3 +104,46 @@ def gpu_share_args(transport: str, ranks: int = 2) -> tuple[str, ...]:
     if transport == "nccl":
         pytest.skip(f"NCCL cannot put two ranks on one GPU: needs {ranks} GPUs, {n} visible")
     return ("--allow-shared-gpu",)
+
+
+# --- the committed results/, never the user's own ------------------------------------------
+
+_COPY: dict[str, Path] = {}
+
+
+def _tracked(rel: str) -> list[str]:
+    """The files git tracks under rel; without git (a tarball), every file there except
+    results/scratch (where the benchmarks' scripts write)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", rel], cwd=ROOT, capture_output=True,
+                             check=True, timeout=60).stdout.decode()
+        files = [f for f in out.split("\0") if f]
+        if files:
+            return files
+    except (OSError, subprocess.SubprocessError):
+        pass
+    base = ROOT / rel
+    found = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+    return [str(p.relative_to(ROOT)) for p in found
+            if not str(p.relative_to(ROOT)).startswith("results/scratch/")]
+
+
+def committed(rel: str) -> Path:
+    """rel (a file or folder under results/) in a temporary copy holding only what the commit
+    holds: `make bench` and the benchmark scripts write into results/, and a test reading the
+    real folder would see a user's own runs. Copied once per test process, on first use."""
+    if "root" not in _COPY:
+        _COPY["root"] = Path(tempfile.mkdtemp(prefix="kvbench-committed-"))
+        atexit.register(shutil.rmtree, _COPY["root"], ignore_errors=True)
+    top = _COPY["root"]
+    if rel not in _COPY:
+        files = _tracked(rel)
+        if not files:
+            raise FileNotFoundError(f"nothing committed under {rel}")
+        for f in files:
+            dest = top / f
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / f, dest)
+        _COPY[rel] = top / rel
+    return _COPY[rel]

@@ -33,7 +33,7 @@ from kvbench.records.write import (
     write_records,
 )
 from kvbench.slo import synth
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, committed, run_cli
 from tests.slo.test_slo_vllm import vllm_result
 
 TUTORIAL_PLAN = ROOT / "examples" / "pd-benchmark-plan.yaml"
@@ -221,7 +221,7 @@ def test_p2p_record_and_fit_document_models():
     from kvbench.records.schema.p2p import P2PRecord
     from kvbench.records.schema.types import parse
 
-    rec = json.loads((ROOT / "results" / "kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
+    rec = json.loads(committed("results/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
     parse(P2PRecord, rec, "r.jsonl:1")
     for patch, fragment in [({"bytes": 1e20}, "bytes: must be an integer"),
                             ({"bytes": 2**60}, "bytes: must be <= 9007199254740991"),
@@ -232,7 +232,7 @@ def test_p2p_record_and_fit_document_models():
         with pytest.raises(UsageError, match=None) as exc:
             parse(P2PRecord, {**rec, **patch}, "r.jsonl:1")
         assert fragment in str(exc.value)
-    fit = json.loads((ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json").read_text())
+    fit = json.loads(committed("results/kvbench-p2p-20261202T175443Z.fit.json").read_text())
     parse(FitDocument, fit, "f.json")
     g = fit["groups"][0]
     for gpatch, fragment in [(None, "groups[0]: must be an object, got 1"),
@@ -361,6 +361,7 @@ def tiny_fs(tmp_path):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+@pytest.mark.root
 def test_full_disk_is_exit_3_and_leaves_nothing(tiny_fs):
     big = "x" * 200_000
     with pytest.raises(UsageError) as exc:

@@ -109,16 +109,29 @@ def codes(g: dict) -> list[str]:
     return [w["code"] for w in g["warnings"]]
 
 
+def near(truth: float, interval, margin: float = 1.0) -> bool:
+    """truth within the interval widened by margin x its width on each side.
+
+    One seed's 95% interval misses the truth one time in 20 by construction, and a correct
+    change in the bootstrap's draws re-rolls which seeds miss; whether "95%" holds is a
+    property over many runs (tests/fit/test_fit_coverage.py). Per seed, what must hold is
+    that the truth is not far off: outside this band is a ~6-sigma miss for a normal
+    interval, a bias, not bad luck.
+    """
+    lo, hi = interval
+    w = hi - lo
+    return lo - margin * w <= truth <= hi + margin * w
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_recovers_known_setup_and_rate_within_intervals(tmp_path, seed):
     setup, rate = 0.8, 2.5
     doc, stdout = fit(tmp_path, rounds_records(SIZES, setup, rate, seed=seed), boot=1000)
     assert doc["schema"] == "kvbench.fit/2"
     (g,) = doc["groups"]
-    lo, hi = g["setup_ms_ci95"]
-    assert lo <= setup <= hi, g
-    lo, hi = g["effective_gb_s_ci95"]
-    assert lo <= rate <= hi, g
+    for key, truth in (("setup_ms", setup), ("effective_gb_s", rate)):
+        lo, hi = g[f"{key}_ci95"]
+        assert lo <= g[key] <= hi and near(truth, (lo, hi)), (key, g[key], lo, hi)
     assert g["setup_ms"] == pytest.approx(setup, rel=0.03)
     assert g["effective_gb_s"] == pytest.approx(rate, rel=0.02)
     assert g["n_samples"] == 5 * 20 and g["n_sizes"] == 5
@@ -255,7 +268,7 @@ def test_three_runs_in_blocks_give_an_interval(tmp_path):
     (g,) = doc["groups"]
     assert g["resampling"]["n_blocks"] == 15 and g["resampling"]["unit"] == "(record, size) block"
     lo, hi = g["effective_gb_s_ci95"]
-    assert lo <= 2.5 <= hi
+    assert lo <= g["effective_gb_s"] <= hi and near(2.5, (lo, hi))
 
 
 def test_too_few_rounds_give_no_interval(tmp_path):
@@ -284,8 +297,7 @@ def test_lack_of_fit_is_flagged_and_widens_the_interval(tmp_path):
     width = {k: g["effective_gb_s_ci95"][1] - g["effective_gb_s_ci95"][0]
              for k, g in (("s", s), ("p", p))}
     assert width["p"] > 3 * width["s"]
-    lo, hi = p["effective_gb_s_ci95"]
-    assert lo <= 2.5 <= hi  # the wider interval still holds the link's rate
+    assert near(2.5, p["effective_gb_s_ci95"])  # the wider interval is still about the rate
     assert "lack of fit: Q" in stdout
 
 
@@ -303,8 +315,10 @@ def test_intercept_indistinguishable_from_zero_is_warned(tmp_path):
                                           noise=0.05), boot=1000)
     (g,) = doc["groups"]
     lo, hi = g["setup_ms_ci95"]
-    assert lo <= 0 <= hi
+    assert hi - lo > 3 * 0.2  # the setup is lost in the noise (seeds 9-16: 1.1 to 7.7 ms wide)
     assert {"negative_intercept", "intercept_not_distinguishable_from_zero"} & set(codes(g))
+    if lo <= 0 <= hi:  # and whenever the interval holds zero, the fit says so
+        assert "intercept_not_distinguishable_from_zero" in codes(g)
 
 
 def _eager_then_rendezvous(b):
@@ -324,13 +338,12 @@ def test_two_regimes_are_found_with_both_fits_and_the_break_interval(tmp_path):
     assert tr["bic_two_lines"] < tr["bic_one_line"]
     assert tr["break_between_bytes"] == [1 << 18, 1 << 20]
     lo, hi = tr["break_ci95_bytes"]
-    assert (1 << 18) <= lo <= 600_000 <= hi <= (1 << 20)
+    assert (1 << 18) <= lo <= hi <= (1 << 20) and near(600_000, (lo, hi))
     assert tr["break_gap_share"] > 0.9
     assert tr["small"]["effective_gb_s"] == pytest.approx(1.0, rel=0.05)
     assert tr["large"]["effective_gb_s"] == pytest.approx(5.0, rel=0.03)
     assert tr["large"]["setup_ms"] == pytest.approx(0.5, rel=0.1)
-    lo, hi = tr["large"]["effective_gb_s_ci95"]
-    assert lo <= 5.0 <= hi
+    assert near(5.0, tr["large"]["effective_gb_s_ci95"])
     assert len(tr["large"]["draws"]["values"]) == 1000
     assert "small regime" in stdout and "large regime" in stdout
 

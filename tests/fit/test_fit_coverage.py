@@ -43,12 +43,14 @@ def test_rounds_bootstrap_covers_the_truth_under_correlated_load():
     assert check(result), result
 
 
+@pytest.mark.slow  # 200 fits with a robust refit per resample; make check keeps the rounds case
 def test_the_same_check_fails_on_the_per_sample_bootstrap():
     result = coverage(per_sample_bootstrap, trials=TRIALS, rounds=20)
     assert not check(result), result
     assert result["setup"] < 0.8 and result["rate"] < 0.8, result
 
 
+@pytest.mark.slow
 def test_blocks_from_three_runs_cover_the_truth():
     result = coverage(kvbench_method(1000), trials=TRIALS, rounds=20, order="blocks", runs=3)
     assert check(result), result

@@ -1,14 +1,16 @@
 """The `lab` group: a real vLLM (CPU build) on this machine, end to end.
 
-Needs the lab venv (`kvbench lab install`); skipped with that reason otherwise. Ports
-19500-19799 (base_port 19500), so a developer's own lab on 19000 is left alone. Every
-test stops what it started, also when it fails.
+Needs the lab venv (`kvbench lab install`); skipped with that reason otherwise. Ports: the
+first block of 300 in 19300-19999 the OS lets us bind right now (the lab's ports must lie in
+19000-19999), so a developer's own lab on 19000 and a second suite's block are left alone.
+Every test stops what it started, also when it fails.
 """
 
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,19 +21,37 @@ import pytest
 
 from kvbench.lab import env as labenv
 from kvbench.lab import procs
+from kvbench.lab.config import PORTS_PER_LAB
 from kvbench.lab.snapshot import fetch
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = labenv.missing_reason()
 pytestmark = [pytest.mark.lab, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
-BASE = 19500
+
+
+def free_block(lo: int = 19300, hi: int = 19999, n: int = PORTS_PER_LAB) -> int:
+    """The first base in lo..hi whose n ports all bind on 127.0.0.1 now."""
+    for base in range(lo, hi - n + 2, 100):
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    pytest.skip(f"no {n} free ports in {lo}-{hi} for the lab")
 
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory) -> Path:
     """The example plan, on the test port block, one cache state, 2 rates x 2 deployments x 30 s."""
     text = (ROOT / "examples" / "lab-plan.yaml").read_text()
-    text = text.replace("base_port: 19000", f"base_port: {BASE}").replace("cache_state: [cold, warm]",
+    text = text.replace("base_port: 19000", f"base_port: {free_block()}").replace("cache_state: [cold, warm]",
                                                                           "cache_state: [cold]")
     text = re.sub(r"offered_rates_rps: \[[^]]*\]", "offered_rates_rps: [2, 8]", text)
     assert "[cold]" in text and "[2, 8]" in text

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,12 @@ from kvbench.lab.config import parse_lab
 from kvbench.lab.planfile import load_lab_plan, load_lab_section
 from kvbench.lab.sweep import Point, open_out, points, scrape_endpoints, scraping, set_aside
 from kvbench.lab.sweepreport import adjusted_capacity
+from tests.conftest import committed, free_port, jsonl_kinds, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests" / "data" / "metrics"
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
-FIT2 = ROOT / "results" / "shaped-link" / "kvbench-p2p-20261203T092334Z.fit.json"  # kvbench.fit/2
-PORTS = iter(range(19900, 19990))  # the lab's block (CONTRACTS.md section 5), clear of test_lab's
+FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
 
 
 # --- config ---------------------------------------------------------------------------
@@ -193,7 +192,7 @@ def metrics_server():
 
     def make(grow=False):
         handler = type("H", (_Metrics,), {"grow": grow, "hits": 0})
-        server = http.server.HTTPServer(("127.0.0.1", next(PORTS)), handler)
+        server = http.server.HTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}/metrics"
@@ -206,19 +205,20 @@ def metrics_server():
 def test_fetch_reads_a_live_endpoint_and_a_dead_one_is_none(metrics_server):
     url = metrics_server()
     assert snapshot.fetch(url)["nixl_xfer_count"] == 24
-    assert snapshot.fetch(f"http://127.0.0.1:{next(PORTS)}/metrics", timeout_s=2) is None
+    assert snapshot.fetch(f"http://127.0.0.1:{free_port()}/metrics", timeout_s=2) is None
 
 
 # --- the sweep's scrape: kvbench slo scrape, stopped with the load ---------------------------
 
 def test_scraping_runs_slo_scrape_and_stops_it_with_the_load(tmp_path, metrics_server):
     decode = metrics_server()
-    dead = f"http://127.0.0.1:{next(PORTS)}/metrics"  # nobody listens: gaps, the run goes on
+    dead = f"http://127.0.0.1:{free_port()}/metrics"  # nobody listens: gaps, the run goes on
     p = Point("cold", "disaggregated", 2.0, 1)
-    t0 = time.monotonic()
+    out = tmp_path / "scrape.jsonl"
     with scraping({"decode": [decode], "prefill": [dead]}, tmp_path, 600, p):
-        time.sleep(4.0)
-    assert time.monotonic() - t0 < 60  # stopped with the load, not after its 600 s bound
+        # the load's body ends once two readings of each endpoint are written
+        wait_for(lambda: jsonl_kinds(out).count("sample") >= 2 and "gap" in jsonl_kinds(out),
+                 "two scrapes in " + str(out))
     rows = [json.loads(x) for x in (tmp_path / "scrape.jsonl").read_text().splitlines()]
     head, end = rows[0], rows[-1]
     assert head["schema"] == "kvbench.slo.metrics/1" and head["deployment"] == "disaggregated"
@@ -262,13 +262,15 @@ def _fake_runs(tmp_path, plan_path, metrics_url) -> tuple:
                 if r["deployment"] == p.deployment and r["offered_rate_rps"] == p.rate_rps]
         (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
         if p.deployment == "disaggregated":
-            with scraping({"decode": [metrics_url]}, folder, 600, p):
-                time.sleep(3.5)
+            with scraping({"decode": [metrics_url]}, folder, 600, p):  # three readings
+                wait_for(lambda f=folder: jsonl_kinds(f / "scrape.jsonl").count("sample") >= 3,
+                         f"three scrapes in {folder}")
         (folder / "run.json").write_text(json.dumps({"point": {}, "status": "done", "reason": "",
                                                      "load_before": 0.5, "load_after": 0.7}))
     return plan, out, pts
 
 
+@pytest.mark.slow  # four real scrapes of three readings each: out of make check
 def test_report_shows_capacity_queues_kv_distribution_and_the_models_band(tmp_path, metrics_server):
     from kvbench.lab.sweepreport import write_report
     from kvbench.plan.floors import links_from_fit

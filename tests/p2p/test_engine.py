@@ -193,6 +193,16 @@ def _handoffs(recs) -> int:
 
 
 @pytest.mark.mpi
+@pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: the engine matrix ran without "
+                    "its nixl-write and nixl-read rows (pip install 'kvbench[nixl]')")
+def test_the_matrix_has_its_nixl_rows(matrix):
+    """Said here so that a run without NIXL shows the missing rows as a skip."""
+    for t in ("nixl-write", "nixl-read"):
+        rows = [k for k in matrix if k[1].startswith(f"{t}/")]
+        assert len(rows) == 2 * len(LAYOUTS), (t, rows)
+
+
+@pytest.mark.mpi
 @pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
 def test_nixl_waits_once_per_step_not_per_post(matrix, tmp_path, cfg):
     """Finding 3: the prefill rank blocks on the device at most once per handoff (sequential)

@@ -1,12 +1,14 @@
-"""Ground truth: the fit's interval contains the rate of a link shaped to a known rate.
+"""Ground truth: the fit's estimate of a link shaped to a known rate.
 
 Runs benchmarks/shaped_link.py: a private network namespace whose loopback is shaped with
 `tc ... tbf rate 400mbit`, the p2p benchmark over gloo (TCP) across five payload sizes,
-kvbench fit, and two checks against the payload rate the shaper allows (400 Mbit/s = 0.05
+kvbench fit, and a check against the payload rate the shaper allows (400 Mbit/s = 0.05
 GB/s times the payload fraction left after Ethernet/IP/TCP headers and ACKs, 0.99397 at MTU
-16384): the 95% interval contains it, and the estimate is within 5% of it. Needs root, iproute2
-and network namespaces; skips with the reason where it cannot run. The namespace is always
-removed, and this test checks that it was.
+16384): the estimate is within 5% of it and inside its own interval. Whether one run's 95%
+interval contains the rate is NOT asserted: by construction it misses about one run in 20;
+coverage is a property across runs, measured by benchmarks/fit_coverage.py. Needs root,
+iproute2 and network namespaces; skips with the reason where it cannot run. The namespace is
+always removed, and this test checks that it was.
 
 Timing-sensitive: on a machine whose cores are busy with other work, CPU contention adds
 time to handoffs, and the run takes 30-60 s (p2p runs three times when it has no rounds order).
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, ROOT
+from tests.conftest import PY, ROOT, committed
 
 SCRIPT = ROOT / "benchmarks" / "shaped_link.py"
 
@@ -59,7 +61,7 @@ def _marks(fn):
 
 
 @_marks
-def test_interval_contains_the_shaped_payload_rate(tmp_path):
+def test_estimate_is_within_tolerance_of_the_shaped_payload_rate(tmp_path):
     name = f"kvbench-test-{os.getpid()}"
     proc = subprocess.Popen([PY, str(SCRIPT), "--rate", "400mbit",
                              "--bytes", "256K,512K,1M,2M,4M", "--iters", "20",
@@ -78,7 +80,7 @@ def test_interval_contains_the_shaped_payload_rate(tmp_path):
     if proc.returncode == 77:
         pytest.skip(out.strip().removeprefix("SKIP: "))
     assert proc.returncode == 0, f"{out}\n{err}"
-    assert "PASS: fitted" in out and "interval contains it" in out
+    assert "PASS: fitted" in out and "tolerance 5%" in out
     (summary_path,) = tmp_path.glob("shaped-link-summary-*.json")
     summary = json.loads(summary_path.read_text())
     assert summary["shaped_gb_s"] == 0.05
@@ -87,9 +89,10 @@ def test_interval_contains_the_shaped_payload_rate(tmp_path):
         summary["payload_fraction_computed"], abs=0.002)
     expected = summary["expected_gb_s"]
     assert expected == pytest.approx(0.05 * summary["payload_fraction_measured"])
-    lo, hi = summary["fitted_gb_s_ci95"]
-    assert lo <= expected <= hi
     assert summary["fitted_gb_s"] == pytest.approx(expected, rel=0.05)
+    lo, hi = summary["fitted_gb_s_ci95"]  # an interval, around its own estimate
+    assert lo <= summary["fitted_gb_s"] <= hi
+    assert isinstance(summary["interval_contains_expected"], bool)  # reported, not asserted
     assert "tbf" in summary["qdisc"] and "400Mbit" in summary["qdisc"]
     fit = json.loads((tmp_path / Path(summary["fit"]).name).read_text())
     (g,) = fit["groups"]
@@ -121,10 +124,12 @@ def test_script_refuses_bad_arguments_without_touching_the_network():
 
 
 def test_fit_of_the_published_shaped_link_runs(tmp_path):
-    """The shaped-link records kept in results/ (400mbit tbf, gloo), refitted on any machine:
-    the estimate is within 5% of the payload rate; a single run in back-to-back blocks gets
-    no interval (and says why), a run that supports one has an interval containing it."""
-    summaries = sorted((ROOT / "results" / "shaped-link").glob("shaped-link-summary-*.json"))
+    """The shaped-link records kept in results/ (400mbit tbf, gloo; a copy of the committed
+    files), refitted on any machine: the estimate is within 5% of the payload rate; a single
+    run in back-to-back blocks gets no interval (and says why), a run that supports one has
+    an interval around the estimate that overlaps the payload rate's 5% band (a property
+    with a margin: which of 1000 draws the bootstrap makes may change)."""
+    summaries = sorted(committed("results/shaped-link").glob("shaped-link-summary-*.json"))
     assert summaries
     seen_interval = False
     for i, summary_path in enumerate(summaries):  # every published run, each refitted
@@ -132,7 +137,7 @@ def test_fit_of_the_published_shaped_link_runs(tmp_path):
         records = summary["records"] if isinstance(summary["records"], list) else [
             summary["records"]]
         out = tmp_path / f"again-{i}.fit.json"
-        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(ROOT / r) for r in records),
+        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(committed(r)) for r in records),
                               "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
                              timeout=120)
         assert res.returncode == 0, res.stderr
@@ -147,7 +152,8 @@ def test_fit_of_the_published_shaped_link_runs(tmp_path):
             assert g["effective_gb_s_ci95"] is None and "back-to-back" in g["no_interval"]
         else:
             lo, hi = g["effective_gb_s_ci95"]
-            assert lo <= expected <= hi
+            assert lo <= g["effective_gb_s"] <= hi
+            assert lo < expected * 1.05 and hi > expected * 0.95  # overlaps the truth's 5% band
             assert g["effective_gb_s"] == summary["fitted_gb_s"]  # same data, same seed
             seen_interval = True
     assert seen_interval, "no published shaped-link run supports an interval"

@@ -147,6 +147,7 @@ FAST = ("--sizes", "24", "--iters", "3", "--min-iters", "3", "--warmup", "1", "-
 
 
 @pytest.mark.mpi
+@pytest.mark.check
 def test_sharded_tp2_four_ranks(tmp_path):
     res, recs = p2p(tmp_path, 4, "--tp", "2", *FAST)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from kvbench.plan import cli as kvplan
-from tests.conftest import ROOT, run_cli
+from tests.conftest import committed, run_cli
 
-FIT = ROOT / "results" / "kvbench-p2p-20261202T175443Z.fit.json"
+FIT = committed("results/kvbench-p2p-20261202T175443Z.fit.json")
 
 
 def fit_file(tmp_path, setup_ms=1.0, gb_s=10.0, name="fit.json", groups=1):

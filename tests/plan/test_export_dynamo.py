@@ -1,8 +1,9 @@
 """Dynamo's own offline replay, without and with `kvbench plan export --to dynamo`'s numbers.
 
 The wheels are installed with `--no-deps` into a throw-away venv (the full dependency set
-asks for a package PyPI does not serve); where that install fails the test skips and says
-why. `dynamo._core.run_mocker_synthetic_trace_replay` runs one prefill and one decode
+asks for a package PyPI does not serve). Marked `network`. Where the package index cannot be
+reached (pip reports a connection error) or the install outlasts its 600 s limit, the test
+skips and says why; any other install failure (a wheel gone, a resolver error) fails it. `dynamo._core.run_mocker_synthetic_trace_replay` runs one prefill and one decode
 worker on its fixed timing model; the only difference between the two runs is the
 exported `kv_transfer_bandwidth` / `kv_transfer_bytes_per_token` (the run without them sets
 the bandwidth to 0, which Dynamo documents as "disable KV transfer delay"). The predicted
@@ -25,6 +26,7 @@ from tests.plan.test_export import fit_file
 
 WHEELS = ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1", "msgspec", "pyzmq")
 TOKENS = (500, 2000, 8000)
+PIP_TIMEOUT_S = 600
 
 REPLAY = r'''
 import json, sys
@@ -51,12 +53,31 @@ def dynamo_python(tmp_path_factory):
     where = tmp_path_factory.mktemp("dynamo-venv")
     venv.create(where, with_pip=True)
     py = where / "bin" / "python"
-    res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *WHEELS],
-                         capture_output=True, text=True, timeout=600)
+    what = f"pip install --no-deps {' '.join(WHEELS)}"
+    try:
+        res = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *WHEELS],
+                             capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{what} took over {PIP_TIMEOUT_S} s: the package index is too slow here")
     if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"pip install --no-deps {' '.join(WHEELS)} failed here: {tail}")
+        verdict = pip_failure(res.stderr)
+        if verdict == "unreachable":
+            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            pytest.skip(f"the package index is unreachable from here ({what}): {tail}")
+        pytest.fail(f"{what} failed (not a network error):\n{res.stderr[-3000:]}")
     return py
+
+
+# pip's words (via urllib3/requests) for "could not reach the index", not "no such package"
+UNREACHABLE = ("NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProxyError",
+               "Network is unreachable", "Temporary failure in name resolution",
+               "Name or service not known", "No route to host", "Connection refused",
+               "Could not fetch URL")
+
+
+def pip_failure(stderr: str) -> str:
+    """'unreachable' when pip could not talk to the index, else 'error'."""
+    return "unreachable" if any(m in stderr for m in UNREACHABLE) else "error"
 
 
 def exported(capsys, fit, *args) -> tuple[dict, dict]:
@@ -69,6 +90,7 @@ def exported(capsys, fit, *args) -> tuple[dict, dict]:
     return body["engine"], json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("setup_as", ["fold", "drop"])
 def test_dynamo_replay_ttft_rises_by_the_exported_model(dynamo_python, tmp_path, capsys, setup_as):
     fit = fit_file(tmp_path, setup_ms=1.5, gb_s=25.0)  # a measured-looking link: 1.5 ms + 25 GB/s
@@ -89,3 +111,16 @@ def test_dynamo_replay_ttft_rises_by_the_exported_model(dynamo_python, tmp_path,
         assert rise_2000 == pytest.approx(doc["handoff_ms"]["2000"], abs=0.01)
     else:  # the bandwidth term only: short by the setup at every length
         assert doc["handoff_ms"]["2000"] - rise_2000 == pytest.approx(1.5, abs=0.01)
+
+
+def test_pip_failures_are_told_apart():
+    """An offline index skips; a missing wheel or resolver error is a failure (pip 24's words)."""
+    offline = ("WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, "
+               "status=None)) after connection broken by 'NewConnectionError('<pip._vendor.urllib3."
+               "connection.HTTPSConnection object>: Failed to establish a new connection: "
+               "[Errno -3] Temporary failure in name resolution')': /simple/ai-dynamo/\n"
+               "ERROR: Could not find a version that satisfies the requirement ai-dynamo==1.6.1")
+    gone = ("ERROR: Could not find a version that satisfies the requirement ai-dynamo==1.6.1 "
+            "(from versions: 1.7.0)\nERROR: No matching distribution found for ai-dynamo==1.6.1")
+    assert pip_failure(offline) == "unreachable"
+    assert pip_failure(gone) == "error"

@@ -1,5 +1,5 @@
-"""kvbench.results.load: every kind of result file as a DataFrame, on real files (the committed
-results/, a real p2p run in tests/data/p2p, the lab's request records and a real scrape)."""
+"""kvbench.results.load: every kind of result file as a DataFrame, on real files (a copy of
+the committed results/, a real p2p run in tests/data/p2p, the lab's request records and a real scrape)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pytest
 from kvbench import results
 from kvbench.cli import UsageError
 from kvbench.records.frames import iter_frames
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, committed, run_cli
 
 P2P = ROOT / "tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl"
-LAB = ROOT / "results/lab/sweep-20261203T101133Z"
+LAB = committed("results/lab/sweep-20261203T101133Z")
 
 
 def test_p2p_rows_typed_and_grouped_by_spec():
@@ -58,14 +58,14 @@ def test_samples_are_long_with_their_rounds():
 
 
 def test_a_folder_reads_each_record_once_and_only_its_kind():
-    df = results.load(ROOT / "results", kind="p2p")
+    df = results.load(committed("results"), kind="p2p")
     files = sorted({Path(p).name for p in df["source"].astype(str)})
     assert files and all(f.endswith(".jsonl") for f in files)  # the .csv twins are skipped
     n_lines = sum(len(Path(p).read_text().splitlines())
                   for p in set(df["source"].astype(str)))
     assert len(df) == n_lines
     assert set(df["transport"]) >= {"mpi", "gloo", "nixl"}
-    fits = results.load(ROOT / "results", kind="fit")
+    fits = results.load(committed("results"), kind="fit")
     assert len(fits) == sum(len(json.loads((ROOT / p).read_text())["groups"])
                             for p in set(fits["source"].astype(str)))
 
@@ -90,17 +90,17 @@ def test_bad_rows_name_their_file_and_line(tmp_path):
 
 
 def test_chunks_concatenate_to_the_same_frame():
-    whole = results.load([ROOT / "results", P2P], kind="p2p")
-    chunks = list(iter_frames([ROOT / "results", P2P], kind="p2p", chunksize=7))
+    whole = results.load([committed("results"), P2P], kind="p2p")
+    chunks = list(iter_frames([committed("results"), P2P], kind="p2p", chunksize=7))
     assert len(chunks) > 5 and all(len(c) <= 7 + 5 for c in chunks)
-    again = results.load([ROOT / "results", P2P], kind="p2p", chunksize=7)
+    again = results.load([committed("results"), P2P], kind="p2p", chunksize=7)
     pd.testing.assert_frame_equal(again, whole)
     # categories of chunks that never saw a value are merged, not turned into object columns
     assert isinstance(again["spec_id"].dtype, pd.CategoricalDtype)
 
 
 def test_fits_groups_sizes_and_draws():
-    path = ROOT / "results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json"
+    path = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")
     doc = json.loads(path.read_text())
     (g,) = doc["groups"]
     f = results.load(path, kind="fit")
@@ -200,5 +200,5 @@ def test_metric_rows_of_a_real_scrape(tmp_path):
 
 def test_progress_is_reported(tmp_path):
     said = io.StringIO()
-    results.load(ROOT / "results", kind="fit", progress=lambda msg: said.write(msg + "\n"))
+    results.load(committed("results"), kind="fit", progress=lambda msg: said.write(msg + "\n"))
     assert "files read" in said.getvalue()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, committed, run_cli
 
 P2P = ROOT / "tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl"
-SHAPED = ROOT / "results/shaped-link"
-SLO = ROOT / "results/lab/sweep-20261203T101133Z/analysis/warm-rep1.json"
+SHAPED = committed("results/shaped-link")
+SLO = committed("results/lab/sweep-20261203T101133Z/analysis/warm-rep1.json")
 
 pytest.importorskip("matplotlib")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvbench.fit.fitting import fit_records
-from tests.conftest import ROOT
+from tests.conftest import committed
 from tests.fit.test_fit import rounds_records
 
 pytest.importorskip("matplotlib")
@@ -35,7 +35,7 @@ def test_a_negative_setup_draws_no_rate_spike():
     from kvbench.fit.data import read_groups
     from kvbench.fit.fitting import fit_groups
 
-    groups, _ = read_groups([ROOT / SLURM_SWEEP])
+    groups, _ = read_groups([committed(SLURM_SWEEP)])
     (gf,), _ = fit_groups(groups, n_boot=200)
     assert gf.line.setup_ms < 0
     fig = report.figure([gf])
