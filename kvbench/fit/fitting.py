@@ -165,6 +165,9 @@ def _resampling(s: GroupSamples, why_not: str | None, n_draws: int) -> dict:
     return out
 
 
+MAX_SIZES = 3000  # distinct sizes per group: memory grows as 64 B x sizes^2 (docs/robustness.md)
+
+
 def _empty_group_error(group: Group, c: Collected) -> UsageError:
     why = [f"{c.n_wrong} with wrong received elements"] if c.n_wrong else []
     why += [f"{c.n_empty} without samples"] if c.n_empty else []
@@ -204,6 +207,11 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
     if c.samples is None:
         raise _empty_group_error(group, c)
     s = c.samples
+    if len(s.sizes) > MAX_SIZES:
+        raise UsageError(f"group [{group.label}]: {len(s.sizes):,} distinct payload sizes; kvbench fit "
+                         f"takes at most {MAX_SIZES:,} per group (its lack-of-fit test holds a few "
+                         "sizes x sizes matrices: ~600 MiB at the limit); split the records or "
+                         "measure fewer sizes")
     warnings = _exclusion_warnings(c)
     out = _base_record(group, c, warnings)
     gf = GroupFit(out, s)

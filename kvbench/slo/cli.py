@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -23,7 +24,6 @@ from kvbench.records.write import (
     dumps_json,
     new_file_stream,
     write_files,
-    write_new_file,
 )
 from kvbench.slo import synth
 from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
@@ -38,7 +38,7 @@ from kvbench.slo.gates import (
 from kvbench.slo.plan import Plan, load_plan
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
-from kvbench.slo.vllm import convert_vllm
+from kvbench.slo.vllm import iter_converted
 
 SCHEMA_REPORT = "kvbench.slo.report/1"
 
@@ -356,20 +356,19 @@ def cmd_convert(args) -> int:
         raise UsageError("--cache-state must not be empty")
     if args.out:
         check_new_file(args.out)
-    rows, notes = convert_vllm(args.result, args.deployment, args.offered_rate, args.index)
+    rows, notes = iter_converted(args.result, args.deployment, args.offered_rate, args.index)
     if args.cache_state is not None:
-        rows = [{**r, "cache_state": args.cache_state} for r in rows]
-    text = dumps_jsonl(rows)
+        rows = ({**r, "cache_state": args.cache_state} for r in rows)
     counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    with (new_file_stream(args.out) if args.out else contextlib.nullcontext(sys.stdout)) as fh:
+        for r in rows:  # streamed: one record in memory at a time, the file appears when done
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+            rate = r["offered_rate_rps"]
+            fh.write(dumps_json(r, indent=None) + "\n")
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     if args.out:
-        write_new_file(Path(args.out), text)
-        print(f"{args.out}: {len(rows)} records ({summary}) for {args.deployment} at "
-              f"{rows[0]['offered_rate_rps']:g} rps")
-    else:
-        sys.stdout.write(text)
+        print(f"{args.out}: {sum(counts.values())} records ({summary}) for {args.deployment} at "
+              f"{rate:g} rps")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
