@@ -21,6 +21,7 @@ from kvbench.fit.fitting import (
     skipped_note,
 )
 from kvbench.p2p import linkpath
+from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.write import (
     check_new_file,
@@ -77,7 +78,7 @@ def _paths(args) -> tuple[list[str], Path, Path | None, str | None]:
     """(inputs, --out, --plot, the plot's format), both targets checked before any work."""
     inputs = [str(p) for p in args.results]
     for p in inputs:
-        if Path(p).is_dir():
+        if path_kind(p) == "dir":
             raise UsageError(f"{p} is a directory; pass the .jsonl result files")
     out = Path(args.out) if args.out else default_out(Path(inputs[0]))
     plot = Path(args.plot) if args.plot else None

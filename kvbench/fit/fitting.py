@@ -40,6 +40,7 @@ from kvbench.fit.stats import (
     interval_refusal,
     size_summary,
 )
+from kvbench.records.schema.read import path_kind
 from kvbench.records.stats import min_samples_for, percentile_if_supported
 from kvbench.records.write import (
     dumps_json,
@@ -425,7 +426,7 @@ def default_out(first_input: Path) -> Path:
             stem = stem[: -len(suffix)]
     base = first_input.with_name(f"{stem}.fit")
     path, n = base.with_name(base.name + ".json"), 0
-    while path.exists():
+    while path_kind(path, "write", follow=False) != "missing":
         n += 1
         path = base.with_name(f"{base.name}-{n}.json")
     return path

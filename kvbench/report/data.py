@@ -21,6 +21,7 @@ from kvbench.fit.data import label_of
 from kvbench.records.frames import iter_frames, load
 from kvbench.records.frames.files import expand
 from kvbench.records.schema.p2p import LEGACY_GROUP_KEYS, LEGACY_OPTIONAL_KEYS
+from kvbench.records.schema.read import path_kind
 from kvbench.records.stats import percentile_if_supported
 
 
@@ -116,7 +117,7 @@ def read(root: Path, say: Callable[[str], None] | None = None,
     dirs = sorted({str(Path(s).parent) for df in (records, fits, reports)
                    for s in df["source"].astype(str)})
     return [Folder(Path(d), _in(records, d), sizes[sizes["folder"] == d], _in(fits, d),
-                   _in(reports, d), notes=[p for p in (Path(d) / "README.md",) if p.exists()])
+                   _in(reports, d), notes=[p for p in (Path(d) / "README.md",) if path_kind(p) == "file"])
             for d in dirs]
 
 
