@@ -46,7 +46,7 @@ from kvbench.records.write import (
     dumps_json,
     utc_stamp,
 )
-from kvbench.units import GB, fmt_bytes
+from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
 SCHEMA_FIT = "kvbench.fit/2"
 SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
@@ -100,7 +100,7 @@ def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
             "p95_ms": _quantile_or_none(v, 0.95),
             "p99_ms": _quantile_or_none(v, 0.99),
             "mean_ms": _r(float(v.mean())),
-            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 > 0 else None,
+            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 >= MIN_TIME_MS else None,
         })
     return rows
 
@@ -224,6 +224,11 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
         return gf
     rng = np.random.default_rng(seed)
     med, n, w = size_summary(s)
+    if float(np.max(np.abs(med))) < MIN_TIME_MS:
+        warnings.append(_warn("no_rate", f"every size's median time is below {MIN_TIME_MS:g} ms "
+                              "(zero or denormal samples): no rate can be fitted (is the timer "
+                              "wrong?)"))
+        return gf
     iid_var = iid_median_var(s, med, n)
     why_not = interval_refusal(s)
     mdraws = None if why_not else bootstrap_medians(s, med, n_boot, rng)

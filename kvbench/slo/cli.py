@@ -35,7 +35,7 @@ from kvbench.slo.gates import (
     Criteria,
     analyze,
 )
-from kvbench.slo.plan import Plan, load_plan
+from kvbench.slo.plan import Plan, load_plan, same_rate
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 from kvbench.slo.vllm import iter_converted
@@ -201,7 +201,7 @@ class _PlanCheck:
         if r.deployment not in plan.deployments:
             raise UsageError(f"{r.where}: deployment {r.deployment!r} is not in the plan "
                              f"({', '.join(plan.deployments)})")
-        match = [x for x in plan.offered_rates_rps if abs(x - r.offered_rate_rps) <= 1e-9 * max(1.0, x)]
+        match = [x for x in plan.offered_rates_rps if same_rate(x, r.offered_rate_rps)]
         if not match:
             raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
                              f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")

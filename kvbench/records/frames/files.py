@@ -91,8 +91,8 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list
                                    if path_kind(f) == "file" and schema_of(Path(f)) in KINDS[kind]])
         else:
             raise UsageError(f"no such file: {p}")
-    seen: set[Path] = set()
-    return [f for f in out if not (f in seen or seen.add(f))]
+    seen: set[str] = set()  # one file named twice (a folder and a glob, f and ./f) is read once
+    return [f for f in out if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
 def walk_files(root: Path) -> list[Path]:

@@ -1,0 +1,72 @@
+"""Hostile input, round two (issue 25): numerical edges, double counting, fit draws' forms,
+and kvbench reading what kvbench wrote. Each test plants the input the issue reported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import kvbench.fit.cli
+import kvbench.plan.cli
+import kvbench.plan.export
+import kvbench.report.cli
+import kvbench.slo.cli
+from tests.conftest import ROOT
+from tests.test_robust import run
+
+P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
+FIT = ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json"
+
+
+def records_with(path, value: float, sizes=(1000, 2000, 4000, 8000, 16000, 32000), blocks=12):
+    rec = json.loads(P2P.read_text().splitlines()[0])
+    with open(path, "w") as fh:
+        for b in sizes:
+            for _ in range(blocks):
+                fh.write(json.dumps({**rec, "bytes": b, "samples_ms": [value] * 5}) + "\n")
+
+
+def no_traceback(result, codes=(0, 2)) -> str:
+    rc, out, err = result
+    assert rc in codes, (rc, err[-2000:])
+    assert "Traceback" not in err and (rc == 0 or err.count("\n") == 1), err[-2000:]
+    return err
+
+
+@pytest.mark.parametrize("value", [0.0, 5e-324, 1e-310])
+def test_all_zero_or_denormal_samples_say_no_rate_can_be_fitted(tmp_path, value):
+    """Group 6: a zero matrix in the lack-of-fit test (a singular solve) and a division that
+    underflowed to zero (end-to-end GB/s of a denormal median)."""
+    records_with(tmp_path / "z.jsonl", value)
+    fit = tmp_path / "z.fit.json"
+    rc, out, err = run(kvbench.fit.cli.cli, tmp_path / "z.jsonl", "--out", fit, "--bootstrap", "100")
+    assert rc == 0, err
+    assert "no rate can be fitted" in out + err
+    no_traceback(run(kvbench.plan.cli.cli, "--fit", fit, "--prompt-tokens", "1000"))
+    no_traceback(run(kvbench.report.cli.cli, tmp_path, "--out", tmp_path / "rep", "--quiet",
+                     "--bootstrap", "100"))
+
+
+def test_one_file_named_twice_is_read_once(tmp_path, monkeypatch):
+    """Group 11: `fit f.jsonl ./f.jsonl` counted every record twice."""
+    (tmp_path / "f.jsonl").write_text(P2P.read_text())
+    monkeypatch.chdir(tmp_path)
+    docs = []
+    for names in (["f.jsonl"], ["f.jsonl", "./f.jsonl", str(tmp_path / "f.jsonl")]):
+        out = tmp_path / f"fit{len(names)}.json"
+        rc, _, err = run(kvbench.fit.cli.cli, *names, "--out", out, "--bootstrap", "100")
+        assert rc == 0, err
+        docs.append(json.loads(out.read_text()))
+    assert "given already: read once" in err
+    assert [g["n_samples"] for g in docs[0]["groups"]] == [g["n_samples"] for g in docs[1]["groups"]]
+
+
+def test_plan_rates_closer_than_the_matching_tolerance_are_refused(tmp_path):
+    """Group 11: rates 1e-13 apart validated, then one was analysed and the other 'untested'."""
+    plan = yaml.safe_load((ROOT / "examples" / "pd-benchmark-plan.yaml").read_text())
+    plan["comparison"]["offered_rates_rps"] = [1.0, 1.0 + 1e-13, 2.0]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    err = no_traceback(run(kvbench.slo.cli.cli, "validate-plan", tmp_path / "p.yaml"), codes=(2,))
+    assert "is the same rate as 1.0" in err
