@@ -70,3 +70,46 @@ def test_plan_rates_closer_than_the_matching_tolerance_are_refused(tmp_path):
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
     err = no_traceback(run(kvbench.slo.cli.cli, "validate-plan", tmp_path / "p.yaml"), codes=(2,))
     assert "is the same rate as 1.0" in err
+
+
+FIT2 = ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
+ROUTE = ("--prompt-tokens", "1000,8000", "--local-interference-ms", "5", "--itl-p95-ms", "20",
+         "--itl-target-ms", "50")
+
+
+def fit_with_draws(tmp_path, draws) -> str:
+    doc = json.loads(FIT2.read_text())
+    doc["groups"][0]["draws"] = draws
+    path = tmp_path / "d.fit.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_draws_as_a_bare_list_of_pairs_are_read_by_every_fit_reader(tmp_path):
+    """Group 7: the schema accepted the bare form; plan, route, export and slo --fit crashed."""
+    from kvbench.plan.floors import links_from_fit
+
+    values = json.loads(FIT2.read_text())["groups"][0]["draws"]["values"]
+    bare = fit_with_draws(tmp_path, values)
+    for cli, argv in ((kvbench.plan.cli.cli, ("--fit", bare, "--prompt-tokens", "1000")),
+                      (kvbench.plan.cli.cli, ("route", "--fit", bare, *ROUTE)),
+                      (kvbench.plan.export.cli, ("--fit", bare, "--to", "json"))):
+        rc, out, err = run(cli, *argv)
+        assert rc == 0, err
+    link = links_from_fit(bare, {})[0]  # what slo analyze --fit reads
+    lo, hi = link.band(10**8)
+    assert lo < link.setup_ms + 10**8 / (link.effective_gb_s * 1e9) * 1000 < hi
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda v: {"columns": ["ms_per_gb", "setup_ms"], "values": v}, "draw columns must be"),
+    (lambda v: [[b, a] for a, b in v], "do not surround the point estimate"),
+    (lambda v: [[a + 1000.0, b] for a, b in v], "do not surround the point estimate"),
+    (lambda v: [[a, -b] for a, b in v], "do not surround the point estimate"),
+])
+def test_draws_that_are_not_this_fits_are_refused(tmp_path, change, fragment):
+    """Group 7: a band of 1000 ms beside a 13.5 ms floor was printed as if true."""
+    values = json.loads(FIT2.read_text())["groups"][0]["draws"]["values"]
+    path = fit_with_draws(tmp_path, change(values))
+    err = no_traceback(run(kvbench.plan.cli.cli, "--fit", path, "--prompt-tokens", "1000"), codes=(2,))
+    assert fragment in err and "draws" in err
