@@ -93,7 +93,9 @@ def _pooled(files: list[Path], records: pd.DataFrame, say) -> pd.DataFrame:
                      "p50_ms": float(np.percentile(ms, 50)),
                      "p95_ms": percentile_if_supported(ms, 95),
                      "p99_ms": percentile_if_supported(ms, 99)})
-    return pd.DataFrame(rows)
+    # (records without samples pool nothing: the table still has its columns)
+    return pd.DataFrame(rows, columns=["folder", "config", "payload_bytes", "n", "p50_ms", "p95_ms",
+                                       "p99_ms"])
 
 
 def read(root: Path, say: Callable[[str], None] | None = None,

@@ -20,6 +20,7 @@ from kvbench.records.schema.types import (
     AnyText,
     Bytes,
     Count,
+    ExactInt,
     Finite,
     GBps,
     Open,
@@ -43,7 +44,7 @@ def _ordered(pair: list) -> list:
 
 
 Interval = Annotated[list[Finite | None], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
-GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | ExactInt | Finite | None | list[Any]
               | dict[str, Any])
 
 

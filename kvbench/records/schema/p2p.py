@@ -24,6 +24,7 @@ from kvbench.records.schema.types import (
     MAX_TEXT,
     Bytes,
     Count,
+    ExactInt,
     Finite,
     Open,
     PositiveTokens,
@@ -36,7 +37,7 @@ from kvbench.records.schema.types import (
 )
 
 SCHEMA_P2P = "kvbench.p2p/1"
-Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None
+Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | ExactInt | Finite | None
 Rank = Annotated[int, Field(ge=0, le=2**20)]
 # cpu-async: the ordering-test device (CPU memory behind a CUDA-stream-like queue; its times
 # mean nothing, docs/p2p.md "Device ordering"); its records are test records, readable all the same

@@ -44,6 +44,7 @@ SignedMs = Annotated[float, Field(ge=-MAX_TIME_MS, le=MAX_TIME_MS, allow_inf_nan
 RateRps = Annotated[float, Field(gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)]
 GBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+ExactInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)]  # exact in a double and in a table's int64
 Finite = Annotated[float, Field(ge=-1e300, le=1e300, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"\S")]
