@@ -184,3 +184,47 @@ def test_the_generator_draws_documents_the_schema_accepts(model):
 
     doc = find(documents(model), lambda d: True, settings=settings(database=None, derandomize=True))
     model.model_validate(doc)
+
+
+def _p2p_with(path, value):
+    rec = json.loads(P2P.read_text().splitlines()[0])
+    *parents, last = path
+    node = rec
+    for k in parents:
+        node = node[k]
+    node[last] = value
+    return rec
+
+
+def _fit_with(key, value):
+    doc = json.loads(FIT.read_text())
+    doc["groups"][0][key] = value
+    return doc
+
+
+NAMED = [  # the values the second hostile round named, each let through by the open models
+    ("x.jsonl", lambda: _p2p_with(["timestamp"], "9999-12-31T23:59:59Z")),
+    ("x.jsonl", lambda: _p2p_with(["timestamp"], "not a date")),
+    ("x.jsonl", lambda: _p2p_with(["timestamp"], 17)),
+    ("x.jsonl", lambda: _p2p_with(["env", "cpu_count"], "8")),
+    ("x.jsonl", lambda: _p2p_with(["env", "cpu_count"], 10**19)),
+    ("x.jsonl", lambda: _p2p_with(["env", "host"], ["a", "b"])),
+    ("x.jsonl", lambda: _p2p_with(["samples_ms"], [])),
+    ("x.fit.json", lambda: _fit_with("lack_of_fit", [1, 2])),
+    ("x.fit.json", lambda: _fit_with("lack_of_fit", "bad")),
+    ("x.fit.json", lambda: _fit_with("resampling", [])),
+    ("x.fit.json", lambda: _fit_with("no_interval", 5)),
+    ("x.fit.json", lambda: _fit_with("label", ["a"])),
+]
+
+
+@pytest.mark.parametrize("name, make", NAMED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(NAMED)])
+def test_the_named_hostile_values_are_read_or_refused_in_one_line(name, make):
+    from kvbench.results import load
+
+    d = _folder()
+    doc = make()
+    (d / name).write_text(json.dumps(doc) + ("\n" if name.endswith(".jsonl") else ""))
+    for kind in (("p2p",) if name.endswith(".jsonl") else ("fit", "fit-sizes", "fit-draws")):
+        one_line_or_taken(lambda k=kind: load(d / name, k))
+    _report(d)

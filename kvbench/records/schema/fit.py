@@ -131,6 +131,19 @@ class TwoRegimes(Open):
 
 
 
+class LackOfFitIn(Open):
+    q: Finite | None = None
+    df: Count | None = None
+    p_value: Annotated[float, Field(ge=0, le=1)] | None = None
+    size_scatter_rel: Finite | None = None
+    scatter_from: AnyText | None = None
+
+
+class ResamplingIn(Open):
+    n_draws: Count | None = None
+    none_because: AnyText | None = None
+
+
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
@@ -144,6 +157,10 @@ class FitGroup(Open):
     two_regimes: TwoRegimes | None = None
     warnings: list[Warning_] = []
     draws: DrawsIn = None  # /2 writes Draws; a bare list of pairs is read as the same
+    # read by report and results.load: typed so another type is one line, not a traceback
+    lack_of_fit: LackOfFitIn | None = None
+    resampling: ResamplingIn | None = None
+    no_interval: AnyText | None = None
 
     @model_validator(mode="after")
     def _draws_hold(self):

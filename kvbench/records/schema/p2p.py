@@ -31,6 +31,7 @@ from kvbench.records.schema.types import (
     Text,
     TimeMs,
     Tokens,
+    UtcStamp,
     parse,
     parse_line_fast,
     refuse,
@@ -97,6 +98,7 @@ class P2PRecord(Open):
     block_size: PositiveTokens | None = None
     world_size: Annotated[int, Field(ge=1, le=2**20)]
     hosts: list[Text]
+    timestamp: UtcStamp | None = None  # (report turns it into a table's time column)
     prompt_tokens: Tokens | None = None
     bytes: Bytes
     wrong: Count | None = None
