@@ -113,3 +113,62 @@ def test_draws_that_are_not_this_fits_are_refused(tmp_path, change, fragment):
     path = fit_with_draws(tmp_path, change(values))
     err = no_traceback(run(kvbench.plan.cli.cli, "--fit", path, "--prompt-tokens", "1000"), codes=(2,))
     assert fragment in err and "draws" in err
+
+
+def _read_by_every_fit_reader(fit_path, folder) -> None:
+    """Every kvbench reader of fit documents takes what fit wrote (plan may refuse a group
+    without a rate, in one line: that is a verdict, not a refused file)."""
+    from kvbench.records.schema.fit import load_fit_document
+    from kvbench.results import load
+
+    load_fit_document(fit_path)
+    for kind in ("fit", "fit-sizes"):
+        load(fit_path, kind)
+    err = no_traceback(run(kvbench.plan.cli.cli, "--fit", fit_path, "--prompt-tokens", "1000"))
+    assert "must be" not in err, err  # not a schema refusal
+    rc, _, err = run(kvbench.report.cli.cli, folder, "--out", folder / "rep", "--quiet", "--bootstrap", "100")
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("value, sizes", [
+    (lambda b: 1.5 + 1e-12 * b, (1000, 2000, 4000, 8000, 16000, 32000)),  # constant: a noise slope
+    (lambda b: 1e-6 + b * 1e-15, (1, 2, 4, 8)),  # sub-ns times on 1-byte payloads
+    (lambda b: 1e9 + b * 1e-9, (1, 2**40, 2**50, 2**53 - 1)),  # the extremes of bytes and times
+])
+def test_what_fit_writes_every_fit_reader_accepts(tmp_path, value, sizes):
+    """Group 5: fit wrote 1.7e13 GB/s (zero-width interval, no warning) that plan then refused."""
+    rec = json.loads(P2P.read_text().splitlines()[0])
+    with open(tmp_path / "r.jsonl", "w") as fh:
+        for b in sizes:
+            for _ in range(4):
+                fh.write(json.dumps({**rec, "bytes": b, "samples_ms": [value(b)] * 5}) + "\n")
+    fit = tmp_path / "r.fit.json"
+    rc, _, err = run(kvbench.fit.cli.cli, tmp_path / "r.jsonl", "--out", fit, "--bootstrap", "100")
+    assert rc == 0, err
+    _read_by_every_fit_reader(fit, tmp_path)
+
+
+def test_a_fit_in_a_folder_whose_name_is_not_utf8_is_read_back(tmp_path):
+    """Group 5: plan refused the fit (a lone surrogate in `inputs`), report crashed writing it."""
+    folder = tmp_path / b"run-\xff".decode("utf-8", "surrogateescape")
+    folder.mkdir()
+    (folder / "r.jsonl").write_text(P2P.read_text())
+    rc, _, err = run(kvbench.fit.cli.cli, folder / "r.jsonl", "--bootstrap", "100")
+    assert rc == 0, err
+    _read_by_every_fit_reader(folder / "r.fit.json", folder)
+    assert "run-\\xff" in (folder / "rep" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [
+    ("cohort",),
+    ("sweep", "--rates", "0.000001", "--duration-s", "10000000"),
+    ("sweep", "--rates", "1000000", "--duration-s", "0.005"),
+    ("sweep", "--rates", "1,50", "--duration-s", "20", "--warmup-requests", "0"),
+])
+def test_what_slo_synth_writes_slo_analyze_accepts(tmp_path, argv):
+    out = tmp_path / "s.jsonl"
+    rc, _, err = run(kvbench.slo.cli.cli, "synth", *argv, "--out", out)
+    assert rc == 0, err
+    rc, _, err = run(kvbench.slo.cli.cli, "analyze", out, "--ttft-max-ms", "2000", "--tpot-max-ms", "50",
+                     "--denominator", "successful", "--attainment-min", "0.9", "--format", "json")
+    assert rc == 0, err

@@ -225,6 +225,6 @@ def test_the_named_hostile_values_are_read_or_refused_in_one_line(name, make):
     d = _folder()
     doc = make()
     (d / name).write_text(json.dumps(doc) + ("\n" if name.endswith(".jsonl") else ""))
-    for kind in (("p2p",) if name.endswith(".jsonl") else ("fit", "fit-sizes", "fit-draws")):
+    for kind in (("p2p",) if name.endswith(".jsonl") else ("fit", "fit-sizes")):
         one_line_or_taken(lambda k=kind: load(d / name, k))
     _report(d)

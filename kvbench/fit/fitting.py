@@ -41,6 +41,7 @@ from kvbench.fit.stats import (
     size_summary,
 )
 from kvbench.records.schema.read import path_kind
+from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.stats import min_samples_for, percentile_if_supported
 from kvbench.records.write import (
     dumps_json,
@@ -285,6 +286,10 @@ def line_warnings(line: LineFit, line_rate: float | None) -> list[dict]:
     if line.ms_per_gb <= 0:
         out.append(_warn("no_rate", "time does not grow with bytes: no effective rate can be "
                          "fitted (are the sizes far too small, or the timer wrong?)"))
+    elif line.effective_gb_s is None:
+        out.append(_warn("no_rate", f"the fitted rate {1000.0 / line.ms_per_gb:.3g} GB/s is outside "
+                         f"{MIN_GBPS:g}..{MAX_GBPS:g} GB/s: no rate can be fitted (constant times, or "
+                         "sizes far too small for the timer)"))
     sci = line.setup_ci()
     if line.setup_ms < 0:
         out.append(_warn("negative_intercept",

@@ -29,6 +29,7 @@ import numpy as np
 import scipy.linalg
 from scipy.special import chdtrc  # chi-square survival function
 
+from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.units import GB
 
 MIN_ROUNDS = 10  # fewer rounds: the round bootstrap undercovers (docs: coverage by rounds)
@@ -328,7 +329,10 @@ class LineFit:
 
     @property
     def effective_gb_s(self) -> float | None:
-        return 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
+        """1000 / ms_per_gb, or None outside the rates every reader takes (MIN_GBPS..MAX_GBPS):
+        a slope of rounding noise (constant times) is no rate, not 1.7e13 GB/s."""
+        rate = 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
+        return rate if rate is not None and MIN_GBPS <= rate <= MAX_GBPS else None
 
     def predict(self, nbytes) -> np.ndarray:
         return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB

@@ -43,11 +43,39 @@ def dumps_json(obj, indent: int | None = 2) -> str:
     with its key path instead of being written as `Infinity`, which is not JSON.
     """
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False,
+        text = json.dumps(obj, indent=indent, allow_nan=False,
                           separators=None if indent is not None else (",", ":"))
+        if "\\udc" in text:  # a name read from a non-UTF-8 path: write it as text readers take
+            text = json.dumps(_valid_text(obj), indent=indent, allow_nan=False,
+                              separators=None if indent is not None else (",", ":"))
+        return text
     except ValueError:
         raise UsageError(f"refusing to write a non-finite number at {_nonfinite_path(obj) or '?'} "
                          "(an input or flag without a bound; please report it)") from None
+
+
+def _utf8(text: str) -> bytes:
+    """text as UTF-8; a non-UTF-8 file name inside it (lone surrogates) is written as \\xNN."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _valid_text(text).encode("utf-8")
+
+
+def _valid_text(obj):
+    """obj with every string valid Unicode: bytes a file name held that are not UTF-8 (Python
+    keeps them as lone surrogates) are written as \\xNN, which every JSON reader takes."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_valid_text(v) for v in obj]
+    return obj
 
 
 def _nonfinite_path(obj, path: str = "") -> str | None:
@@ -122,7 +150,7 @@ def _write_temp(path: Path, content: str | bytes) -> str:
     fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+            fh.write(content if isinstance(content, bytes) else _utf8(content))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
