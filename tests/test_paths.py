@@ -164,3 +164,19 @@ def test_a_signal_during_synth_is_one_line_and_leaves_nothing(tmp_path, sig, rc,
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == rc and err.count("\n") == 1 and word in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_outputs_follow_the_umask(tmp_path, mask, mode):
+    """Group 12: every output was 0600 whatever the umask (mkstemp's mode kept by the link)."""
+    out = tmp_path / "s.jsonl"
+    p = subprocess.run(["sh", "-c", f'umask {mask:03o} && exec "$0" -m kvbench slo synth cohort --out "$1"',
+                        sys.executable, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert out.stat().st_mode & 0o777 == mode
+
+
+def test_analyze_out_and_plot_the_same_file_is_refused_before_the_work(tmp_path):
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
+    one_line(kvbench("slo", "analyze", tmp_path / "r.jsonl", *ANALYZE, "--out", tmp_path / "x.svg",
+                     "--plot", tmp_path / "x.svg"), "same file as --out")

@@ -131,6 +131,12 @@ def check_new_file(path: str | Path) -> Path:
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # (reading the umask means setting it; set straight back)
+    os.umask(mask)
+    return mask
+
+
 def _new_temp(path: Path) -> tuple[int, str]:
     """A hidden temp file beside path, registered in kvbench.cli.LIVE_TEMPS before Ctrl-C or
     SIGTERM can land (they are held off between its creation and its registration)."""
@@ -139,6 +145,7 @@ def _new_temp(path: Path) -> tuple[int, str]:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         LIVE_TEMPS.add(tmp)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs follow the umask like any file
     finally:
         if old is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)

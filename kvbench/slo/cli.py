@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -285,6 +286,8 @@ def cmd_analyze(args, argv) -> int:
             raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
                              "warm-up and window")
     plan = load_plan(args.plan) if args.plan else None
+    if args.out and args.plot and os.path.abspath(args.out) == os.path.abspath(args.plot):
+        raise UsageError(f"--plot {args.plot} is the same file as --out")
     for target in (args.out, args.plot):  # refuse before the work, not after it
         if target:
             check_new_file(target)
