@@ -382,3 +382,24 @@ def test_fast_record_path_never_accepts_what_the_careful_one_refuses(data, line)
     fast = parse_line_fast(RequestIn, raw)
     if fast is not None:
         assert fast == parse(RequestIn, decode_line(raw, "w"), "w")
+
+
+@FUZZ
+@given(st.data(), st.booleans())
+def test_fuzz_fit_document_through_plan_and_report(data, bare_draws):
+    """(issue 25) A mutated fit document, its draws in either schema form, through the commands
+    that read fits: plan, plan route (via plan) and report. Read, or refused in one line."""
+    import kvbench.report.cli
+
+    d = workdir()
+    doc = json.loads((ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json").read_text())
+    if bare_draws:
+        doc["groups"][0]["draws"] = doc["groups"][0]["draws"]["values"]
+    doc["groups"][0]["draws"] = {"columns": ["setup_ms", "ms_per_gb"], "values": [
+        v for v in (doc["groups"][0]["draws"]["values"] if isinstance(doc["groups"][0]["draws"], dict)
+                    else doc["groups"][0]["draws"])][:50]} if not bare_draws else doc["groups"][0]["draws"][:50]
+    text, must = mutate(doc, data.draw(mutation(doc)), "json")
+    (d / "f.fit.json").write_text(text)
+    check(run(kvbench.plan.cli.cli, "--fit", d / "f.fit.json", "--prompt-tokens", "1000"), None, must)
+    check(run(kvbench.report.cli.cli, d, "--out", d / "rep", "--quiet", "--no-refit"), None, must,
+          json_out=False)
