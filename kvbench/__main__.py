@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"kvbench: error: unknown command {name!r}\n{_usage()}", file=sys.stderr)
+        from kvbench.cli import one_line
+
+        print(one_line(f"kvbench: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; "
+                       "see kvbench --help)"), file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.cli(rest) or 0)

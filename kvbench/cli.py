@@ -8,8 +8,14 @@ before any work starts. Bounds are generous physical limits, not taste.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import math
+import os
+import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 EXIT_USAGE = 2  # bad input: a value, a file's content, a destination path
@@ -32,27 +38,116 @@ class OutputIOError(UsageError):
     exit_code = EXIT_IO
 
 
+# errno values that mean "this path cannot be used" (the user's to fix: exit 2); any other
+# OSError (disk full, I/O error) is the system's (exit 3)
+PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
+               errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EXDEV}
+
+
+def path_error(path, exc: OSError, doing: str = "read") -> UsageError:
+    """The one wording of a failed file operation, for readers and writers alike: one line
+    naming the path and the reason; exit 2 for a bad path, 3 for an I/O failure. (Readers and
+    writers reach it through kvbench.records.schema.read.path_kind and records.write.)"""
+    cls = UsageError if exc.errno in PATH_ERRNOS else OutputIOError
+    return cls(f"cannot {doing} {path}: {exc.strerror or exc}")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """text with control characters escaped (a newline in a path or in a file's content shows
+    as \\n), so an error stays one line whatever it quotes."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a parse error is one line (no usage dump) and exit status 2."""
+    """argparse, but a parse error is one line (no usage dump) and exit status 2; an empty
+    --out/--plot is refused (it used to mean the default silently)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            flags = [f for f in action.option_strings if f in PATH_FLAGS]
+            if flags and getattr(ns, action.dest, None) == "":
+                self.error(f"argument {flags[0]}: an empty path (give a name, or leave the flag "
+                           "out for the default)")
+        return ns, rest
+
+
+PATH_FLAGS = ("--out", "--plot", "--out-dir", "-o")
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+EXIT_TERMINATED = 143  # SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that every `finally` (temp files) runs."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+LIVE_TEMPS: set[str] = set()  # temp files the writers have open (kvbench.records.write)
+
+
+def remove_live_temps() -> None:
+    """Remove every temp file a writer still holds: an interrupt can land between the writer's
+    steps (even inside its `finally`), so run_main sweeps up after it."""
+    for tmp in list(LIVE_TEMPS):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        LIVE_TEMPS.discard(tmp)
 
 
 def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) -> int:
-    """Run fn(argv); a UsageError is one stderr line and its exit status (2, or 3 for I/O)."""
+    """Run fn(argv); a UsageError is one stderr line and its exit status (2, or 3 for I/O).
+
+    Ctrl-C is one line and exit 130, SIGTERM one line and 143, each after the writers removed
+    their temp files (the signal is an exception, so every `finally` runs). An OSError that no
+    reader or writer wrapped is still one line naming its file.
+    """
     try:
-        return fn(argv)
+        try:
+            with _sigterm_raises():
+                return fn(argv)
+        finally:
+            remove_live_temps()
     except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # `... | head` is not an error
         return 0
+    except Terminated:
+        print(f"{prog}: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        err = path_error(exc.filename or "?", exc, "use")
+        print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
+        return err.exit_code
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import re
 
+MIN_TIME_MS = 1e-9  # a femtosecond: a time below it (zero, denormal) is no time a timer measured,
+# and dividing by it overflows; rates from such times are "none", never infinite
 GB = 1_000_000_000
 MiB = 1 << 20
 GiB = 1 << 30

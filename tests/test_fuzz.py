@@ -21,7 +21,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kvbench.fit.cli
+import kvbench.lab.faults
+import kvbench.lab.sweep
 import kvbench.model
+import kvbench.plan.cli
+import kvbench.report.cli
 import kvbench.slo.cli
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
@@ -252,6 +257,68 @@ def test_fuzz_fit_document_and_p2p_record(data):
 
 
 # ---------------------------------------------------------------------------
+# the unmutated inputs: a reader that refuses everything would pass every fuzz test above
+# (exit 2 with one line is always allowed), so each valid input must be accepted, and a
+# planted refuse-everything reader must make this check fail
+
+
+def _valid_runs() -> dict:
+    """name -> fn(folder) running the reader's command on its unmutated valid input."""
+    def hf(d):
+        (d / "config.json").write_text(json.dumps({**LLAMA, "rope_scaling": {"factor": 8.0, "type": "llama3"}}))
+        return run(kvbench.model.cli, "--model-config", d / "config.json", "--out", d / "o.json")
+
+    def plan(d):
+        return run(kvbench.slo.cli.cli, "validate-plan", ROOT / "examples" / "pd-benchmark-plan.yaml")
+
+    def records(d):
+        (d / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in cohort_lines()))
+        return run(kvbench.slo.cli.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", d / "o.json")
+
+    def vllm(d):
+        (d / "v.json").write_text(json.dumps(vllm_result()))
+        return run(kvbench.slo.cli.cli, "convert-vllm", d / "v.json", "--deployment", "agg", "--out", d / "o.jsonl")
+
+    def scrape(d):
+        (d / "s.jsonl").write_text("\n".join(json.dumps(x) for x in scrape_lines()) + "\n")
+        return run(kvbench.slo.cli.cli, "analyze", "--metrics", d / "s.jsonl", "--out", d / "o.json")
+
+    def fit_and_p2p(d):
+        src = ROOT / "results/kvbench-p2p-20261202T175443Z"
+        return run(kvbench.plan.cli.cli, "--fit", f"{src}.fit.json", "--prompt-tokens", "1000") if \
+            run(kvbench.fit.cli.cli, f"{src}.jsonl", "--out", d / "f.json", "--bootstrap", "100")[0] == 0 \
+            else (2, "", "fit refused its valid input")
+
+    return {"hf_config": hf, "plan_yaml": plan, "request_records": records, "vllm_result": vllm,
+            "scrape_file": scrape, "fit_and_p2p": fit_and_p2p}
+
+
+def accepted(name: str) -> None:
+    rc, _, err = _valid_runs()[name](workdir())
+    assert rc == 0, f"{name}: the unmutated valid input was refused: {err[-500:]}"
+
+
+@pytest.mark.parametrize("name", list(_valid_runs()))
+def test_unmutated_valid_inputs_are_accepted(name):
+    accepted(name)
+
+
+@pytest.mark.parametrize("name", list(_valid_runs()))
+def test_a_reader_that_refuses_everything_fails_the_acceptance_check(name, monkeypatch):
+    """The plant: every typed model refuses every value (as a broken reader would, in one line)."""
+    from pydantic import BaseModel, TypeAdapter
+
+    def refuse(owner, *args, **kwargs):
+        raise UsageError("planted: a reader that refuses everything")
+
+    monkeypatch.setattr(BaseModel, "model_validate", classmethod(refuse))
+    monkeypatch.setattr(BaseModel, "model_validate_json", classmethod(refuse))
+    monkeypatch.setattr(TypeAdapter, "validate_python", refuse)
+    with pytest.raises(AssertionError, match="the unmutated valid input was refused"):
+        accepted(name)
+
+
+# ---------------------------------------------------------------------------
 # numeric flags
 
 FLAG_VALUES = ["nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "-1", "0", "0x10",
@@ -268,6 +335,12 @@ FLAGS = [
     (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
     (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
     (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
+    # (issue 25) flags that were raw int(): the folder or plan does not exist, so an accepted
+    # value ends in "no such ..." (exit 2) before any work; a hostile one must be refused first
+    (kvbench.report.cli.cli, ("/nonexistent-kvbench-folder",), "--bootstrap"),
+    (kvbench.lab.sweep.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
+    (kvbench.lab.faults.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
+    (kvbench.fit.cli.cli, (str(ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
 ]
 
 
@@ -289,6 +362,8 @@ def test_fuzz_numeric_flags(records_file, which, value):
     rc, stdout, err = run(cli, *argv, flag, value, "--out", out)
     must = value in ("nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "１２", "12abc")
     check((rc, stdout, err), out, must)
+    if must:  # refused by the flag parser itself, not later by a missing file
+        assert f"argument {flag}" in err or flag in err, err
     if rc == 0:
         assert "NaN" not in stdout and "Infinity" not in stdout
 
@@ -307,3 +382,24 @@ def test_fast_record_path_never_accepts_what_the_careful_one_refuses(data, line)
     fast = parse_line_fast(RequestIn, raw)
     if fast is not None:
         assert fast == parse(RequestIn, decode_line(raw, "w"), "w")
+
+
+@FUZZ
+@given(st.data(), st.booleans())
+def test_fuzz_fit_document_through_plan_and_report(data, bare_draws):
+    """(issue 25) A mutated fit document, its draws in either schema form, through the commands
+    that read fits: plan, plan route (via plan) and report. Read, or refused in one line."""
+    import kvbench.report.cli
+
+    d = workdir()
+    doc = json.loads((ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json").read_text())
+    if bare_draws:
+        doc["groups"][0]["draws"] = doc["groups"][0]["draws"]["values"]
+    doc["groups"][0]["draws"] = {"columns": ["setup_ms", "ms_per_gb"], "values": [
+        v for v in (doc["groups"][0]["draws"]["values"] if isinstance(doc["groups"][0]["draws"], dict)
+                    else doc["groups"][0]["draws"])][:50]} if not bare_draws else doc["groups"][0]["draws"][:50]
+    text, must = mutate(doc, data.draw(mutation(doc)), "json")
+    (d / "f.fit.json").write_text(text)
+    check(run(kvbench.plan.cli.cli, "--fit", d / "f.fit.json", "--prompt-tokens", "1000"), None, must)
+    check(run(kvbench.report.cli.cli, d, "--out", d / "rep", "--quiet", "--no-refit"), None, must,
+          json_out=False)

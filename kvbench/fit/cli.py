@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from kvbench.fit.fitting import (
     skipped_note,
 )
 from kvbench.p2p import linkpath
+from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.write import (
     check_new_file,
@@ -73,11 +75,29 @@ def _line_rate(text: str | None) -> float | None:
     return bounded_float(text, "--line-rate-gbps", MIN_GBPS, MAX_GBPS)
 
 
+def _once(paths: list[str]) -> list[str]:
+    """Each file once: `f.jsonl ./f.jsonl` (or a link to it) named the same records twice, and
+    reading both counted every sample twice. Files are the same when os.path.samefile says so."""
+    kept: list[tuple[str, tuple[int, int] | str]] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            ident: tuple[int, int] | str = (st.st_dev, st.st_ino)
+        except OSError:
+            ident = os.path.abspath(p)  # the reader words the error when it opens it
+        first = next((q for q, i in kept if i == ident), None)
+        if first is not None:
+            print(f"kvbench fit: note: {p} is {first}, given already: read once", file=sys.stderr)
+            continue
+        kept.append((p, ident))
+    return [p for p, _ in kept]
+
+
 def _paths(args) -> tuple[list[str], Path, Path | None, str | None]:
     """(inputs, --out, --plot, the plot's format), both targets checked before any work."""
-    inputs = [str(p) for p in args.results]
+    inputs = _once([str(p) for p in args.results])
     for p in inputs:
-        if Path(p).is_dir():
+        if path_kind(p) == "dir":
             raise UsageError(f"{p} is a directory; pass the .jsonl result files")
     out = Path(args.out) if args.out else default_out(Path(inputs[0]))
     plot = Path(args.plot) if args.plot else None

@@ -40,12 +40,14 @@ from kvbench.fit.stats import (
     interval_refusal,
     size_summary,
 )
+from kvbench.records.schema.read import path_kind
+from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.stats import min_samples_for, percentile_if_supported
 from kvbench.records.write import (
     dumps_json,
     utc_stamp,
 )
-from kvbench.units import GB, fmt_bytes
+from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
 SCHEMA_FIT = "kvbench.fit/2"
 SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
@@ -99,7 +101,7 @@ def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
             "p95_ms": _quantile_or_none(v, 0.95),
             "p99_ms": _quantile_or_none(v, 0.99),
             "mean_ms": _r(float(v.mean())),
-            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 > 0 else None,
+            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 >= MIN_TIME_MS else None,
         })
     return rows
 
@@ -165,6 +167,9 @@ def _resampling(s: GroupSamples, why_not: str | None, n_draws: int) -> dict:
     return out
 
 
+MAX_SIZES = 3000  # distinct sizes per group: memory grows as 64 B x sizes^2 (docs/robustness.md)
+
+
 def _empty_group_error(group: Group, c: Collected) -> UsageError:
     why = [f"{c.n_wrong} with wrong received elements"] if c.n_wrong else []
     why += [f"{c.n_empty} without samples"] if c.n_empty else []
@@ -204,6 +209,11 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
     if c.samples is None:
         raise _empty_group_error(group, c)
     s = c.samples
+    if len(s.sizes) > MAX_SIZES:
+        raise UsageError(f"group [{group.label}]: {len(s.sizes):,} distinct payload sizes; kvbench fit "
+                         f"takes at most {MAX_SIZES:,} per group (its lack-of-fit test holds a few "
+                         "sizes x sizes matrices: ~600 MiB at the limit); split the records or "
+                         "measure fewer sizes")
     warnings = _exclusion_warnings(c)
     out = _base_record(group, c, warnings)
     gf = GroupFit(out, s)
@@ -215,6 +225,11 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
         return gf
     rng = np.random.default_rng(seed)
     med, n, w = size_summary(s)
+    if float(np.max(np.abs(med))) < MIN_TIME_MS:
+        warnings.append(_warn("no_rate", f"every size's median time is below {MIN_TIME_MS:g} ms "
+                              "(zero or denormal samples): no rate can be fitted (is the timer "
+                              "wrong?)"))
+        return gf
     iid_var = iid_median_var(s, med, n)
     why_not = interval_refusal(s)
     mdraws = None if why_not else bootstrap_medians(s, med, n_boot, rng)
@@ -271,6 +286,10 @@ def line_warnings(line: LineFit, line_rate: float | None) -> list[dict]:
     if line.ms_per_gb <= 0:
         out.append(_warn("no_rate", "time does not grow with bytes: no effective rate can be "
                          "fitted (are the sizes far too small, or the timer wrong?)"))
+    elif line.effective_gb_s is None:
+        out.append(_warn("no_rate", f"the fitted rate {1000.0 / line.ms_per_gb:.3g} GB/s is outside "
+                         f"{MIN_GBPS:g}..{MAX_GBPS:g} GB/s: no rate can be fitted (constant times, or "
+                         "sizes far too small for the timer)"))
     sci = line.setup_ci()
     if line.setup_ms < 0:
         out.append(_warn("negative_intercept",
@@ -417,7 +436,7 @@ def default_out(first_input: Path) -> Path:
             stem = stem[: -len(suffix)]
     base = first_input.with_name(f"{stem}.fit")
     path, n = base.with_name(base.name + ".json"), 0
-    while path.exists():
+    while path_kind(path, "write", follow=False) != "missing":
         n += 1
         path = base.with_name(f"{base.name}-{n}.json")
     return path

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 
 from kvbench.cli import UsageError
-from kvbench.units import GB, fmt_bytes
+from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
 MAX_GROUPS = 8
 MAX_POINTS = 20_000  # raw samples drawn per group (a file of many runs holds millions)
@@ -107,10 +107,12 @@ def _rate_top(gf) -> float:
     s = gf.samples
     with np.errstate(divide="ignore", invalid="ignore"):
         rates = s.bytes / GB / (s.ms / 1000.0)
-    rates = rates[np.isfinite(rates)]
+    rates = rates[np.isfinite(rates) & (s.ms >= MIN_TIME_MS)]
     p50 = np.array([np.median(s.of_size(k)) for k in range(len(s.sizes))])
     tops = [float(np.percentile(rates, 99))] if len(rates) else []
-    tops += [float(r) for r in s.sizes / GB / (p50 / 1000.0) if np.isfinite(r)]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        tops += [float(r) for r, t in zip(s.sizes / GB / (p50 / 1000.0), p50, strict=True)
+                 if np.isfinite(r) and t >= MIN_TIME_MS]
     fits = [gf.line] + ([gf.regimes.small, gf.regimes.large] if gf.regimes else [])
     tops += [f.effective_gb_s for f in fits if f is not None and f.effective_gb_s]
     return 1.15 * max(tops) if tops else 1.0
@@ -129,7 +131,8 @@ def _dress(ax_t, ax_r, gf) -> None:
     ax_t.set_ylabel("handoff time (ms)")
     ax_r.set_ylabel("end-to-end rate (decimal GB/s)")
     ax_r.set_ylim(0, _rate_top(gf))
-    ax_t.set_ylim(bottom=0.5 * float(s.ms[s.ms > 0].min()) if np.any(s.ms > 0) else None)
+    timed = s.ms[s.ms >= MIN_TIME_MS]  # (zero or denormal times: no log-scale limit)
+    ax_t.set_ylim(bottom=0.5 * float(timed.min()) if len(timed) else None)
     ax_t.legend(fontsize=7, loc="upper left")
     ax_r.legend(fontsize=7, loc="best", framealpha=0.85)
     lof = rec.get("lack_of_fit")

@@ -26,8 +26,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 from scipy.special import chdtrc  # chi-square survival function
 
+from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.units import GB
 
 MIN_ROUNDS = 10  # fewer rounds: the round bootstrap undercovers (docs: coverage by rounds)
@@ -263,25 +265,38 @@ class LackOfFit:
 
 class ResidualSpace:
     """Q(tau^2) = e' (M (S + tau^2 D) M')^+ e for residuals e = M m of the WLS line, where S is
-    the medians' sampling covariance and D = diag(m^2) a relative per-size effect."""
+    the medians' sampling covariance and D = diag(m^2) a relative per-size effect.
+
+    Why a generalized eigenproblem: in the residual space Q(tau^2) = c' (A + tau^2 B)^-1 c;
+    with B v = lam A v (V' A V = I) that is sum_i d_i^2 / (1 + tau^2 lam_i), d = V' c. One
+    O(K^3) decomposition, after which Q costs O(K) per tau^2: the grid of 241 values and the
+    draws no longer each solve a K x K system (a (241, K, K) stack was 3.8 GB at K = 1000).
+    Memory: a few K x K float64 matrices (8 K^2 bytes each).
+    """
 
     def __init__(self, x, med, w, S):
         K = len(x)
         X = np.stack([np.ones_like(x), x], axis=1)
-        self.M = np.eye(K) - X @ wls_operator(x, w)
-        u, sv, _ = np.linalg.svd(self.M)
-        self.Z = u[:, : K - 2]  # orthonormal basis of the residual space (rank K - 2)
-        self.c = self.Z.T @ (self.M @ med)
+        # the residuals e = M m satisfy X' W e = 0: the residual space is the orthogonal
+        # complement of W X, an orthonormal basis of which ends a complete QR of W X
+        q_full, _ = np.linalg.qr(w[:, None] * X, mode="complete")
+        zm = q_full[:, 2:].T  # (K - 2, K)
+        del q_full
+        zm = zm @ (np.eye(K) - X @ wls_operator(x, w))  # Z' M
+        c = zm @ med
         # a ridge keeps A invertible when the medians do not vary at all (identical samples)
-        ridge = (1e-9 * float(np.mean(np.diag(S))) + 1e-24 * float(np.mean(med**2))) * np.eye(K)
-        self.A = self.Z.T @ self.M @ (S + ridge) @ self.M.T @ self.Z
-        self.B = self.Z.T @ self.M @ np.diag(med**2) @ self.M.T @ self.Z
+        ridge = 1e-9 * float(np.mean(np.diag(S))) + 1e-24 * float(np.mean(med**2))
+        a_mat = zm @ S @ zm.T + ridge * (zm @ zm.T)
+        b_mat = (zm * med**2) @ zm.T
+        del zm
+        lam, vecs = scipy.linalg.eigh(b_mat, a_mat, overwrite_a=True, overwrite_b=True)
+        self.lam = np.maximum(lam, 0.0)  # B is positive semi-definite: below 0 is rounding
+        self.d2 = (vecs.T @ c) ** 2
         self.df = K - 2
 
     def q(self, tau2: np.ndarray) -> np.ndarray:
-        mats = self.A[None] + np.asarray(tau2, dtype=float)[:, None, None] * self.B[None]
-        sol = np.linalg.solve(mats, np.broadcast_to(self.c, (len(mats), len(self.c)))[..., None])
-        return np.einsum("i,bi->b", self.c, sol[..., 0])
+        tau2 = np.asarray(tau2, dtype=float)
+        return (self.d2[None, :] / (1.0 + tau2[:, None] * self.lam[None, :])).sum(axis=1)
 
     def tau2_for(self, target: np.ndarray) -> np.ndarray:
         """tau^2 >= 0 with Q(tau^2) = target (0 where Q(0) is already below target)."""
@@ -314,7 +329,10 @@ class LineFit:
 
     @property
     def effective_gb_s(self) -> float | None:
-        return 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
+        """1000 / ms_per_gb, or None outside the rates every reader takes (MIN_GBPS..MAX_GBPS):
+        a slope of rounding noise (constant times) is no rate, not 1.7e13 GB/s."""
+        rate = 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
+        return rate if rate is not None and MIN_GBPS <= rate <= MAX_GBPS else None
 
     def predict(self, nbytes) -> np.ndarray:
         return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError
+from kvbench.cli import ArgumentParser, UsageError, arg_int
 from kvbench.lab import deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import LabState, run_interruptible, stop_all, stop_on_exit, write_state
@@ -56,7 +56,7 @@ def build_parser() -> ArgumentParser:
     c = sub.add_parser("capture-metrics", help="capture real /metrics text of every role",
                        prog="kvbench lab capture-metrics")
     c.add_argument("--out-dir", required=True)
-    c.add_argument("--requests", type=int, default=24)
+    c.add_argument("--requests", type=arg_int(1, 10_000), default=24)
     return p
 
 

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError
+from kvbench.cli import ArgumentParser, UsageError, arg_int
 from kvbench.lab import audit, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.procs import LabState, run_interruptible, stop, stop_on_exit
@@ -245,7 +245,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", help="output folder (default lab-faults-<UTC stamp>)")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--injections", default=",".join(INJECTIONS))
-    p.add_argument("--requests", type=int, default=6, help="requests per injection (default 6)")
+    p.add_argument("--requests", type=arg_int(1, 10_000), default=6, help="requests per injection (default 6)")
     return p
 
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from kvbench.cli import arg_float
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.config import Workarounds
@@ -133,8 +134,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvbench.lab.findings")
     p.add_argument("plan")
     p.add_argument("--out", required=True)
-    p.add_argument("--rate", type=float, default=4.0)
-    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--rate", type=arg_float(0, 1e6, lo_open=True), default=4.0)
+    p.add_argument("--seconds", type=arg_float(0, 1e7, lo_open=True), default=20.0)
     args = p.parse_args(argv)
     cfg = load_lab_section(args.plan)
     out = Path(args.out)

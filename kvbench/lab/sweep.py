@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError
+from kvbench.cli import ArgumentParser, UsageError, arg_int
 from kvbench.lab import bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.clients import CLIENTS, client_run, find_client
@@ -276,7 +276,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("plan", metavar="PLAN.yaml")
     p.add_argument("--out", help="output folder (default lab-sweep-<UTC stamp>); an existing sweep "
                    "folder of the same plan is resumed")
-    p.add_argument("--repeats", type=int, default=1, help="runs per point; the report gives medians "
+    p.add_argument("--repeats", type=arg_int(1, 1000), default=1, help="runs per point; the report gives medians "
                    "and the spread across them (default 1)")
     p.add_argument("--client", choices=CLIENTS, default="vllm",
                    help="load generator: vllm (vllm bench serve, the lab's), aiperf or guidellm (each from "

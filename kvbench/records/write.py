@@ -9,33 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import errno
 import io
 import json
 import math
 import os
 import platform
 import secrets
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from kvbench.cli import OutputIOError, UsageError
+from kvbench.cli import LIVE_TEMPS, UsageError
+from kvbench.records.schema.read import path_error, path_kind
 
 SCHEMA_P2P = "kvbench.p2p/1"
 ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISIBLE", "NIXL_",
                 "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
 # Secrets have no place in a results file even if someone exported them under these prefixes.
 _REDACT = ("TOKEN", "SECRET", "PASSWORD", "KEY")
-# errno values that mean "this path cannot be written" (the user's to fix: exit 2); any other
-# OSError while writing is the system's (disk full, I/O error: exit 3)
-_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
-                errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EXDEV}
-
-
 def utc_stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
@@ -47,11 +43,39 @@ def dumps_json(obj, indent: int | None = 2) -> str:
     with its key path instead of being written as `Infinity`, which is not JSON.
     """
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False,
+        text = json.dumps(obj, indent=indent, allow_nan=False,
                           separators=None if indent is not None else (",", ":"))
+        if "\\udc" in text:  # a name read from a non-UTF-8 path: write it as text readers take
+            text = json.dumps(_valid_text(obj), indent=indent, allow_nan=False,
+                              separators=None if indent is not None else (",", ":"))
+        return text
     except ValueError:
         raise UsageError(f"refusing to write a non-finite number at {_nonfinite_path(obj) or '?'} "
                          "(an input or flag without a bound; please report it)") from None
+
+
+def _utf8(text: str) -> bytes:
+    """text as UTF-8; a non-UTF-8 file name inside it (lone surrogates) is written as \\xNN."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _valid_text(text).encode("utf-8")
+
+
+def _valid_text(obj):
+    """obj with every string valid Unicode: bytes a file name held that are not UTF-8 (Python
+    keeps them as lone surrogates) are written as \\xNN, which every JSON reader takes."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+            return obj
+        except UnicodeEncodeError:
+            return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_valid_text(v) for v in obj]
+    return obj
 
 
 def _nonfinite_path(obj, path: str = "") -> str | None:
@@ -66,9 +90,8 @@ def _nonfinite_path(obj, path: str = "") -> str | None:
 
 
 def os_error(path: Path, exc: OSError, doing: str = "write") -> UsageError:
-    """One line naming the path and the reason; exit 2 for a bad path, 3 for an I/O failure."""
-    cls = UsageError if exc.errno in _PATH_ERRNOS else OutputIOError
-    return cls(f"cannot {doing} {path}: {exc.strerror or exc}")
+    """One line naming the path and the reason (kvbench.records.schema.read.path_error)."""
+    return path_error(path, exc, doing)
 
 
 def check_destination(directory: str | Path) -> Path:
@@ -78,8 +101,10 @@ def check_destination(directory: str | Path) -> Path:
     call this first so a bad --out costs a second, not a whole measurement.
     """
     d = Path(directory)
+    if str(directory) == "":
+        raise UsageError("an empty path is not a folder to write into")
     try:
-        if d.exists() and not d.is_dir():
+        if path_kind(d, "write into") not in ("missing", "dir"):
             raise UsageError(f"cannot write into {d}: not a directory")
         d.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".kvbench-probe.", dir=d)
@@ -92,23 +117,51 @@ def check_destination(directory: str | Path) -> Path:
 
 def check_new_file(path: str | Path) -> Path:
     """check_destination for a file's folder, plus: the file must not exist yet."""
+    if str(path) == "":
+        raise UsageError("an empty path is not a file name")
+    if str(path).endswith(os.sep):
+        raise UsageError(f"{path} names a folder (it ends in {os.sep}); give a file name")
     p = Path(path)
-    if p.exists() or p.is_symlink():
+    if path_kind(p, "write", follow=False) != "missing":
         raise UsageError(f"refusing to overwrite existing file {p}")
     check_destination(p.parent)
     return p
 
 
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # (reading the umask means setting it; set straight back)
+    os.umask(mask)
+    return mask
+
+
+def _new_temp(path: Path) -> tuple[int, str]:
+    """A hidden temp file beside path, registered in kvbench.cli.LIVE_TEMPS before Ctrl-C or
+    SIGTERM can land (they are held off between its creation and its registration)."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if main else None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        LIVE_TEMPS.add(tmp)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs follow the umask like any file
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return fd, tmp
+
+
 def _write_temp(path: Path, content: str | bytes) -> str:
     """content in a fresh temp file beside path, flushed to disk; returns the temp's name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+            fh.write(content if isinstance(content, bytes) else _utf8(content))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
-        os.unlink(tmp)
+        _unlink_all([Path(tmp)])
         raise
     return tmp
 
@@ -168,6 +221,7 @@ def _unlink_all(paths: Sequence[Path]) -> None:
             os.unlink(p)
         except OSError:
             pass
+        LIVE_TEMPS.discard(str(p))
 
 
 @contextlib.contextmanager
@@ -179,7 +233,7 @@ def new_file_stream(path: str | Path):
     """
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = _new_temp(path)
     except OSError as exc:
         raise os_error(path, exc) from None
     try:
@@ -221,7 +275,8 @@ def fresh_stem(out_dir: Path, prefix: str, suffixes: Sequence[str]) -> Path:
     """
     while True:
         stem = Path(out_dir) / f"{prefix}-{utc_stamp()}-{secrets.token_hex(3)}"
-        if not any(stem.with_name(stem.name + s).exists() for s in suffixes):
+        if all(path_kind(stem.with_name(stem.name + s), "write", follow=False) == "missing"
+               for s in suffixes):
             return stem
 
 

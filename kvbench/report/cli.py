@@ -18,7 +18,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
+from kvbench.fit.fitting import MAX_BOOTSTRAP
+from kvbench.records.schema.read import path_kind
 from kvbench.report import checks, sections
 from kvbench.report.data import Folder, read
 from kvbench.report.doc import Doc, to_html, to_markdown
@@ -121,7 +123,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("results", metavar="RESULTS_DIR", help="folder of results (read recursively)")
     p.add_argument("--out", metavar="DIR", help="where to write the report (default: "
                    "RESULTS_DIR/report; its files must not exist yet)")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+    p.add_argument("--bootstrap", type=arg_int(100, MAX_BOOTSTRAP), default=1000, metavar="N",
                    help="resamples of each refit (default 1000, as kvbench fit)")
     p.add_argument("--no-refit", action="store_true", help="do not refit the records (large "
                    "folders): show only the fit files found")
@@ -135,14 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     root = Path(args.results)
-    if not root.is_dir():
+    if path_kind(root) != "dir":
         raise UsageError(f"{root}: not a folder (kvbench report reads a folder of results)")
-    if args.bootstrap < 100:
-        raise UsageError(f"--bootstrap must be at least 100 resamples, got {args.bootstrap}")
     out = Path(args.out) if args.out else root / "report"
     names = [out / "report.md", out / "report.html"]
     for n in names:
-        if n.exists():
+        if path_kind(n, "write", follow=False) != "missing":
             raise UsageError(f"refusing to overwrite existing file {n}")
     check_destination(out)
     say = None if args.quiet else (lambda m: print(f"kvbench report: {m}", file=sys.stderr,

@@ -21,6 +21,7 @@ from kvbench.fit.data import label_of
 from kvbench.records.frames import iter_frames, load
 from kvbench.records.frames.files import expand
 from kvbench.records.schema.p2p import LEGACY_GROUP_KEYS, LEGACY_OPTIONAL_KEYS
+from kvbench.records.schema.read import path_kind
 from kvbench.records.stats import percentile_if_supported
 
 
@@ -92,7 +93,9 @@ def _pooled(files: list[Path], records: pd.DataFrame, say) -> pd.DataFrame:
                      "p50_ms": float(np.percentile(ms, 50)),
                      "p95_ms": percentile_if_supported(ms, 95),
                      "p99_ms": percentile_if_supported(ms, 99)})
-    return pd.DataFrame(rows)
+    # (records without samples pool nothing: the table still has its columns)
+    return pd.DataFrame(rows, columns=["folder", "config", "payload_bytes", "n", "p50_ms", "p95_ms",
+                                       "p99_ms"])
 
 
 def read(root: Path, say: Callable[[str], None] | None = None,
@@ -116,7 +119,7 @@ def read(root: Path, say: Callable[[str], None] | None = None,
     dirs = sorted({str(Path(s).parent) for df in (records, fits, reports)
                    for s in df["source"].astype(str)})
     return [Folder(Path(d), _in(records, d), sizes[sizes["folder"] == d], _in(fits, d),
-                   _in(reports, d), notes=[p for p in (Path(d) / "README.md",) if p.exists()])
+                   _in(reports, d), notes=[p for p in (Path(d) / "README.md",) if path_kind(p) == "file"])
             for d in dirs]
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from kvbench.records.stats import min_samples_for
 from kvbench.report.doc import Doc, Image
-from kvbench.units import fmt_bytes
+from kvbench.units import MIN_TIME_MS, fmt_bytes
 
 GROUPS_PER_PLOT = 4
 
@@ -82,7 +82,7 @@ def measurements(doc: Doc, records: pd.DataFrame, sizes: pd.DataFrame) -> None:
         for s in mine.itertuples():
             at = recs[recs["payload_bytes"] == s.payload_bytes]
             tokens = sorted({int(t) for t in at["prompt_tokens"].dropna()})
-            gbps = s.payload_bytes / 1e9 / (s.p50_ms / 1e3) if s.p50_ms > 0 else None
+            gbps = s.payload_bytes / 1e9 / (s.p50_ms / 1e3) if s.p50_ms >= MIN_TIME_MS else None
             rows.append([_bytes(s.payload_bytes), ",".join(map(str, tokens)) or "-",
                          str(len(at)), str(s.n), _num(s.p50_ms), _pct(s.p95_ms, 0.95),
                          _pct(s.p99_ms, 0.99), _num(gbps), _num(at["cold_ms"].median())])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -35,7 +36,7 @@ from kvbench.slo.gates import (
     Criteria,
     analyze,
 )
-from kvbench.slo.plan import Plan, load_plan
+from kvbench.slo.plan import Plan, load_plan, same_rate
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 
@@ -214,7 +215,7 @@ class _PlanCheck:
         if r.deployment not in plan.deployments:
             raise UsageError(f"{r.where}: deployment {r.deployment!r} is not in the plan "
                              f"({', '.join(plan.deployments)})")
-        match = [x for x in plan.offered_rates_rps if abs(x - r.offered_rate_rps) <= 1e-9 * max(1.0, x)]
+        match = [x for x in plan.offered_rates_rps if same_rate(x, r.offered_rate_rps)]
         if not match:
             raise UsageError(f"{r.where}: offered rate {r.offered_rate_rps:g} rps is not in the plan's "
                              f"offered_rates_rps ({', '.join(f'{x:g}' for x in plan.offered_rates_rps)})")
@@ -298,6 +299,8 @@ def cmd_analyze(args, argv) -> int:
             raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
                              "warm-up and window")
     plan = load_plan(args.plan) if args.plan else None
+    if args.out and args.plot and os.path.abspath(args.out) == os.path.abspath(args.plot):
+        raise UsageError(f"--plot {args.plot} is the same file as --out")
     for target in (args.out, args.plot):  # refuse before the work, not after it
         if target:
             check_new_file(target)

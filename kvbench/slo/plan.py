@@ -128,6 +128,14 @@ def _choice(options: dict | tuple, synonyms: dict | None = None) -> Callable:
     return check
 
 
+RATE_REL_TOL = 1e-9  # two rates this close are the same rate: a record at one matches both
+
+
+def same_rate(a: float, b: float) -> bool:
+    """The one rule matching a record's offered rate to a plan's (and keeping a plan's apart)."""
+    return abs(a - b) <= RATE_REL_TOL * max(1.0, abs(a), abs(b))
+
+
 def _rates(v, path):
     if not isinstance(v, list) or not v:
         raise PlanError(path, "must be a non-empty list of offered rates in requests/s")
@@ -137,6 +145,9 @@ def _rates(v, path):
     for i in range(1, len(out)):
         if out[i] <= out[i - 1]:
             raise PlanError(f"{path}[{i}]", f"rates must increase, {out[i]:g} follows {out[i - 1]:g}")
+        if same_rate(out[i], out[i - 1]):
+            raise PlanError(f"{path}[{i}]", f"{out[i]!r} is the same rate as {out[i - 1]!r} (within "
+                            f"{RATE_REL_TOL:g} relative, the tolerance records are matched with)")
     return out
 
 

@@ -18,20 +18,24 @@ Each endpoint is labelled by its role (prefill, decode, aggregated, or any name)
 time it started. The run is bounded: it stops after `--duration`, or at once after one
 last scrape when it receives SIGTERM (the end line then says `"stopped": "SIGTERM"`: a
 caller ending the scrape with its load, not an interruption), no fetch outlives its
-timeout (at most the interval), and a response larger than 32 MiB is a gap. An endpoint
+timeout (at most the interval, 10 s at most) even when the endpoint trickles its answer a
+byte at a time (a timer cuts the socket mid-read), Ctrl-C ends the fetches in progress at
+once (exit 130, what was scraped is kept), and a response larger than 32 MiB is a gap.
+Fetches are plain HTTP GETs (`http.client`): no proxy, no redirect. An endpoint
 that fails, hangs or stops answering is a gap and the run goes on. The file appears at
 `--out` only when the run ends (atomically; an existing file is never replaced).
 """
 
 from __future__ import annotations
 
+import http.client
 import math
 import signal
+import socket
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -90,38 +94,124 @@ def _json_value(v: float) -> float | str:
     return "NaN" if math.isnan(v) else ("+Inf" if v > 0 else "-Inf")
 
 
-def _fetch(url: str, timeout_s: float) -> str:
-    """The body of GET url, bounded in time and size; any failure is an exception."""
-    deadline = time.monotonic() + timeout_s
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (user-given URL)
-        chunks, size = [], 0
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"response not complete after {timeout_s:g} s")
-            chunk = resp.read(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_RESPONSE_BYTES:
-                raise ValueError(f"response larger than {MAX_RESPONSE_BYTES // 2**20} MiB")
-            chunks.append(chunk)
+class Fetches:
+    """The connections of the fetches in progress, so a deadline or Ctrl-C can cut them mid-read.
+
+    Why: a socket timeout bounds each recv, not a response; an endpoint that sends one byte
+    every 0.3 s passes every per-read timeout forever. Shutting the socket down from another
+    thread ends a recv at once, whatever the fetch is doing (headers, body, TLS).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: set[http.client.HTTPConnection] = set()
+        self.closed = False
+
+    def add(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if self.closed:
+                raise InterruptedError("the scrape is stopping")
+            self._live.add(conn)
+
+    def discard(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._live.discard(conn)
+
+    def cut(self, conn: http.client.HTTPConnection) -> None:
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the fetch itself
+
+    def cut_all(self) -> None:
+        """End every fetch in progress now (Ctrl-C): each returns an error at once."""
+        with self._lock:
+            self.closed = True
+            live = list(self._live)
+        for conn in live:
+            self.cut(conn)
+
+
+class HTTPStatusError(Exception):
+    """A response that is not 200 OK."""
+
+
+def _fetch(url: str, timeout_s: float, fetches: Fetches | None = None) -> str:
+    """The body of GET url, bounded in time and size; any failure is an exception.
+
+    Connecting is bounded by the socket timeout; once connected, a timer cuts the socket at
+    the deadline, so a response that trickles in (headers or body) ends at timeout_s too.
+    """
+    fetches = fetches or Fetches()
+    conn = _connection(url, timeout_s)
+    cut = threading.Event()
+    timer = threading.Timer(timeout_s, lambda: (cut.set(), fetches.cut(conn)))
+    timer.daemon = True
+    try:
+        fetches.add(conn)
+        timer.start()
+        try:
+            conn.connect()  # each step bounded by the socket timeout; the timer cuts a slow handshake
+            if cut.is_set():  # the deadline passed before the socket existed to be cut
+                raise TimeoutError
+            body = _get(conn, url)
+            if cut.is_set():  # a cut socket reads as the end of the body
+                raise TimeoutError
+            return body
+        except (OSError, http.client.HTTPException):
+            if cut.is_set():
+                raise TimeoutError(f"response not complete after {timeout_s:g} s") from None
+            raise
+    finally:
+        timer.cancel()
+        fetches.discard(conn)
+        conn.close()
+
+
+def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    try:
+        return cls(parts.hostname or "", parts.port, timeout=timeout_s)
+    except ValueError as exc:  # a port that is not a number
+        raise ValueError(f"bad URL {url!r}: {exc}") from None
+
+
+def _get(conn: http.client.HTTPConnection, url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn.request("GET", path, headers={"Accept": "text/plain", "Connection": "close"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise HTTPStatusError(f"HTTP {resp.status} {resp.reason}")
+    chunks, size = [], 0
+    while chunk := resp.read1(65536):  # returns what one recv brought: never waits to fill 64 KiB
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise ValueError(f"response larger than {MAX_RESPONSE_BYTES // 2**20} MiB")
+        chunks.append(chunk)
+    if resp.length:  # the connection ended before Content-Length bytes came
+        raise http.client.IncompleteRead(b"", resp.length)
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
-    if isinstance(exc, urllib.error.URLError):
-        return str(exc.reason)
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
 
 
-def scrape_once(ep: Endpoint, t0: float, timeout_s: float, keep: Callable[[str], bool]) -> dict:
+def scrape_once(ep: Endpoint, t0: float, timeout_s: float, keep: Callable[[str], bool],
+                fetches: Fetches | None = None) -> dict:
     """One line of the file: a sample, or a gap saying why there is none."""
     start = time.monotonic()
     base = {"role": ep.role, "url": ep.url, "t_s": round(start - t0, 6)}
     try:
-        samples = parse_metrics_text(_fetch(ep.url, timeout_s), keep)
+        samples = parse_metrics_text(_fetch(ep.url, timeout_s, fetches), keep)
     except Exception as exc:  # any failure of one endpoint is a gap, never the end of the run
         return {"kind": "gap", **base, "error": _error_text(exc)}
     return {"kind": "sample", **base, "elapsed_ms": round((time.monotonic() - start) * 1000, 3),
@@ -139,7 +229,11 @@ def run_scrape(endpoints: Sequence[Endpoint], interval_s: float, duration_s: flo
             ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
         fh.write(dumps_json({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
                              **header}, indent=None) + "\n")
-        end = _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress, stop)
+
+        def scrape_all(fetches: Fetches) -> list[dict]:
+            return list(pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep, fetches), endpoints))
+
+        end = _loop(scrape_all, interval_s, duration_s, t0, fh, counts, progress, stop)
         fh.write(dumps_json(end, indent=None) + "\n")
     return end
 
@@ -170,15 +264,17 @@ def _sleep_until(due: float, stop: list[bool]) -> bool:
     return stop[0]
 
 
-def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, counts, progress, stop) -> dict:
+def _loop(scrape_all, interval_s, duration_s, t0, fh, counts, progress, stop) -> dict:
+    """Scrape every interval until the duration, SIGTERM (one last reading) or Ctrl-C (at once)."""
     tick, interrupted, last_note, final = 0, False, t0, False
+    fetches = Fetches()
     try:
         while True:
             due = t0 + tick * interval_s
             if due - t0 > duration_s + 1e-9:
                 break
             final = _sleep_until(due, stop)  # asked to stop: one last reading, taken now
-            for line in pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep), endpoints):
+            for line in scrape_all(fetches):
                 counts["scrapes" if line["kind"] == "sample" else "gaps"] += 1
                 fh.write(dumps_json(line, indent=None) + "\n")
             fh.flush()
@@ -190,6 +286,7 @@ def _loop(endpoints, interval_s, duration_s, t0, timeout_s, keep, pool, fh, coun
                 print(f"kvbench slo scrape: {last_note - t0:.0f}/{duration_s:g} s, "
                       f"{counts['scrapes']} samples, {counts['gaps']} gaps", file=progress, flush=True)
     except KeyboardInterrupt:  # keep what was scraped: the file says it was cut short
+        fetches.cut_all()  # the fetches in progress end now, so the pool's threads can be joined
         interrupted = True
     end = {"kind": "end", "t_s": round(time.monotonic() - t0, 6), **counts, "interrupted": interrupted}
     return {**end, "stopped": "SIGTERM"} if final else end

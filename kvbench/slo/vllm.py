@@ -15,6 +15,7 @@ scheduled_send_ms and the send-lag check reports "not evaluated".
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvbench.cli import UsageError
@@ -23,7 +24,7 @@ from kvbench.records.schema.read import MiB, loads_many, read_text_bounded
 from kvbench.records.schema.slo import VllmResult
 from kvbench.records.schema.types import parse, show
 
-MAX_VLLM_BYTES = 1024 * MiB  # --save-detailed keeps every chunk gap: large, but not unbounded
+MAX_VLLM_BYTES = 256 * MiB  # peak memory is ~9x the file (docs/robustness.md): 256 MiB keeps it < 2.5 GiB
 
 _NEEDED = ("start_times", "ttfts", "itls", "output_lens", "errors")
 _REJECT_WORDS = ("too many requests", "429", "service unavailable", "503")
@@ -99,9 +100,9 @@ def _succeeded(doc: VllmResult, i: int, common: dict, send_ms: float, origin: fl
                          chunk_times_ms=tuple(chunks), chunk_tokens=counts, end_ms=end)
 
 
-def convert_vllm(path: str | Path, deployment: str, offered_rate_rps: float | None = None,
-                 index: int | None = None) -> tuple[list[dict], list[str]]:
-    """Records (as JSON objects) for every request in a vLLM result, plus notes for the user.
+def iter_converted(path: str | Path, deployment: str, offered_rate_rps: float | None = None,
+                   index: int | None = None) -> tuple[Iterator[dict], list[str]]:
+    """The records one at a time (memory: the parsed file, not the records), plus notes.
 
     Each record is checked by the same schema `analyze` reads it with, so convert-vllm never
     writes a file its own analysis refuses.
@@ -109,12 +110,15 @@ def convert_vllm(path: str | Path, deployment: str, offered_rate_rps: float | No
     p = Path(path)
     doc = load_vllm_result(p, index)
     rate = _offered_rate(doc, offered_rate_rps, p)
-    origin = min(doc.start_times)
     notes = []
     if doc.max_concurrency is not None:
         notes.append(f"max_concurrency={doc.max_concurrency}: vLLM held requests back at the "
                      "client, so sends may lag the schedule it does not record")
-    rows = []
+    return _rows(doc, p, deployment, rate), notes
+
+
+def _rows(doc: VllmResult, p: Path, deployment: str, rate: float) -> Iterator[dict]:
+    origin = min(doc.start_times)
     for i in range(len(doc.ttfts)):
         send_ms = round((doc.start_times[i] - origin) * 1000.0, 6)
         err = doc.errors[i] or ""
@@ -124,7 +128,7 @@ def convert_vllm(path: str | Path, deployment: str, offered_rate_rps: float | No
         common = dict(request_id=str(i), deployment=deployment, offered_rate_rps=rate, input_tokens=ins)
         rec = (_failed(doc, i, common, send_ms, err) if err
                else _succeeded(doc, i, common, send_ms, origin))
+        doc.itls[i] = []  # converted: its gaps are not needed again (memory falls as rows go out)
         row = record_to_json(rec, {"source": "vllm bench serve", "file": p.name, "index": i})
         parse_record(row, f"{p}: request {i}")
-        rows.append(row)
-    return rows, notes
+        yield row

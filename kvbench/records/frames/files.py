@@ -8,6 +8,7 @@ for) or a glob (`results/**/*.jsonl`). A file's kind is read from its first reco
 from __future__ import annotations
 
 import glob
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.cli import UsageError
-from kvbench.records.schema.read import MiB, iter_lines, loads
+from kvbench.records.schema.read import MiB, iter_lines, loads, path_error, path_kind
 
 KINDS = {  # kind -> schemas a file of that kind starts with
     "p2p": ("kvbench.p2p/1",),
@@ -37,7 +38,7 @@ def schema_of(path: Path) -> str | None:
         with open(path, "rb") as fh:
             head = fh.read(64 * 1024)
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise path_error(path, exc) from None
     m = _SCHEMA_AT_START.search(head)  # every kvbench writer puts "schema" first in a record
     return m.group(1).decode("utf-8", "replace") if m else None
 
@@ -75,10 +76,11 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list
     out: list[Path] = []
     for item in paths_or_globs:
         p = Path(item)
-        if p.is_dir():
-            found = [f for f in sorted(p.rglob("*")) if f.suffix in SUFFIXES and f.is_file()]
+        what = path_kind(p)
+        if what == "dir":
+            found = [f for f in walk_files(p) if f.suffix in SUFFIXES]
             out += _without_twins([f for f in found if schema_of(f) in KINDS[kind]])
-        elif p.exists():
+        elif what != "missing":
             schema = schema_of(p)
             if schema not in KINDS[kind]:
                 raise UsageError(f"{p}: holds {schema or 'no kvbench schema'}, not {kind} "
@@ -86,11 +88,23 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list
             out.append(p)
         elif glob.has_magic(str(item)):
             out += _without_twins([Path(f) for f in sorted(glob.glob(str(item), recursive=True))
-                                   if Path(f).is_file() and schema_of(Path(f)) in KINDS[kind]])
+                                   if path_kind(f) == "file" and schema_of(Path(f)) in KINDS[kind]])
         else:
             raise UsageError(f"no such file: {p}")
-    seen: set[Path] = set()
-    return [f for f in out if not (f in seen or seen.add(f))]
+    seen: set[str] = set()  # one file named twice (a folder and a glob, f and ./f) is read once
+    return [f for f in out if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+
+
+def walk_files(root: Path) -> list[Path]:
+    """Every regular file under root, sorted. A folder that cannot be listed is an error, as an
+    unreadable file is: skipping it silently would drop its results from a report unseen."""
+    def refuse(exc: OSError):
+        raise path_error(exc.filename or root, exc)
+
+    found = []
+    for d, _, names in os.walk(root, onerror=refuse):
+        found += [Path(d) / n for n in names if path_kind(Path(d) / n) == "file"]
+    return sorted(found)
 
 
 def _without_twins(found: list[Path]) -> list[Path]:

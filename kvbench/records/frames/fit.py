@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvbench.records.frames.p2p import _flat
 from kvbench.records.schema.fit import load_fit_document
+from kvbench.units import MIN_TIME_MS
 
 DTYPES = {
     "source": "category", "group": "Int64", "label": "category", "spec_id": "category",
@@ -94,7 +95,7 @@ def _draw_rows(doc: dict, g: dict, index: int, source: str) -> list[dict]:
         return []
     ident = _identity(doc, g, index, source)
     return [{**ident, "draw": i, "setup_ms": a, "ms_per_gb": b,
-             "effective_gbps": 1000.0 / b if b > 0 else None} for i, (a, b) in enumerate(values)]
+             "effective_gbps": 1000.0 / b if b >= MIN_TIME_MS else None} for i, (a, b) in enumerate(values)]
 
 
 def rows(path: Path, what: str) -> Iterator[list[dict]]:

@@ -20,6 +20,7 @@ from kvbench.records.schema.p2p import (
 )
 from kvbench.records.schema.read import MAX_LINE_BYTES, iter_lines, loads
 from kvbench.records.stats import min_samples_for
+from kvbench.units import MIN_TIME_MS
 
 DTYPES = {
     "source": "category", "line": "Int64", "run_id": "category", "spec_id": "category",
@@ -177,5 +178,5 @@ def sample_rows(rec: P2PRecord, source: str, line: int) -> list[dict]:
     out = []
     for i, ms in enumerate(rec.samples_ms):
         out.append({**base, "sample": i, "round": rounds[i] if rounds is not None else None,
-                    "time_ms": ms, "sample_gbps": rec.bytes / 1e9 / (ms / 1e3) if ms > 0 else None})
+                    "time_ms": ms, "sample_gbps": rec.bytes / 1e9 / (ms / 1e3) if ms >= MIN_TIME_MS else None})
     return out

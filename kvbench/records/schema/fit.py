@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from kvbench.cli import UsageError
 from kvbench.records.schema.read import MiB, load_json
@@ -20,6 +20,7 @@ from kvbench.records.schema.types import (
     AnyText,
     Bytes,
     Count,
+    ExactInt,
     Finite,
     GBps,
     Open,
@@ -43,7 +44,7 @@ def _ordered(pair: list) -> list:
 
 
 Interval = Annotated[list[Finite | None], Field(min_length=2, max_length=2), AfterValidator(_ordered)]
-GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None | list[Any]
+GroupValue = (Annotated[str, Field(max_length=MAX_TEXT)] | bool | ExactInt | Finite | None | list[Any]
               | dict[str, Any])
 
 
@@ -64,11 +65,48 @@ class SizeRow(Open):
 Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
 
 
+DRAW_COLUMNS = ["setup_ms", "ms_per_gb"]
+
+
 class Draws(Open):
-    """Joint bootstrap draws as kvbench fit writes them: {"columns": [...], "values": [[a, b]]}."""
+    """Joint bootstrap draws as kvbench fit writes them: {"columns": [...], "values": [[a, b]]}.
+
+    The columns are (setup_ms, ms_per_gb) in that order (no columns: that order); a bare list
+    of pairs is read as the same (see _one_form), so every reader sees one form.
+    """
 
     columns: list[Text] = []
     values: list[Pair]
+
+    @model_validator(mode="after")
+    def _known_columns(self):
+        if self.columns and self.columns != DRAW_COLUMNS:
+            raise refuse(f"draw columns must be {DRAW_COLUMNS}, got {show(self.columns)}")
+        return self
+
+
+def _one_form(v):
+    """A bare list of pairs is the values of a Draws: readers see {"columns", "values"} only."""
+    return {"columns": list(DRAW_COLUMNS), "values": v} if isinstance(v, list) else v
+
+
+def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | None) -> None:
+    """Draws must surround their point estimate, slope positive at the middle: a band of 1000 ms
+    beside a 13.5 ms floor (draws from another fit, columns swapped, a sign lost) is refused."""
+    if draws is None or not draws.values or setup_ms is None or gb_s is None:
+        return
+    setups = sorted(v[0] for v in draws.values)
+    slopes = sorted(v[1] for v in draws.values)
+    slope = 1000.0 / gb_s
+    if not setups[0] <= setup_ms <= setups[-1] or not slopes[0] <= slope <= slopes[-1]:
+        raise refuse(f"the draws (setup_ms {setups[0]:.6g}..{setups[-1]:.6g}, ms_per_gb "
+                     f"{slopes[0]:.6g}..{slopes[-1]:.6g}) do not surround the point estimate "
+                     f"(setup_ms {setup_ms:.6g}, ms_per_gb {slope:.6g}): not this fit's draws")
+    if slopes[len(slopes) // 2] <= 0:
+        raise refuse("the draws' median ms_per_gb is not positive: time must grow with bytes")
+
+
+DrawsIn = Annotated[Draws | None, BeforeValidator(_one_form)]
 
 
 class Regime(Open):
@@ -78,7 +116,12 @@ class Regime(Open):
     effective_gb_s_ci95: Interval | None = None
     bytes_min: Bytes
     bytes_max: Bytes
-    draws: Draws | None = None
+    draws: DrawsIn = None
+
+    @model_validator(mode="after")
+    def _draws_hold(self):
+        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s)
+        return self
 
 
 class TwoRegimes(Open):
@@ -86,6 +129,19 @@ class TwoRegimes(Open):
     small: Regime
     large: Regime
 
+
+
+class LackOfFitIn(Open):
+    q: Finite | None = None
+    df: Count | None = None
+    p_value: Annotated[float, Field(ge=0, le=1)] | None = None
+    size_scatter_rel: Finite | None = None
+    scatter_from: AnyText | None = None
+
+
+class ResamplingIn(Open):
+    n_draws: Count | None = None
+    none_because: AnyText | None = None
 
 
 class FitGroup(Open):
@@ -100,7 +156,16 @@ class FitGroup(Open):
     sizes: list[SizeRow] = Field(min_length=1)
     two_regimes: TwoRegimes | None = None
     warnings: list[Warning_] = []
-    draws: Draws | list[Pair] | None = None  # /2 writes Draws; a bare list of pairs is read too
+    draws: DrawsIn = None  # /2 writes Draws; a bare list of pairs is read as the same
+    # read by report and results.load: typed so another type is one line, not a traceback
+    lack_of_fit: LackOfFitIn | None = None
+    resampling: ResamplingIn | None = None
+    no_interval: AnyText | None = None
+
+    @model_validator(mode="after")
+    def _draws_hold(self):
+        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s)
+        return self
 
 
 class SkippedGroup(Open):

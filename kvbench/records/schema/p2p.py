@@ -24,19 +24,21 @@ from kvbench.records.schema.types import (
     MAX_TEXT,
     Bytes,
     Count,
+    ExactInt,
     Finite,
     Open,
     PositiveTokens,
     Text,
     TimeMs,
     Tokens,
+    UtcStamp,
     parse,
     parse_line_fast,
     refuse,
 )
 
 SCHEMA_P2P = "kvbench.p2p/1"
-Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | int | Finite | None
+Scalar = Annotated[str, Field(max_length=MAX_TEXT)] | bool | ExactInt | Finite | None
 Rank = Annotated[int, Field(ge=0, le=2**20)]
 # cpu-async: the ordering-test device (CPU memory behind a CUDA-stream-like queue; its times
 # mean nothing, docs/p2p.md "Device ordering"); its records are test records, readable all the same
@@ -96,6 +98,7 @@ class P2PRecord(Open):
     block_size: PositiveTokens | None = None
     world_size: Annotated[int, Field(ge=1, le=2**20)]
     hosts: list[Text]
+    timestamp: UtcStamp | None = None  # (report turns it into a table's time column)
     prompt_tokens: Tokens | None = None
     bytes: Bytes
     wrong: Count | None = None

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
-from kvbench.cli import UsageError
+from kvbench.cli import PATH_ERRNOS, UsageError, path_error  # noqa: F401 (PATH_ERRNOS: re-exported)
 
 MAX_DEPTH = 64  # nesting levels of any JSON or YAML document kvbench reads
 MAX_INT_DIGITS = 20  # 2^64 has 20 digits; every physical quantity kvbench reads is far below
@@ -63,6 +65,25 @@ def _at(where: str, line: int | None) -> str:
 # files
 
 
+def path_kind(path: str | Path, doing: str = "read", follow: bool = True) -> str:
+    """'missing', 'dir', 'file', 'link' (follow=False only) or 'other' for a user-named path.
+
+    Why not Path.exists()/is_dir(): they raise on EACCES (a folder that cannot be searched)
+    and ENAMETOOLONG, outside any handler; here every error but "not there" is one line.
+    """
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as exc:
+        raise path_error(path, exc, doing) from None
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    return "link" if stat.S_ISLNK(st.st_mode) else "other"
+
+
 def _open(p: Path, what: str, missing: str | None):
     try:
         return open(p, "rb")
@@ -71,7 +92,7 @@ def _open(p: Path, what: str, missing: str | None):
     except IsADirectoryError:
         raise UsageError(f"{p}: is a directory, not a {what}") from None
     except OSError as exc:
-        raise UsageError(f"cannot read {p}: {exc.strerror or exc}") from None
+        raise path_error(p, exc) from None
 
 
 def read_bounded(path: str | Path, limit: int, what: str = "file", missing: str | None = None) -> bytes:
@@ -83,7 +104,7 @@ def read_bounded(path: str | Path, limit: int, what: str = "file", missing: str 
     except IsADirectoryError:
         raise UsageError(f"{p}: is a directory, not a {what}") from None
     except OSError as exc:
-        raise UsageError(f"cannot read {p}: {exc.strerror or exc}") from None
+        raise path_error(p, exc) from None
     if len(data) > limit:
         raise UsageError(f"{p}: larger than {limit // MiB} MiB; kvbench reads at most that "
                          f"for a {what}")
@@ -234,7 +255,7 @@ def iter_lines(path: str | Path, what: str = "JSON Lines file", max_line: int = 
             try:
                 raw = fh.readline(max_line + 1)
             except OSError as exc:
-                raise UsageError(f"cannot read {p}: {exc.strerror or exc}") from None
+                raise path_error(p, exc) from None
             if not raw:
                 return
             lineno += 1

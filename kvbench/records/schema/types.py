@@ -13,7 +13,7 @@ from __future__ import annotations
 import reprlib
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from kvbench.cli import UsageError
@@ -44,6 +44,20 @@ SignedMs = Annotated[float, Field(ge=-MAX_TIME_MS, le=MAX_TIME_MS, allow_inf_nan
 RateRps = Annotated[float, Field(gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)]
 GBps = Annotated[float, Field(ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+def _utc_stamp(v: str) -> str:
+    import datetime
+
+    try:
+        t = datetime.datetime.strptime(v.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S%z")
+    except ValueError:
+        raise refuse(f"must be a UTC time such as 2026-12-02T17:54:43Z, got {show(v)}") from None
+    if not 1970 <= t.year <= 2200:  # what a table's nanosecond timestamps hold, with room
+        raise refuse(f"year {t.year} is outside 1970..2200")
+    return v
+
+
+UtcStamp = Annotated[str, Field(max_length=40), AfterValidator(_utc_stamp)]
+ExactInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)]  # exact in a double and in a table's int64
 Finite = Annotated[float, Field(ge=-1e300, le=1e300, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"\S")]
