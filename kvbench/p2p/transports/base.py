@@ -157,6 +157,21 @@ class Transport(ABC):
         group."""
         return [ch.post(i, ready) for ch, i in items]
 
+    @staticmethod
+    def post_by_channel_runs(items: Sequence[tuple[Channel, int]], ready=None) -> list[Request]:
+        """post_many for backends whose channels post a run of their own messages at once
+        (ch.post_many): consecutive items of one channel go together, order kept."""
+        out: list[Request] = []
+        k = 0
+        while k < len(items):
+            ch = items[k][0]
+            j = k + 1
+            while j < len(items) and items[j][0] is ch:
+                j += 1
+            out += ch.post_many([i for _, i in items[k:j]], ready)
+            k = j
+        return out
+
     def spec_options(self) -> dict:
         """The options that change what this transport measures (scalars): written into
         every record's spec, so records made with different ones are never pooled."""

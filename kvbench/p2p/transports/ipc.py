@@ -270,16 +270,7 @@ class IPCTransport(Transport):
 
     def post_many(self, items, ready=None) -> list[Request]:
         """Consecutive items of one channel go together (one readiness message per run)."""
-        out: list[Request] = []
-        k = 0
-        while k < len(items):
-            ch = items[k][0]
-            j = k + 1
-            while j < len(items) and items[j][0] is ch:
-                j += 1
-            out += ch.post_many([i for _, i in items[k:j]], ready)
-            k = j
-        return out
+        return self.post_by_channel_runs(items, ready)
 
     @property
     def path(self) -> str:

@@ -126,16 +126,7 @@ class MPITransport(Transport):
 
     def post_many(self, items, ready=None) -> list[Request]:
         """Consecutive items of one channel go out together (one staging wait)."""
-        out: list[Request] = []
-        k = 0
-        while k < len(items):
-            ch = items[k][0]
-            j = k + 1
-            while j < len(items) and items[j][0] is ch:
-                j += 1
-            out += ch.post_many([i for _, i in items[k:j]], ready)
-            k = j
-        return out
+        return self.post_by_channel_runs(items, ready)
 
     def spec_options(self) -> dict:
         return {"path": self.path}
