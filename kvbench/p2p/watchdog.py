@@ -32,6 +32,8 @@ import time
 EXIT_STALLED = 3  # the environment failed (a peer stopped answering), not the user's input
 BACKSTOP_S = 5.0  # SIGALRM this long after a missed deadline, if the watchdog could not act
 ABORT_GRACE_S = 10.0  # _exit if MPI_Abort itself has not ended the process by then
+HELD_S = 1.0  # a rank held this long at the door of MPI start-up (stopped, starved) ...
+RESUME_GRACE_S = 2.0  # ... waits this long before it connects to the launcher
 
 # in the order a run goes through them (set-up .. gathering records repeat per point in
 # --order blocks)
@@ -61,6 +63,7 @@ class Watchdog:
         self.rank: int | None = None
         self.timeout_s = 120.0
         self.current = "start-up"
+        self.entered = time.monotonic()  # when the current phase began (counts time stopped)
         self.stop_at: tuple[int, str] | None = None
         self._deadline: float | None = None
         self._what = ""
@@ -83,12 +86,40 @@ class Watchdog:
             self._thread.start()
 
     def phase(self, name: str) -> None:
-        """Enter a phase (named in the line a timeout prints). Cheap: one assignment."""
-        self.current = name
+        """Enter a phase (named in the line a timeout prints). Cheap: two assignments."""
+        self.current, self.entered = name, time.monotonic()
         if self.stop_at is not None and self.stop_at == (self.rank, slug(name)):
             print(f"{self.prog}: debug: rank {self.rank} stops itself (SIGSTOP) entering the "
                   f"{name} phase", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
+
+    def leave_if_held(self, what: str) -> None:
+        """Call right before `what` connects this rank to the launcher. If more than
+        HELD_S passed since the rank entered the phase (the code between takes
+        microseconds: it was stopped and continued, or starved), wait RESUME_GRACE_S; then
+        exit 3 if it was held for longer than --timeout.
+
+        Why: a peer that waited on this rank gave up after --timeout and the launcher is
+        tearing the job down. Open MPI 5's prterun does that by SIGCONT, then SIGTERM
+        0.25 s later; a rank resumed in between went on into MPI_Init, connected to
+        prterun's PMIx server and was killed mid-handshake, and prterun then hung for good
+        (PMIX_ERR_UNREACH, no child left; 1 to 4 of 4 loaded runs, strace in
+        docs/robustness.md). The wait lets that SIGTERM (default action) land first; a rank
+        a person continued goes on 2 s later. (A SIGCONT handler would say "stopped" more
+        exactly, but Python runs it on the main thread some bytecodes after the resume,
+        and in the strace the rank had connected by then.) Joining a job its peers have
+        left serves no one."""
+        if self._thread is None or time.monotonic() - self.entered <= HELD_S:
+            return
+        time.sleep(RESUME_GRACE_S)
+        held = time.monotonic() - self.entered
+        if held <= self.timeout_s:
+            return
+        who = "" if self.rank is None else f"rank {self.rank}: "
+        print(f"{self.prog}: error: {who}{self.current}: held {held:.1f} s before "
+              f"{what} (stopped or starved), past --timeout {self.timeout_s:g} s; its peers "
+              "have given up: leaving the job", file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)
 
     @contextlib.contextmanager
     def bounded(self, what: str):

@@ -59,6 +59,7 @@ def init() -> bool:
     if MPI.Is_initialized():
         return False
     WATCHDOG.phase("MPI start-up")
+    WATCHDOG.leave_if_held("MPI_Init_thread")
     with WATCHDOG.bounded("MPI_Init_thread"):
         lib = _libmpi()
         if lib is None:  # keeps the GIL while it waits: only the watchdog's alarm bounds it

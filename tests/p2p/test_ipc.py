@@ -114,8 +114,11 @@ def test_a_forged_or_foreign_descriptor_is_refused():
     wrong = dict(handle, regions=[dict(handle["regions"][0], inode=(0, 0))])
     with pytest.raises(TransportError, match="not the producer's shared memory"):
         HostMapping(wrong)
-    gone = dict(handle, pid=2 ** 22 + 12345)
+    elsewhere = dict(handle, pid=2 ** 22 + 12345, pid_ns=1)  # another PID namespace
     with pytest.raises(TransportError, match="must share a host"):
+        HostMapping(elsewhere)
+    gone = dict(handle, pid=2 ** 22 + 12345)  # this namespace, no such process
+    with pytest.raises(TransportError, match=r"producer \(pid \d+\) has exited"):
         HostMapping(gone)
 
 

@@ -3,7 +3,8 @@
 Each case is a real `mpirun -n 2 python -m kvbench.p2p` with the hidden `--debug-stop
 1:PHASE`: rank 1 sends itself SIGSTOP as it enters PHASE (what `kill -STOP` does to a rank
 at that moment), and rank 0 runs on into the phase's first wait on it. The job must end
-with exit status 3 and exactly one kvbench error line naming the phase, and leave no
+with exit status 3 and one kvbench error line naming the phase (a second only from the
+stopped rank, continued by the launcher, saying its peer has exited), and leave no
 process and no shared-memory segment behind. As root each job runs in a private mount
 namespace with its own empty /dev/shm (unshare + a tmpfs), so the check sees exactly what
 this job created, whatever other MPI jobs run on the machine.
@@ -172,7 +173,11 @@ def test_a_stopped_peer_ends_the_job_and_leaves_nothing(jobs, name):
     assert job.rc is not None, f"{name}: still running after {HANG_S} s (hung)\n{log}"
     assert job.kvbench_lines("debug"), f"{name}: rank 1 never reached the phase\n{log}"
     errors = job.kvbench_lines("error")
-    assert job.rc == 3 and len(errors) == 1, (job.rc, log)
+    assert job.rc == 3 and errors, (job.rc, log)
+    # The launcher ends the job by SIGCONT, then SIGTERM 0.25 s later: the stopped rank may
+    # run on in between, and its next step may fail on the aborted peer. Such a line comes
+    # second and says the peer has gone; any other second line fails.
+    assert all("has exited" in e for e in errors[1:]), (job.rc, log)
     phase = {slug(p): p for p in PHASES}[job.phase]
     assert errors[0].startswith(f"kvbench p2p: error: rank 0: {phase}: "), errors[0]
     assert "--timeout" in errors[0] and errors[0].endswith("aborting the job"), errors[0]

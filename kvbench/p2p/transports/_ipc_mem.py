@@ -71,7 +71,17 @@ def export_host(buffers: Sequence[torch.Tensor]) -> dict:
         info = os.fstat(fd)
         regions.append({"fd": fd, "nbytes": size, "inode": (info.st_dev, info.st_ino)})
     _, pieces = group_regions(buffers)  # pointers moved: offsets from the new storages
-    return {"kind": "shm", "pid": os.getpid(), "regions": regions, "pieces": pieces}
+    return {"kind": "shm", "pid": os.getpid(), "pid_ns": pid_namespace(), "regions": regions,
+            "pieces": pieces}
+
+
+def pid_namespace() -> int | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), None where unknown:
+    tells "the producer has exited" apart from "the producer is in another namespace"."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def check_shm_room(nbytes: int, where: str = "/dev/shm") -> None:
@@ -94,14 +104,18 @@ class HostMapping:
 
     def __init__(self, handle: dict):
         self.maps: list[mmap.mmap] = []
-        flats = [self._map(handle["pid"], r) for r in handle["regions"]]
+        flats = [self._map(handle["pid"], handle.get("pid_ns"), r) for r in handle["regions"]]
         self.views = [flats[p.region][p.offset:p.offset + p.nbytes] for p in handle["pieces"]]
 
-    def _map(self, pid: int, region: dict) -> torch.Tensor:
+    def _map(self, pid: int, pid_ns: int | None, region: dict) -> torch.Tensor:
         path = f"/proc/{pid}/fd/{region['fd']}"
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
+            same_ns = pid_ns is not None and pid_ns == pid_namespace()
+            if same_ns and not os.path.exists(f"/proc/{pid}"):  # seen by a rank continued
+                raise TransportError(f"ipc: the producer (pid {pid}) has exited before its "
+                                     "shared memory was mapped") from None  # after an abort
             raise TransportError(f"ipc: cannot open the producer's shared memory at {path} "
                                  f"({exc.strerror}): the ranks must share a host, a PID "
                                  "namespace and a user") from None
