@@ -10,8 +10,9 @@
 2. The deployment goes down; per repeat one MPI job runs the engine-shaped p2p
    (kvbench.lab.agree_p2p) on the lab model's geometry, the engine's block size and the
    engine's block count per transfer, on the instances' cores, with the lab's UCX
-   environment and progress-thread delay: the engine configuration, one-factor-off
-   variants, and the engine polled at decode's measured step times of each rate.
+   environment and progress-thread delay: the engine configuration, every on/off
+   combination of its features (a 2^4 factorial), a few what-ifs, and the engine polled at
+   decode's measured step times of each rate.
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
    and transfer time, ratio with a 95% interval over repeats, the feature costs, and the
@@ -48,7 +49,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", default=None, help="a new folder (default lab-agree-<UTC stamp>)")
     p.add_argument("--p2p-iters", type=int, default=60, help="timed handoffs per p2p configuration")
     p.add_argument("--no-factorial", action="store_true",
-                   help="only the engine configuration (no one-factor-off variants)")
+                   help="only the engine configuration (no feature factorial, no what-ifs)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain p2p fit")
     return p
 

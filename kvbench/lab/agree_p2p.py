@@ -2,14 +2,16 @@
 
 One `mpirun -n 2` job per repeat runs every configuration in turn (`kvbench.p2p.cli` called
 once per configuration, each into its own folder, so the torch/NIXL start-up is paid once):
-the engine as deployed (`engine`: what vLLM 0.32.0 + the lab's connector do) and, one factor
-at a time, the engine without each feature, so each feature's cost is a measured difference.
+the engine as deployed (`engine`: what vLLM 0.32.0 + the lab's connector do), every on/off
+combination of its features (a 2^4 factorial, so each feature's cost is a measured main
+effect), and a few what-ifs one step from the engine.
 The prefill rank runs on the prefill instance's core, the decode rank on the decode
 instance's (taskset, as `kvbench.lab.deploy` binds them), with the lab's UCX environment.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -28,17 +30,35 @@ for line in open(sys.argv[1]):
     p2p.cli(shlex.split(line))
 """
 
-# name -> (flags on top of the engine configuration, what the difference measures)
-FACTORS = {
-    "engine": ("", "vLLM 0.32.0 as the lab deploys it"),
-    "threads0": ("--nixl-threads 0", "UCX worker threads (4 -> 0)"),
-    "no-progress-thread": ("--no-nixl-progress-thread", "NIXL's progress thread"),
+# The engine's own features, each on as vLLM 0.32.0 + the lab run it: the flags that turn it
+# off. Every on/off combination is run (a 2^4 factorial, `engine` = all on), so a feature's
+# cost is its main effect averaged over the others' settings, and pairs that interact show.
+FEATURES = {
+    "threads": ("--nixl-threads 0", "UCX worker threads (4 -> 0)"),
+    "progress-thread": ("--no-nixl-progress-thread", "NIXL's progress thread"),
+    "per-request": ("--no-nixl-per-request", "a new prepped READ per request"),
+    "step-poll": ("--nixl-poll busy", "completion polled per engine step (1 ms), not busily"),
+}
+# What-ifs one step from the engine configuration (not features the engine has on or off).
+VARIANTS = {
     "delay0": ("--nixl-progress-delay-us 0", "progress-thread delay (lab's -> NIXL's 0)"),
-    "reuse-handle": ("--no-nixl-per-request", "a new prepped READ per request"),
     "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
     "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
-    "busy-poll": ("--nixl-poll busy", "completion polled per engine step (1 ms)"),
 }
+
+
+def cell_name(off: tuple[str, ...]) -> str:
+    """A factorial cell's configuration name: `engine`, or `off:` and the features it turns off."""
+    return "engine" if not off else "off:" + "+".join(off)
+
+
+def factorial_cells() -> dict[str, tuple[str, ...]]:
+    """name -> the features that cell turns off, every one of the 2^k combinations."""
+    cells = {}
+    for bits in itertools.product((False, True), repeat=len(FEATURES)):
+        off = tuple(f for f, b in zip(FEATURES, bits, strict=True) if b)
+        cells[cell_name(off)] = off
+    return cells
 
 
 def tokens_for(mean_bytes: float | None, page_bytes_all_layers: int, block_size: int,
@@ -63,9 +83,14 @@ def base_flags(model_config: Path, block_size: int, tokens: int, iters: int,
 
 
 def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
-    """name -> extra flags: the engine, its one-factor-off variants, and per rate the engine
-    polled at the decode instance's own measured step times."""
-    out = {k: v[0] for k, v in FACTORS.items() if factorial or k == "engine"}
+    """name -> extra flags: the engine; with `factorial` every cell of the feature factorial
+    and the what-if variants; per rate the engine polled at the decode instance's own
+    measured step times."""
+    out = {"engine": ""}
+    if factorial:
+        for name, off in factorial_cells().items():
+            out[name] = " ".join(FEATURES[f][0] for f in off)
+        out.update({k: v[0] for k, v in VARIANTS.items()})
     for rate, path in draws.items():
         out[f"poll-drawn@{rate}"] = f"--nixl-poll draw:{path}"
     return out

@@ -10,15 +10,20 @@ Student-t 95% interval (none from one repeat). Predictions:
     plain          the sweep's plain p2p fit (link shape), setup + bytes/rate at the engine's
                    mean bytes; it predicts a transfer time, so only the xfer ratio
 Targets (issue 19, judged on a quiet machine only): post within 10 %, xfer within 15 % at
-the lowest rate. Feature costs: engine minus the one-factor-off variant, means over repeats.
+the lowest rate. Feature costs: the main effect of each engine feature in the 2^k factorial
+(per repeat: mean over the cells with it on minus mean over those with it off; 95% t interval
+over repeats), two-feature interactions the same way (cells where the pair agree minus cells
+where they differ, halved: the usual +-1 coding), and beside them the plain one-step
+differences (engine minus a variant).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
-from kvbench.lab.agree_p2p import FACTORS
+from kvbench.lab.agree_p2p import FEATURES, VARIANTS, factorial_cells
 
 # two-sided 95% Student t quantiles by degrees of freedom (1..10), then the normal's
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -94,22 +99,72 @@ def _pooled(runs: list[dict], q: str) -> list[list]:
     return [[le, v] for le, v in acc.items()] if total else []
 
 
+def _value(rep: dict, name: str, q: str) -> float | None:
+    return (rep["configs"].get(name) or {}).get(f"{q}_mean_ms")
+
+
+def _contrast(doc: dict, sign) -> dict:
+    """Per quantity: a +-1 contrast over the factorial cells, per repeat, with its interval.
+    `sign(off)` is +1 or -1 for the cell that turns off the features in `off`."""
+    cells = factorial_cells()
+    out = {}
+    for q in ("post", "xfer"):
+        per_rep = []
+        for rep in doc["p2p"]["repeats"]:
+            ys = {name: _value(rep, name, q) for name in cells}
+            if any(v is None for v in ys.values()):
+                continue
+            plus = [ys[n] for n, off in cells.items() if sign(off) > 0]
+            minus = [ys[n] for n, off in cells.items() if sign(off) < 0]
+            per_rep.append(statistics.fmean(plus) - statistics.fmean(minus))
+        out[q] = interval(per_rep)
+    return out
+
+
+def feature_effects(doc: dict) -> dict:
+    """Main effects (what turning each feature on costs, ms) and two-feature interactions of
+    the factorial; empty when the run had no factorial."""
+    if not all(name in doc["p2p"]["configs"] for name in factorial_cells()):
+        return {"main": [], "interactions": []}
+    main = [{"feature": f, "what": FEATURES[f][1],
+             **_contrast(doc, lambda off, f=f: -1 if f in off else 1)} for f in FEATURES]
+    pairs = []
+    for a, b in itertools.combinations(FEATURES, 2):
+        c = _contrast(doc, lambda off, a=a, b=b: 1 if (a in off) == (b in off) else -1)
+        pairs.append({"features": [a, b], **{q: _halved(v) for q, v in c.items()}})
+    return {"main": main, "interactions": pairs}
+
+
+def _halved(iv: dict) -> dict:
+    """An interaction in the usual +-1 coding is half the agree-minus-differ contrast."""
+    if iv["mean"] is None:
+        return iv
+    return {"mean": iv["mean"] / 2, "ci95": [x / 2 for x in iv["ci95"]] if iv["ci95"] else None,
+            "n": iv["n"]}
+
+
 def factor_costs(doc: dict) -> list[dict]:
-    """Per one-factor-off variant: mean post/xfer over repeats and engine minus it."""
+    """Per configuration one step from the engine (a feature off, a what-if, the drawn poll):
+    mean post/xfer over repeats, and engine minus it (what the engine pays for the step)."""
     reps = doc["p2p"]["repeats"]
+    one_step = {f"off:{f}": v[1] for f, v in FEATURES.items()} | {k: v[1] for k, v in VARIANTS.items()}
 
     def mean_of(name: str, q: str) -> float | None:
-        return _mean([(r["configs"].get(name) or {}).get(f"{q}_mean_ms") for r in reps])
+        return _mean([_value(r, name, q) for r in reps])
 
     base = {q: mean_of("engine", q) for q in ("post", "xfer")}
     out = []
     for name in doc["p2p"]["configs"]:
-        row = {"config": name, "what": FACTORS.get(name, ("", "poll at decode's measured step times"))[1]}
+        if name.startswith("off:") and name not in one_step:
+            continue  # a factorial cell two or more steps away: in the effects instead
+        what = "vLLM 0.32.0 as the lab deploys it" if name == "engine" else one_step.get(
+            name, "poll at decode's measured step times")
+        row = {"config": name, "what": what}
         for q in ("post", "xfer"):
             v = mean_of(name, q)
             row[f"{q}_mean_ms"] = v
-            row[f"{q}_feature_cost_ms"] = (base[q] - v if name in FACTORS and name != "engine"
-                                           and v is not None and base[q] is not None else None)
+            row[f"{q}_feature_cost_ms"] = (base[q] - v if name in one_step and v is not None
+                                           and base[q] is not None else None)
         out.append(row)
     return out
 
@@ -123,7 +178,8 @@ def analyse(doc: dict) -> dict:
                       "met": (lowest["engine_shaped"]["ratio"][q]["mean"] is not None
                               and abs(lowest["engine_shaped"]["ratio"][q]["mean"] - 1) <= tol)}
                   for q, tol in TARGETS.items()}
-    return {"rates": rows, "factor_costs": factor_costs(doc), "target_at_lowest_rate": target,
+    return {"rates": rows, "factor_costs": factor_costs(doc), "feature_effects": feature_effects(doc),
+            "target_at_lowest_rate": target,
             "targets_note": "judged only on a quiet machine; see loadavg in engine and p2p runs"}
 
 
@@ -168,16 +224,41 @@ def markdown(doc: dict) -> str:
         lines += ["", "Target at the lowest rate (quiet machine only): " + "; ".join(
             f"{q} ratio {_f(v['ratio'], '.2f')} (within ±{v['within']:.0%}: "
             f"{'met' if v['met'] else 'not met'})" for q, v in t.items())]
-    lines += ["", "## What each engine feature costs (kvbench p2p, NIXL telemetry means, ms)", "",
+    lines += ["", "## One step from the engine (kvbench p2p, NIXL telemetry means, ms)", "",
               "| configuration | what it changes | post | xfer | feature cost post | feature cost xfer |",
               "|---|---|---|---|---|---|"]
     for c in a["factor_costs"]:
         lines.append(f"| {c['config']} | {c['what']} | {_f(c['post_mean_ms'])} | "
                      f"{_f(c['xfer_mean_ms'])} | {_f(c['post_feature_cost_ms'])} | "
                      f"{_f(c['xfer_feature_cost_ms'])} |")
+    lines += _effects_markdown(a.get("feature_effects") or {})
     lines += ["", "Engine bucket fractions (share of the run's transfers at or below each bound, ms):", ""]
     for r in a["rates"]:
         for q in ("post", "xfer"):
             cells = ", ".join(f"≤{le}: {v:.2f}" for le, v in r["buckets"][q] if v > 0)
             lines.append(f"- {r['rate_rps']:g} rps {q}: {cells or '-'}")
     return "\n".join(lines) + "\n"
+
+
+def _effects_markdown(fx: dict) -> list[str]:
+    if not fx.get("main"):
+        return []
+    n = fx["main"][0]["post"]["n"]
+    lines = ["", f"## What each engine feature costs: main effects of the 2^{len(FEATURES)} "
+             f"factorial (ms, 95% interval over {n} repeat(s))", "",
+             "Turning the feature on, averaged over every setting of the others.", "",
+             "| feature | what | post | xfer |", "|---|---|---|---|"]
+    for e in fx["main"]:
+        lines.append(f"| {e['feature']} | {e['what']} | {_effect(e['post'])} | {_effect(e['xfer'])} |")
+    lines += ["", "Two-feature interactions (+-1 coding; an interval that excludes 0 means the "
+              "pair's costs do not simply add):", "", "| features | post | xfer |", "|---|---|---|"]
+    for e in fx["interactions"]:
+        lines.append(f"| {' x '.join(e['features'])} | {_effect(e['post'])} | {_effect(e['xfer'])} |")
+    return lines
+
+
+def _effect(iv: dict) -> str:
+    if iv["mean"] is None:
+        return "-"
+    ci = iv["ci95"]
+    return f"{iv['mean']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (1 repeat)")

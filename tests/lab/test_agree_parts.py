@@ -7,6 +7,7 @@ import pytest
 
 from kvbench.lab import agree_engine as ae
 from kvbench.lab import agree_report as ar
+from kvbench.lab.agree_p2p import FEATURES, factorial_cells
 
 INF = float("inf")
 
@@ -40,19 +41,31 @@ def test_interval_needs_two_repeats():
     assert iv["mean"] == pytest.approx(1.1) and iv["ci95"][0] < 1.1 < iv["ci95"][1]
 
 
+def _cell_post(off: tuple) -> float:
+    """A known model over the factorial: +-1 coding, x = +1 when the feature is on."""
+    x = {f: -1 if f in off else 1 for f in FEATURES}
+    return 5 + 0.5 * x["threads"] + 1.0 * x["progress-thread"] + 0.25 * x["threads"] * x["progress-thread"]
+
+
 def _doc(engine_post: list[float], pred_post: list[float]) -> dict:
     runs = [{"status": "done", "metrics": {
         "post": {"count": 5, "mean": p, "buckets": [[1.0, 1.0]]},
         "xfer": {"count": 5, "mean": 2 * p, "buckets": [[5.0, 1.0]]},
         "bytes": {"count": 5, "mean": 524288.0, "buckets": []}}} for p in engine_post]
-    reps = [{"configs": {"engine": {"post_mean_ms": p, "xfer_mean_ms": 2 * p},
-                         "threads0": {"post_mean_ms": p / 2, "xfer_mean_ms": p}}}
-            for p in pred_post]
+    cells = factorial_cells()
+    reps = []
+    for p in pred_post:
+        got = {name: {"post_mean_ms": _cell_post(off),
+                      "xfer_mean_ms": 2 * _cell_post(off)} for name, off in cells.items()}
+        got["engine"] = {"post_mean_ms": p, "xfer_mean_ms": 2 * p}  # the cell with all on
+        got["kv-split"] = {"post_mean_ms": p - 1, "xfer_mean_ms": 2 * p}
+        reps.append({"configs": got})
+    names = {**{n: "" for n in cells}, "kv-split": "--nixl-kv split"}
     return {"rates_rps": [1.0], "engine": {"1": runs}, "plain_fit": None,
-            "p2p": {"repeats": reps, "configs": {"engine": "", "threads0": "--nixl-threads 0"}}}
+            "p2p": {"repeats": reps, "configs": names}}
 
 
-def test_agreement_ratios_targets_and_feature_costs():
+def test_agreement_ratios_targets_and_one_step_costs():
     a = ar.analyse(_doc([2.0, 2.2], [2.0, 2.0]))
     row = a["rates"][0]
     assert row["engine_shaped"]["ratio"]["post"]["mean"] == pytest.approx(1.05)
@@ -61,14 +74,30 @@ def test_agreement_ratios_targets_and_feature_costs():
     assert bad["target_at_lowest_rate"]["post"]["met"] is False
     assert bad["target_at_lowest_rate"]["xfer"]["met"] is False
     cost = {c["config"]: c for c in a["factor_costs"]}
-    assert cost["threads0"]["post_feature_cost_ms"] == pytest.approx(1.0)
+    assert cost["kv-split"]["post_feature_cost_ms"] == pytest.approx(1.0)
+    assert "off:threads+progress-thread" not in cost  # two steps away: in the effects instead
     assert row["plain"]["predicted_mean_ms"] is None
     doc = _doc([2.0, 2.2], [2.0, 2.0])
     doc.update(agreement=a, command=["kvbench", "lab", "agree"], finished="now", host="h",
                cpu_count=2, loadavg_end=(1.0, 1.0, 1.0))
     doc["p2p"].update(tokens=256, tokens_why="x", block_size=128, cores=[0, 1], ucx_env={})
     md = ar.markdown(doc)
-    assert "| 1 | 2 |" in md and "threads0" in md
+    assert "| 1 | 2 |" in md and "kv-split" in md and "main effects of the 2^4 factorial" in md
+
+
+def test_the_factorial_recovers_a_known_model():
+    doc = _doc([2.0, 2.0, 2.0], [5 + 0.5 + 1.0 + 0.25] * 3)  # engine = the all-on cell
+    fx = ar.feature_effects(doc)
+    main = {e["feature"]: e for e in fx["main"]}
+    assert main["threads"]["post"]["mean"] == pytest.approx(1.0)  # 2 x 0.5: on minus off
+    assert main["progress-thread"]["post"]["mean"] == pytest.approx(2.0)
+    assert main["per-request"]["post"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert main["threads"]["post"]["n"] == 3
+    inter = {tuple(e["features"]): e for e in fx["interactions"]}
+    assert inter[("threads", "progress-thread")]["post"]["mean"] == pytest.approx(0.25)
+    assert inter[("threads", "per-request")]["post"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    del doc["p2p"]["configs"]["off:threads"]  # a run without the whole factorial: no effects
+    assert ar.feature_effects(doc) == {"main": [], "interactions": []}
 
 
 def test_engine_shaped_prediction_interpolates_and_never_extrapolates():
