@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 EXIT_USAGE = 2  # bad input: a value, a file's content, a destination path
@@ -88,24 +89,92 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 EXIT_TERMINATED = 143  # SIGTERM
 
 
+SIGNAL_GRACE_S = 5.0  # a stop signal ends the process this long after it, whatever swallowed it
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that every `finally` (temp files) runs."""
 
 
+class _Backstop:
+    """Ends the process once a stop signal's exception has been lost: SIGNAL_GRACE_S after the
+    signal, as soon as the main thread is neither reporting it (run_main disarms) nor
+    unwinding with it (a `finally` or `except` that is cleaning up, however long).
+
+    Why: Python runs a signal's handler at the next bytecode, and C code in between may
+    swallow the exception it raises. Seen here: SIGTERM landing while `import numpy.random`
+    loaded its extension modules was lost, and `kvbench slo synth` ran on for minutes (about
+    1 in 8 tries; docs/robustness.md). The backstop removes the writers' temp files, prints
+    the same line and exits with the same status. Code that catches the interrupt on purpose
+    and carries on calls `stop_signal_handled()`."""
+
+    def __init__(self):
+        self.armed: tuple[str, int, str] | None = None
+
+    def arm(self, prog: str, code: int, line: str) -> None:
+        if self.armed is None:
+            self.armed = (prog, code, line)
+            threading.Thread(target=self._watch, name="kvbench-signal-backstop", daemon=True).start()
+
+    def disarm(self) -> None:
+        self.armed = None
+
+    def _watch(self) -> None:
+        time.sleep(SIGNAL_GRACE_S)
+        while self.armed is not None and _main_thread_unwinding():
+            time.sleep(0.2)
+        armed = self.armed
+        if armed is not None:
+            prog, code, line = armed
+            remove_live_temps()
+            print(f"{prog}: {line}", file=sys.stderr, flush=True)
+            os._exit(code)
+
+
+def _main_thread_unwinding() -> bool:
+    """Whether the main thread is inside an except or finally block of an interrupt."""
+    current = sys._current_exceptions().get(threading.main_thread().ident)
+    exc = current[1] if isinstance(current, tuple) else current  # a tuple before Python 3.12
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def stop_signal_handled() -> None:
+    """Call where code catches Ctrl-C or SIGTERM on purpose and goes on (e.g. a scrape that
+    keeps what it has): the backstop then leaves the process alone."""
+    _BACKSTOP.disarm()
+
+
+_BACKSTOP = _Backstop()
+_TERMINATED_LINE = "terminated (SIGTERM); nothing was written"
+_INTERRUPTED_LINE = "interrupted (Ctrl-C); nothing was written"
+
+
 @contextlib.contextmanager
-def _sigterm_raises():
+def _stop_signals_raise(prog: str):
+    """SIGTERM raises Terminated and Ctrl-C KeyboardInterrupt, each with the backstop armed.
+    An inherited SIG_IGN for SIGINT (a script's background job) is kept."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def handler(signum, frame):
+    def on_term(signum, frame):
+        _BACKSTOP.arm(prog, EXIT_TERMINATED, _TERMINATED_LINE)
         raise Terminated
 
-    old = signal.signal(signal.SIGTERM, handler)
+    def on_int(signum, frame):
+        _BACKSTOP.arm(prog, EXIT_INTERRUPTED, _INTERRUPTED_LINE)
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_int)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, old_int)
 
 
 LIVE_TEMPS: set[str] = set()  # temp files the writers have open (kvbench.records.write)
@@ -129,7 +198,7 @@ def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) ->
     """
     try:
         try:
-            with _sigterm_raises():
+            with _stop_signals_raise(prog):
                 return fn(argv)
         finally:
             remove_live_temps()
@@ -139,10 +208,12 @@ def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) ->
     except BrokenPipeError:  # `... | head` is not an error
         return 0
     except Terminated:
-        print(f"{prog}: terminated (SIGTERM); nothing was written", file=sys.stderr)
+        _BACKSTOP.disarm()
+        print(f"{prog}: {_TERMINATED_LINE}", file=sys.stderr)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        _BACKSTOP.disarm()
+        print(f"{prog}: {_INTERRUPTED_LINE}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:
         err = path_error(exc.filename or "?", exc, "use")

@@ -8,6 +8,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def default_signals() -> None:
+    """Popen(preexec_fn=...): the child starts with SIGINT and SIGTERM at their defaults, as a
+    command typed at a terminal does. A suite started in the background by a script (`cmd &`
+    without job control ignores SIGINT) hands its SIG_IGN down, and Python keeps an
+    inherited SIG_IGN: a Ctrl-C test would then wait on a child that cannot hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def wait_for(ready, what: str, hang_s: float = 300, poll_s: float = 0.1):

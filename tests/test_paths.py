@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, default_signals
 from tests.test_robust import ANALYZE, LLAMA, cohort_lines
 
 P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
@@ -155,7 +155,8 @@ def test_a_signal_during_synth_is_one_line_and_leaves_nothing(tmp_path, sig, rc,
     out = tmp_path / "s.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "kvbench", "slo", "synth", "sweep", "--rates", "2000",
                              "--duration-s", "300", "--out", str(out)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_signals)
     deadline = time.monotonic() + 120  # a hang bound, not a timing assertion
     while not any(p.name.endswith(".tmp") for p in tmp_path.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -164,6 +165,64 @@ def test_a_signal_during_synth_is_one_line_and_leaves_nothing(tmp_path, sig, rc,
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == rc and err.count("\n") == 1 and word in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+SWALLOWED = """
+import os, signal, sys, time
+from kvbench.cli import run_main
+from kvbench.records.write import new_file_stream
+
+def work(argv):
+    with new_file_stream(sys.argv[1]) as fh:
+        try:  # what C code that clears a pending exception does to the handler's raise
+            os.kill(os.getpid(), int(sys.argv[2]))
+            time.sleep(1)
+        except BaseException:
+            pass
+        for _ in range(600):  # ... and the command runs on
+            fh.write("x\\n")
+            time.sleep(0.1)
+    return 0
+
+sys.exit(run_main("kvbench test", work))
+"""
+
+
+@pytest.mark.parametrize("sig, rc, word", [(signal.SIGINT, 130, "interrupted"),
+                                            (signal.SIGTERM, 143, "terminated")])
+def test_a_swallowed_stop_signal_still_ends_the_command(tmp_path, sig, rc, word):
+    """The backstop (kvbench.cli): a signal whose exception something swallowed still ends the
+    command a few seconds later, with the same one line and status and no temp file."""
+    out = tmp_path / "o.txt"
+    p = subprocess.run([sys.executable, "-c", SWALLOWED, str(out), str(int(sig))], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, preexec_fn=default_signals)
+    assert p.returncode == rc and p.stderr.count("\n") == 1 and word in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+SLOW_CLEAN_UP = """
+import os, pathlib, signal, sys, time
+from kvbench.cli import run_main
+
+def work(argv):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+    finally:  # a clean-up longer than the backstop's grace (stopping servers, say)
+        time.sleep(7)
+        pathlib.Path(sys.argv[1]).write_text("cleaned up")
+    return 0
+
+sys.exit(run_main("kvbench test", work))
+"""
+
+
+def test_the_backstop_leaves_a_long_clean_up_alone(tmp_path):
+    marker = tmp_path / "done"
+    p = subprocess.run([sys.executable, "-c", SLOW_CLEAN_UP, str(marker)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, preexec_fn=default_signals)
+    assert p.returncode == 130 and "interrupted" in p.stderr, p.stderr
+    assert marker.read_text() == "cleaned up"
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.cli import UsageError, stop_signal_handled
 from kvbench.records.write import check_new_file, dumps_json, new_file_stream
 
 SCHEMA_METRICS = "kvbench.slo.metrics/1"
@@ -286,6 +286,7 @@ def _loop(scrape_all, interval_s, duration_s, t0, fh, counts, progress, stop) ->
                 print(f"kvbench slo scrape: {last_note - t0:.0f}/{duration_s:g} s, "
                       f"{counts['scrapes']} samples, {counts['gaps']} gaps", file=progress, flush=True)
     except KeyboardInterrupt:  # keep what was scraped: the file says it was cut short
+        stop_signal_handled()
         fetches.cut_all()  # the fetches in progress end now, so the pool's threads can be joined
         interrupted = True
     end = {"kind": "end", "t_s": round(time.monotonic() - t0, 6), **counts, "interrupted": interrupted}

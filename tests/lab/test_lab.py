@@ -23,6 +23,7 @@ from kvbench.lab import env as labenv
 from kvbench.lab import procs
 from kvbench.lab.config import PORTS_PER_LAB
 from kvbench.lab.snapshot import fetch
+from tests.conftest import default_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = labenv.missing_reason()
@@ -116,7 +117,7 @@ def test_aggregated_round_robin_and_ctrl_c_stops_everything(plan, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), **run)
     proc = subprocess.Popen([sys.executable, "-m", "kvbench", "lab", "up", str(plan), "--deployment",
                              "aggregated", "--foreground"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     state_file = tmp_path / "run" / "aggregated.json"
     try:
         t0 = time.monotonic()

@@ -122,6 +122,31 @@ def test_a_forged_or_foreign_descriptor_is_refused():
         HostMapping(gone)
 
 
+EXPORT_AND_EXIT = """
+import json, sys, torch
+from kvbench.p2p.transports._ipc_mem import export_host
+h = export_host([torch.zeros(4096, dtype=torch.uint8)])
+print(json.dumps(h, default=lambda p: p.__dict__), flush=True)
+"""
+
+
+def test_a_producer_that_exited_is_named_not_blamed_on_the_namespace():
+    """The state a consumer continued after the job's abort meets: the producer gone but not
+    yet reaped (a zombie: /proc/PID is there, its descriptors are not)."""
+    proc = subprocess.Popen([PY, "-c", EXPORT_AND_EXIT], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        raw = json.loads(proc.stdout.readline())
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/fd/0").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has exited (a zombie: never waited for here)
+        assert Path(f"/proc/{proc.pid}").exists(), "expected a zombie"
+        pieces = [type("P", (), p)() for p in raw["pieces"]]
+        with pytest.raises(TransportError, match=rf"producer \(pid {proc.pid}\) has exited"):
+            HostMapping(dict(raw, pieces=pieces))
+    finally:
+        proc.wait()
+
+
 def test_a_full_dev_shm_is_refused_before_the_move(tmp_path):
     from kvbench.p2p.transports._ipc_mem import check_shm_room
 

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, default_signals
 
 HANG_BOUND_S = 90
 
@@ -77,7 +77,8 @@ def drip():
 def scrape(url: str, out, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvbench", "slo", "scrape", f"decode={url}",
                              "--out", str(out), *extra], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_signals)
 
 
 def rows(path) -> list[dict]:

@@ -19,6 +19,7 @@ peer access: the same GPU, or another GPU of the node).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from collections.abc import Sequence
@@ -112,10 +113,13 @@ class HostMapping:
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
+            # In one PID namespace the producer's descriptor vanishes only when it exits
+            # (it holds it until the consumer is done): what a rank continued after the
+            # job's abort sees, the producer gone or a zombie with its files closed.
             same_ns = pid_ns is not None and pid_ns == pid_namespace()
-            if same_ns and not os.path.exists(f"/proc/{pid}"):  # seen by a rank continued
+            if same_ns and exc.errno == errno.ENOENT:
                 raise TransportError(f"ipc: the producer (pid {pid}) has exited before its "
-                                     "shared memory was mapped") from None  # after an abort
+                                     "shared memory was mapped") from None
             raise TransportError(f"ipc: cannot open the producer's shared memory at {path} "
                                  f"({exc.strerror}): the ranks must share a host, a PID "
                                  "namespace and a user") from None
