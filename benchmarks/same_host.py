@@ -142,6 +142,13 @@ def versions() -> dict:
             "kernel": platform.release(), "cpus": os.cpu_count(), "host": platform.node()}
 
 
+def machine_busy(before: float, after_runs: list[float], ranks: int = 2) -> bool:
+    """Busy: other work on the machine. The 1-min load before the first run, or after a run
+    beyond what the run's own ranks add (each rank keeps a core busy), above half the cores."""
+    half = 0.5 * (os.cpu_count() or 1)
+    return before > half or any(a - ranks > half for a in after_runs)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     launcher = mpirun()
@@ -162,7 +169,7 @@ def main(argv=None) -> int:
                  f"{ab['floor_gbps']:.2f} GB/s, out of an ipc mapping {ab['mapped_gbps']:.2f} GB/s, "
                  f"ratio {ab['ratio']:.3f}")
     print(text)
-    busy = max(load_before[0], *(r["loadavg_after"][0] for r in ran)) > 0.5 * (os.cpu_count() or 1)
+    busy = machine_busy(load_before[0], [r["loadavg_after"][0] for r in ran])
     summary = {"argv": [sys.executable, *sys.argv], "versions": versions(), "mapping_ab": ab,
                "loadavg_before": load_before, "runs": ran, "table": text,
                "machine_busy": busy, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
