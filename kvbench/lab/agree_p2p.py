@@ -85,7 +85,7 @@ def base_flags(model_config: Path, block_size: int, tokens: int, iters: int,
 def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
     """name -> extra flags: the engine; with `factorial` every cell of the feature factorial
     and the what-if variants; per rate the engine polled at the decode instance's own
-    measured step times."""
+    measured step times, back to back (`poll-drawn@R`) and paced at the rate (`paced@R`)."""
     out = {"engine": ""}
     if factorial:
         for name, off in factorial_cells().items():
@@ -93,6 +93,8 @@ def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
         out.update({k: v[0] for k, v in VARIANTS.items()})
     for rate, path in draws.items():
         out[f"poll-drawn@{rate}"] = f"--nixl-poll draw:{path}"
+        # the engine as it runs at that rate: a transfer every 1000/R ms, polled at its steps
+        out[f"paced@{rate}"] = f"--nixl-poll draw:{path} --nixl-gap-ms {1000.0 / float(rate):g}"
     return out
 
 

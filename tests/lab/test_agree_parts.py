@@ -85,6 +85,17 @@ def test_agreement_ratios_targets_and_one_step_costs():
     assert "| 1 | 2 |" in md and "kv-split" in md and "main effects of the 2^4 factorial" in md
 
 
+def test_the_target_is_judged_on_the_paced_prediction_when_there_is_one():
+    doc = _doc([2.0, 2.2], [4.0, 4.0])  # back to back: engine-shaped predicts 2x the engine
+    assert ar.analyse(doc)["target_at_lowest_rate"]["post"]["prediction"] == "engine_shaped"
+    for rep in doc["p2p"]["repeats"]:
+        rep["configs"]["paced@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.0}
+    doc["p2p"]["configs"]["paced@1"] = "--nixl-gap-ms 1000"
+    t = ar.analyse(doc)["target_at_lowest_rate"]
+    assert t["post"]["prediction"] == "paced" and t["post"]["ratio"] == pytest.approx(1.05)
+    assert t["post"]["met"] and t["xfer"]["met"]
+
+
 def test_the_factorial_recovers_a_known_model():
     doc = _doc([2.0, 2.0, 2.0], [5 + 0.5 + 1.0 + 0.25] * 3)  # engine = the all-on cell
     fx = ar.feature_effects(doc)

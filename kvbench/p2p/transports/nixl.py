@@ -36,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
+from kvbench.cli import arg_float
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
 from kvbench.p2p.transports.nixl_import import (  # noqa: F401
@@ -334,6 +335,8 @@ class NIXLChannel(Channel):
     # -- the handoff -----------------------------------------------------------
 
     def begin_handoff(self) -> None:
+        if self.t.gap_s:  # idle as an engine between requests (both sides; the start barrier follows)
+            time.sleep(self.t.gap_s)
         self.h += 1
         self.in_handoff = True
         self.cur = {}
@@ -577,6 +580,11 @@ class NIXLTransport(Transport):
         e.add_argument("--nixl-progress-delay-us", type=int, default=0, metavar="US",
                        help="the progress thread's delay between polls (NIXL's Python agent fixes "
                             "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector)")
+        e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
+                       help="idle time before each handoff, outside the timed window (an engine "
+                            "at R requests/s moves a request's KV about every 1000/R ms, and "
+                            "its progress thread idles in between; default 0: back to back; "
+                            "not counted in --seconds-per-point)")
         e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
                        help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
@@ -610,6 +618,7 @@ class NIXLTransport(Transport):
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
         self.progress_delay_us = o.nixl_progress_delay_us
+        self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
         self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
@@ -667,6 +676,8 @@ class NIXLTransport(Transport):
                        nixl_poll=self._poll_label())
         if self.progress_delay_us:
             out["nixl_progress_delay_us"] = self.progress_delay_us
+        if self.gap_s:
+            out["nixl_gap_ms"] = round(self.gap_s * 1e3, 6)
         if self.shape == "engine":
             from kvbench.p2p.engine_shape import block_ids_label
 
