@@ -98,16 +98,25 @@ def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
     return out
 
 
-def run_job(folder: Path, base: str, cfgs: dict[str, str], cores: tuple[int, int],
+# Run in a job of their own, the ranks not pinned to a core each: name -> what it changes.
+UNPINNED = {"unpinned": "ranks free on both cores, not one core each (the engine configuration)"}
+
+
+def run_job(folder: Path, base: str, cfgs: dict[str, str], cores: tuple[int, int] | None,
             ucx_env: dict, log: Path, timeout_s: float) -> dict[str, dict | None]:
-    """Every configuration in one MPI job; name -> its record (None when it produced none)."""
+    """Every configuration in one MPI job; name -> its record (None when it produced none).
+    `cores`: the prefill and decode ranks' cores (taskset), None to leave both free."""
     folder.mkdir(parents=True, exist_ok=True)
+    cases = folder / f"cases-{'pinned' if cores else 'free'}.txt"
     lines = [f"{base} {extra} --out {folder / name}" for name, extra in cfgs.items()]
-    (folder / "cases.txt").write_text("\n".join(lines) + "\n")
+    cases.write_text("\n".join(lines) + "\n")
     (folder / "driver.py").write_text(DRIVER)
-    py = [sys.executable, str(folder / "driver.py"), str(folder / "cases.txt")]
-    cmd = [mpirun(), "--bind-to", "none", "-n", "1", "taskset", "-c", str(cores[0]), *py,
-           ":", "-n", "1", "taskset", "-c", str(cores[1]), *py]
+    py = [sys.executable, str(folder / "driver.py"), str(cases)]
+    if cores is None:
+        cmd = [mpirun(), "--bind-to", "none", "-n", "2", *py]
+    else:
+        cmd = [mpirun(), "--bind-to", "none", "-n", "1", "taskset", "-c", str(cores[0]), *py,
+               ":", "-n", "1", "taskset", "-c", str(cores[1]), *py]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", **ucx_env)
     with open(log, "ab") as fh:

@@ -26,7 +26,7 @@ import itertools
 import math
 import statistics
 
-from kvbench.lab.agree_p2p import FEATURES, VARIANTS, factorial_cells
+from kvbench.lab.agree_p2p import FEATURES, UNPINNED, VARIANTS, factorial_cells
 
 # two-sided 95% Student t quantiles by degrees of freedom (1..10), then the normal's
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -151,7 +151,8 @@ def factor_costs(doc: dict) -> list[dict]:
     """Per configuration one step from the engine (a feature off, a what-if, the drawn poll):
     mean post/xfer over repeats, and engine minus it (what the engine pays for the step)."""
     reps = doc["p2p"]["repeats"]
-    one_step = {f"off:{f}": v[1] for f, v in FEATURES.items()} | {k: v[1] for k, v in VARIANTS.items()}
+    one_step = ({f"off:{f}": v[1] for f, v in FEATURES.items()}
+                | {k: v[1] for k, v in VARIANTS.items()} | UNPINNED)
 
     def mean_of(name: str, q: str) -> float | None:
         return _mean([_value(r, name, q) for r in reps])

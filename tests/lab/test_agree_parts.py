@@ -59,8 +59,9 @@ def _doc(engine_post: list[float], pred_post: list[float]) -> dict:
                       "xfer_mean_ms": 2 * _cell_post(off)} for name, off in cells.items()}
         got["engine"] = {"post_mean_ms": p, "xfer_mean_ms": 2 * p}  # the cell with all on
         got["kv-split"] = {"post_mean_ms": p - 1, "xfer_mean_ms": 2 * p}
+        got["unpinned"] = {"post_mean_ms": p - 0.5, "xfer_mean_ms": 2 * p}
         reps.append({"configs": got})
-    names = {**{n: "" for n in cells}, "kv-split": "--nixl-kv split"}
+    names = {**{n: "" for n in cells}, "kv-split": "--nixl-kv split", "unpinned": ""}
     return {"rates_rps": [1.0], "engine": {"1": runs}, "plain_fit": None,
             "p2p": {"repeats": reps, "configs": names}}
 
@@ -75,6 +76,8 @@ def test_agreement_ratios_targets_and_one_step_costs():
     assert bad["target_at_lowest_rate"]["xfer"]["met"] is False
     cost = {c["config"]: c for c in a["factor_costs"]}
     assert cost["kv-split"]["post_feature_cost_ms"] == pytest.approx(1.0)
+    assert cost["unpinned"]["post_feature_cost_ms"] == pytest.approx(0.5)
+    assert "not one core each" in cost["unpinned"]["what"]
     assert "off:threads+progress-thread" not in cost  # two steps away: in the effects instead
     assert row["plain"]["predicted_mean_ms"] is None
     doc = _doc([2.0, 2.2], [2.0, 2.0])
