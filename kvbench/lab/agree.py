@@ -118,21 +118,21 @@ def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: 
     cfgs = agree_p2p.configs(draws, factorial)
     ucx = {k: v for k, v in deploy.nixl_env(lab, 0).items() if k.startswith("UCX_")}
     cores = (lab.cores[0], lab.cores[1] if len(lab.cores) > 1 else lab.cores[0])
+    unpinned = {n: "" for n in agree_p2p.UNPINNED} if factorial else {}
     reps = []
     for k in range(1, repeats + 1):
         print(f"agree: p2p repeat {k} ({len(cfgs)} configurations)", file=sys.stderr, flush=True)
         load = os.getloadavg()[0]
         recs = agree_p2p.run_job(out / "p2p" / f"rep{k}", base, cfgs, cores, ucx,
                                  out / "p2p.log", 600 + 60 * len(cfgs))
-        if factorial:  # the engine configuration again, its ranks not pinned one core each
-            recs |= agree_p2p.run_job(out / "p2p" / f"rep{k}", base,
-                                      {n: "" for n in agree_p2p.UNPINNED}, None, ucx,
+        if unpinned:  # the engine configuration again, its ranks not pinned one core each
+            recs |= agree_p2p.run_job(out / "p2p" / f"rep{k}", base, unpinned, None, ucx,
                                       out / "p2p.log", 660)
         reps.append({"load_before": load, "load_after": os.getloadavg()[0],
                      "configs": {n: agree_p2p.summary(r) for n, r in recs.items()}})
     return {"tokens": tokens, "tokens_why": why, "block_size": bs, "mean_bytes_engine": mean_bytes,
             "base_flags": base, "ucx_env": ucx, "cores": list(cores),
-            "configs": cfgs | ({n: "" for n in agree_p2p.UNPINNED} if factorial else {}),
+            "configs": cfgs | unpinned,
             "repeats": reps}
 
 

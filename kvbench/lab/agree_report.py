@@ -147,6 +147,17 @@ def _halved(iv: dict) -> dict:
             "n": iv["n"]}
 
 
+def _what(name: str, one_step: dict[str, str]) -> str:
+    """What a configuration changes, for the one-step table."""
+    if name == "engine":
+        return "vLLM 0.32.0 as the lab deploys it"
+    if name.startswith("paced@"):
+        return "paced at the rate (a transfer every 1000/R ms), polled at decode's steps"
+    if name.startswith("poll-drawn@"):
+        return "poll at decode's measured step times"
+    return one_step[name]
+
+
 def factor_costs(doc: dict) -> list[dict]:
     """Per configuration one step from the engine (a feature off, a what-if, the drawn poll):
     mean post/xfer over repeats, and engine minus it (what the engine pays for the step)."""
@@ -162,10 +173,7 @@ def factor_costs(doc: dict) -> list[dict]:
     for name in doc["p2p"]["configs"]:
         if name.startswith("off:") and name not in one_step:
             continue  # a factorial cell two or more steps away: in the effects instead
-        what = "vLLM 0.32.0 as the lab deploys it" if name == "engine" else one_step.get(
-            name, "paced at the rate (a transfer every 1000/R ms), polled at decode's steps"
-            if name.startswith("paced@") else "poll at decode's measured step times")
-        row = {"config": name, "what": what}
+        row = {"config": name, "what": _what(name, one_step)}
         for q in ("post", "xfer"):
             v = mean_of(name, q)
             row[f"{q}_mean_ms"] = v
