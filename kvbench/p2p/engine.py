@@ -164,7 +164,8 @@ class Engine:
         deadline = now() + self.timeout_s
         pending = self.transport.post_many(recv_items) if recv_items else []
         notes = [lk.notice.post_wait() for lk in send]
-        barrier(self.comm, self.timeout_s, "the handoff's start barrier")
+        idle = self.transport.between_tests
+        barrier(self.comm, self.timeout_s, "the handoff's start barrier", idle=idle)
         hook = h.hook
         t0 = now() if send or hook is not None else None
         sends: list = []
@@ -186,7 +187,7 @@ class Engine:
                 lk.notice.send()
         wait_all(sends, deadline, "send")
         for note in notes:
-            wait_request(note, deadline, "the completion notice from a decode rank")
+            wait_request(note, deadline, "the completion notice from a decode rank", idle=idle)
         if t1 is None:
             t1 = now()
         for lk in h.links:

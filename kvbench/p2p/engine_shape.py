@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,6 +269,37 @@ class PollSchedule:
         return f"draw#{digest}"
 
 
+# How an engine's thread waits between two looks (--nixl-waits), and what each stands for:
+WAITS = {
+    "sleep": "sleeps (default): an engine whose threads block while idle; on the lab's shared "
+             "cores it reproduces vLLM's post histogram (docs/nixl.md)",
+    "yield": "spins with sched_yield: vLLM 0.32's worker loop waiting for its next step "
+             "(shm_broadcast.py:195-208, for busy_loop_s = 1 s after a read)",
+    "spin": "spins without yielding: kvbench's link harness (MPI's progress engines' way)",
+}
+REQUEST_WAIT_S = 100e-6  # one nap of a sleeping wait (an idle engine wakes within ~0.1 ms)
+
+
+def pause(waits: str) -> None:
+    """One pause between two tests, in the given wait mode (spin: none)."""
+    if waits == "yield":
+        os.sched_yield()
+    elif waits == "sleep":
+        time.sleep(REQUEST_WAIT_S)
+
+
+def wait_until(t: float, waits: str) -> None:
+    """Wait until perf_counter time `t` in the given mode."""
+    if waits == "sleep":
+        left = t - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return
+    while time.perf_counter() < t:
+        if waits == "yield":
+            os.sched_yield()
+
+
 def usage_error(args) -> str | None:
     """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None."""
     shape = getattr(args, "nixl_shape", "link")
@@ -274,6 +307,8 @@ def usage_error(args) -> str | None:
         if getattr(args, "nixl_poll", None):
             PollSchedule(args.nixl_poll)
         if shape != "engine":
+            if getattr(args, "nixl_waits", None) not in (None, "spin"):
+                return "--nixl-waits models an engine's threads: it needs --nixl-shape engine"
             return None
         if args.transport != "nixl":
             return "--nixl-shape engine needs --transport nixl"

@@ -31,18 +31,21 @@ def now() -> float:
 IDLE_POLL_S = 200e-6
 
 
-def wait_request(req, deadline: float, what: str, idle: bool = False) -> None:
+def wait_request(req, deadline: float, what: str, idle=False) -> None:
     """Poll an mpi4py request until done or the deadline passes. `idle` ranks (not timed)
-    sleep between tests so they leave the CPUs to the ranks being measured."""
+    sleep between tests so they leave the CPUs to the ranks being measured; a function is
+    called between tests instead (a transport's way of waiting, Transport.between_tests)."""
     while not req.Test():
         if now() > deadline:
             raise TransferTimeout(f"{what} got no answer before the --timeout (a peer stopped "
                                   "answering or died)")
-        if idle:
+        if idle is True:
             time.sleep(IDLE_POLL_S)
+        elif idle:
+            idle()
 
 
-def barrier(comm, timeout_s: float, what: str = "barrier", idle: bool = False) -> None:
+def barrier(comm, timeout_s: float, what: str = "barrier", idle=False) -> None:
     """A barrier that cannot hang forever if a peer died or stopped answering."""
     wait_request(comm.Ibarrier(), now() + timeout_s, what, idle)
 

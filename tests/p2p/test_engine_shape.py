@@ -117,6 +117,90 @@ def test_poll_schedule(tmp_path):
             es.PollSchedule(bad)
 
 
+class _Clock:
+    """perf_counter, sleep and sched_yield: waiting moves the clock (a yield by 0.1 ms, a
+    look at the clock by 10 us, so a spinning wait ends too)."""
+
+    def __init__(self, monkeypatch):
+        self.t, self.waited = 100.0, []
+        monkeypatch.setattr(es.time, "perf_counter", self.now)
+        monkeypatch.setattr(es.time, "sleep", self.sleep)
+        monkeypatch.setattr(es.os, "sched_yield", self.yield_)
+
+    def now(self):
+        self.t += 1e-5
+        return self.t
+
+    def sleep(self, s):
+        self.waited.append(("sleep", round(s, 9)))
+        self.t += s
+
+    def yield_(self):
+        self.waited.append(("yield", None))
+        self.t += 1e-4
+
+
+def _waiting_channel(monkeypatch, initiator: bool, poll: str, state: int, waits: str):
+    from kvbench.p2p.transports import nixl_engine as ne
+
+    clock = _Clock(monkeypatch)
+    ch = object.__new__(ne.EngineChannel)  # only what idle() reads
+    ch.poll, ch.initiator, ch.state, ch.next_poll = es.PollSchedule(poll), initiator, [state], 0.0
+    ch.waits = waits
+    return ch, clock
+
+
+@pytest.mark.parametrize("waits", ["yield", "sleep", "spin"])
+def test_engine_waits_between_looks(monkeypatch, waits):
+    """Between two looks the engine-shaped channel waits as the engine's threads do: a harness
+    thread that spins without yielding keeps the core from NIXL's progress thread, and posts
+    then lose a 4 ms scheduler tick (docs/nixl.md). Prefill looks once per engine step, decode
+    waiting for a request pauses once per test, decode with a READ in flight waits in check()."""
+    from kvbench.p2p.transports.nixl import _IDLE, _PROC
+
+    ch, clock = _waiting_channel(monkeypatch, False, "fixed:2", _IDLE, waits)
+    for _ in range(3):
+        ch.idle(0)
+    assert clock.t == pytest.approx(100.004, abs=3e-4)  # two steps of 2 ms: the first is due now
+    kinds = {k for k, _ in clock.waited}
+    assert kinds == {"yield": {"yield"}, "sleep": {"sleep"}, "spin": set()}[waits]
+    if waits == "sleep":
+        assert [k for k, _ in clock.waited] == ["sleep", "sleep"]
+        assert all(v == pytest.approx(2e-3, abs=1e-4) for _, v in clock.waited)
+    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", _IDLE, waits)
+    ch.idle(0)
+    assert clock.waited == {"yield": [("yield", None)], "sleep": [("sleep", es.REQUEST_WAIT_S)],
+                            "spin": []}[waits]
+    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", _PROC, waits)
+    ch.idle(0)
+    assert clock.waited == []
+
+
+def test_idle_waits_sleep_and_busy_waits_spin(monkeypatch):
+    """The handoff engine's own waits (start barrier, completion notice) get the transport's
+    between_tests here; the records say which (test_engine_shaped_run_records_telemetry)."""
+    from kvbench.p2p import harness
+
+    calls = []
+
+    class Req:
+        def __init__(self):
+            self.n = 0
+
+        def Test(self):
+            self.n += 1
+            return self.n > 3
+
+    monkeypatch.setattr(harness.time, "sleep", calls.append)
+    harness.wait_request(Req(), harness.now() + 60, "x", idle=True)
+    assert calls == [harness.IDLE_POLL_S] * 3
+    calls.clear()
+    harness.wait_request(Req(), harness.now() + 60, "x", idle=False)
+    assert calls == []
+    harness.wait_request(Req(), harness.now() + 60, "x", idle=lambda: calls.append("pause"))
+    assert calls == ["pause"] * 3
+
+
 def _args(**kw) -> Namespace:
     base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
                 granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
@@ -219,7 +303,8 @@ for line in open(sys.argv[1]):
     if MPI.COMM_WORLD.Get_rank() == 0:
         print("RC", rc, line.split("--out ")[1].strip(), flush=True)
 """
-RUNS = {"telemetry": "--nixl-blocks scattered", "corrupt": "--debug-corrupt-elements 5",
+RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl-waits spin",
+        "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed"}
 
 
@@ -247,8 +332,11 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     (rec,) = recs["telemetry"]
     assert rec["wrong"] == 0
     opts = rec["spec"]["transport_options"]
-    assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"]) == \
-        ("engine", "joint", "scattered", True, "fixed:1")
+    assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"],
+            opts["waits"]) == ("engine", "joint", "scattered", True, "fixed:1", "sleep")
+    assert rcs.get("busy") == 0
+    (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
+    assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
     tel = rec["nixl_telemetry"]
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))

@@ -117,6 +117,8 @@ def test_one_gpu_plan_adds_ipc_and_nixl_where_they_exist():
     res = dry_run("--one-gpu", HAVE_NIXL="1", HAVE_IPC="1")
     assert res.returncode == 0, res.stderr
     assert "# [7] p2p-ipc: budget 45 s" in res.stdout
+    ipc = next(line for line in res.stdout.splitlines() if "--transport ipc" in line)
+    assert "--baseline" in ipc  # the ratio to the same-GPU copy is issue 21's GPU target
     assert "tests/p2p/test_nixl.py" in res.stdout and "# skipped" not in res.stdout
     budget = int(re.search(r"budget (\d+) s", res.stdout.splitlines()[-1]).group(1))
     assert budget <= 540  # inside one 10-minute device command, with set-up

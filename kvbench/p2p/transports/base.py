@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -123,6 +123,11 @@ class Transport(ABC):
     description: ClassVar[str] = ""
     gpu_only: ClassVar[bool] = False
     stream_ordered: ClassVar[bool] = False  # ops run after earlier work on the device stream
+    # What the harness's own waits (the start barrier, the completion notice) do between two
+    # tests: None spins (MPI's progress engines' way). A transport that models an engine whose
+    # threads yield or sleep while they wait (the engine-shaped NIXL handoff) sets its way, so
+    # the harness does not take the core from the transport's own threads as no engine does.
+    between_tests: Callable[[], None] | None = None
 
     def __init__(self, ctx: TransportContext):
         self.ctx = ctx

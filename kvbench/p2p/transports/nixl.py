@@ -35,6 +35,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 
 from kvbench.cli import arg_float
 from kvbench.p2p.transports import register
@@ -151,6 +152,8 @@ class _Req(Request):
         ch.pump(from_test=True)
         if ch.initiator and ch.state[self.u] == _PROC:
             ch.check(self.u)
+        if not ch.done[self.u]:
+            ch.idle(self.u)
         return ch.done[self.u]
 
 
@@ -385,6 +388,10 @@ class NIXLChannel(Channel):
         else:
             self.t.poll_notifs()
 
+    def idle(self, u: int) -> None:
+        """Between two tests of an unfinished unit: nothing here (busy polling, as MPI's
+        progress engines do); the engine-shaped channel sleeps as an engine does."""
+
     def _issue(self, u: int) -> None:
         agent = self.agent
         if self.mode != "reuse":
@@ -571,6 +578,12 @@ class NIXLTransport(Transport):
                             "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
                             "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
                             "--nixl-shape engine")
+        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin"), default=None,
+                       help="engine shape: how its threads wait between looks at NIXL and in "
+                            "the harness's own waits: sleep (default; reproduces vLLM's post "
+                            "histogram on a shared core, docs/nixl.md), yield (sched_yield "
+                            "spinning, vLLM's worker loop between steps), or spin (the link "
+                            "harness's busy loop)")
         e.add_argument("--nixl-threads", type=int, default=None, metavar="N",
                        help="UCX worker threads of the agent (nixl_agent_config num_threads; "
                             "default 0, 4 with --nixl-shape engine as vLLM sets)")
@@ -616,6 +629,11 @@ class NIXLTransport(Transport):
         self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
         self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
+        self.waits = getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin")
+        if self.waits != "spin":  # the harness's own waits (barrier, notice) wait the same way
+            from kvbench.p2p.engine_shape import pause
+
+            self.between_tests = partial(pause, self.waits)
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
         self.progress_delay_us = o.nixl_progress_delay_us
         self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
@@ -684,7 +702,8 @@ class NIXLTransport(Transport):
             out.update(nixl_shape="engine", nixl_kv=self.kv,
                        nixl_blocks=block_ids_label(self.blocks),
                        nixl_per_request=self.per_request,
-                       nixl_mode="per-request" if self.per_request else "reuse")
+                       nixl_mode="per-request" if self.per_request else "reuse",
+                       nixl_waits=self.waits)
             if self.region_order != "natural":
                 out["nixl_region_order"] = self.region_order
         return out

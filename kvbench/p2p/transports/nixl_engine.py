@@ -21,7 +21,6 @@ recorded in ms), totalBytes and descCount after merging, beside kvbench's own ti
 
 from __future__ import annotations
 
-import time
 from dataclasses import astuple
 
 import numpy as np
@@ -33,6 +32,8 @@ from kvbench.p2p.engine_shape import (
     desc_ids,
     dlist_rows,
     merged_count,
+    pause,
+    wait_until,
 )
 from kvbench.p2p.transports.base import TransportError
 from kvbench.p2p.transports.nixl import (
@@ -69,7 +70,7 @@ class EngineChannel(NIXLChannel):
         self.region_list, self.block_list = list(regions), list(blocks)
         self.ids = desc_ids(self.region_list, self.block_list)
         self.poll = PollSchedule(transport.poll_text, seed=transport.ctx.rank)
-        self.per_request = transport.per_request
+        self.per_request, self.waits = transport.per_request, transport.waits
         self.next_poll = 0.0
         self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
         self.remote_ids: list[int] = []
@@ -147,9 +148,7 @@ class EngineChannel(NIXLChannel):
         """One engine step's look at the transfer: not before the step comes (sleeping, as an
         idle engine does), then NIXL's state; on DONE its telemetry, then the release."""
         if not self.poll.busy:
-            wait = self.next_poll - now()
-            if wait > 0:
-                time.sleep(wait)
+            wait_until(self.next_poll, self.waits)
         try:
             st = self.agent.check_xfer_state(self.xfers[u])
         except Exception as exc:  # noqa: BLE001
@@ -168,6 +167,19 @@ class EngineChannel(NIXLChannel):
             self.xfers[u] = None
             self._add("nixl_release_ms", (now() - t2) * 1e3)
         self._unit_done(u, t)
+
+    def idle(self, u: int) -> None:
+        """Between two looks, wait as the engine's threads do (--nixl-waits, default sleep):
+        decode waiting for a request it has not
+        been told of pauses once; prefill waits for its next step before it looks for the
+        READ's notification again; decode with a READ in flight waits in check()."""
+        if self.initiator and self.state[u] == _PROC:
+            return
+        if self.initiator or self.poll.busy:
+            pause(self.waits)
+            return
+        wait_until(self.next_poll, self.waits)
+        self.next_poll = now() + self.poll.next_ms() / 1e3
 
     def _telemetry(self, u: int) -> None:
         if not self.t.telemetry:
