@@ -55,7 +55,7 @@ def test_agree_writes_both_predictions(tmp_path):
     assert row["plain"]["predicted_mean_ms"] > 0 and row["plain"]["ratio"]["xfer"]["mean"] > 0
     costs = {c["config"] for c in doc["agreement"]["factor_costs"]}
     assert {"engine", "off:threads", "off:step-poll", "off:per-request", "kv-split",
-            "unpinned"} <= costs
+            "waits-yield", "waits-spin", "unpinned"} <= costs
     effects = doc["agreement"]["feature_effects"]
     assert {e["feature"] for e in effects["main"]} == {"threads", "progress-thread",
                                                         "per-request", "step-poll"}
