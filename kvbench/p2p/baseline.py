@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from kvbench.p2p.harness import barrier
+from kvbench.p2p.harness import barrier, nap
 from kvbench.records.stats import percentile
 from kvbench.units import gb_per_s
 
@@ -80,7 +80,8 @@ def baseline_gbps(comm, nbytes: int | None, kinds: Sequence[str], args,
                 got = host_copy_gbps(nbytes, iters)
             else:
                 got = _device_copy(nbytes, iters, gpus, peer=kind == "peer_copy")
-        barrier(comm, args.timeout, f"the {LABELS[kind]} yardstick", idle=rank != 0)
+        barrier(comm, args.timeout, f"the {LABELS[kind]} yardstick",
+                pause=nap if rank != 0 else None)
         out[kind] = got
     return out if rank == 0 else None
 

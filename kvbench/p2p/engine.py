@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from kvbench.p2p.harness import Notice, barrier, now, wait_request
+from kvbench.p2p.harness import Notice, barrier, nap, now, wait_request
 from kvbench.p2p.messages import MessagePlan
 from kvbench.p2p.transports.base import TransferTimeout, Transport, wait_all
 
@@ -156,7 +156,8 @@ class Engine:
 
     def run(self, h: Handoff) -> Stamp | None:
         if not h.links and h.hook is None:
-            barrier(self.comm, self.timeout_s, "the handoff's start barrier", idle=h.idle_sleep)
+            barrier(self.comm, self.timeout_s, "the handoff's start barrier",
+                    pause=nap if h.idle_sleep else None)
             return None
         recv, send, recv_msgs, recv_items, steps = h.layout()
         for lk in h.links:
@@ -164,8 +165,8 @@ class Engine:
         deadline = now() + self.timeout_s
         pending = self.transport.post_many(recv_items) if recv_items else []
         notes = [lk.notice.post_wait() for lk in send]
-        idle = self.transport.between_tests
-        barrier(self.comm, self.timeout_s, "the handoff's start barrier", idle=idle)
+        pause = self.transport.between_tests
+        barrier(self.comm, self.timeout_s, "the handoff's start barrier", pause=pause)
         hook = h.hook
         t0 = now() if send or hook is not None else None
         sends: list = []
@@ -187,7 +188,7 @@ class Engine:
                 lk.notice.send()
         wait_all(sends, deadline, "send")
         for note in notes:
-            wait_request(note, deadline, "the completion notice from a decode rank", idle=idle)
+            wait_request(note, deadline, "the completion notice from a decode rank", pause=pause)
         if t1 is None:
             t1 = now()
         for lk in h.links:

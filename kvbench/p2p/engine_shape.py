@@ -269,14 +269,8 @@ class PollSchedule:
         return f"draw#{digest}"
 
 
-# How an engine's thread waits between two looks (--nixl-waits), and what each stands for:
-WAITS = {
-    "sleep": "sleeps (default): an engine whose threads block while idle; on the lab's shared "
-             "cores it reproduces vLLM's post histogram (docs/nixl.md)",
-    "yield": "spins with sched_yield: vLLM 0.32's worker loop waiting for its next step "
-             "(shm_broadcast.py:195-208, for busy_loop_s = 1 s after a read)",
-    "spin": "spins without yielding: kvbench's link harness (MPI's progress engines' way)",
-}
+# How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
+# spinning, vLLM 0.32's worker loop between steps: shm_broadcast.py:195-208) or spin.
 REQUEST_WAIT_S = 100e-6  # one nap of a sleeping wait (an idle engine wakes within ~0.1 ms)
 
 

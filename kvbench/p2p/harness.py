@@ -31,23 +31,26 @@ def now() -> float:
 IDLE_POLL_S = 200e-6
 
 
-def wait_request(req, deadline: float, what: str, idle=False) -> None:
-    """Poll an mpi4py request until done or the deadline passes. `idle` ranks (not timed)
-    sleep between tests so they leave the CPUs to the ranks being measured; a function is
-    called between tests instead (a transport's way of waiting, Transport.between_tests)."""
+def nap() -> None:
+    """An idle rank's pause between two tests: it leaves the CPUs to the ranks being measured."""
+    time.sleep(IDLE_POLL_S)
+
+
+def wait_request(req, deadline: float, what: str, pause: Callable[[], None] | None = None) -> None:
+    """Poll an mpi4py request until done or the deadline passes, calling `pause` between tests
+    (None: spin; `nap` for ranks not timed; a transport's own way, Transport.between_tests)."""
     while not req.Test():
         if now() > deadline:
             raise TransferTimeout(f"{what} got no answer before the --timeout (a peer stopped "
                                   "answering or died)")
-        if idle is True:
-            time.sleep(IDLE_POLL_S)
-        elif idle:
-            idle()
+        if pause is not None:
+            pause()
 
 
-def barrier(comm, timeout_s: float, what: str = "barrier", idle=False) -> None:
+def barrier(comm, timeout_s: float, what: str = "barrier",
+            pause: Callable[[], None] | None = None) -> None:
     """A barrier that cannot hang forever if a peer died or stopped answering."""
-    wait_request(comm.Ibarrier(), now() + timeout_s, what, idle)
+    wait_request(comm.Ibarrier(), now() + timeout_s, what, pause)
 
 
 class Notice:

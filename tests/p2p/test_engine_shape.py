@@ -192,12 +192,12 @@ def test_idle_waits_sleep_and_busy_waits_spin(monkeypatch):
             return self.n > 3
 
     monkeypatch.setattr(harness.time, "sleep", calls.append)
-    harness.wait_request(Req(), harness.now() + 60, "x", idle=True)
+    harness.wait_request(Req(), harness.now() + 60, "x", pause=harness.nap)
     assert calls == [harness.IDLE_POLL_S] * 3
     calls.clear()
-    harness.wait_request(Req(), harness.now() + 60, "x", idle=False)
+    harness.wait_request(Req(), harness.now() + 60, "x", pause=None)
     assert calls == []
-    harness.wait_request(Req(), harness.now() + 60, "x", idle=lambda: calls.append("pause"))
+    harness.wait_request(Req(), harness.now() + 60, "x", pause=lambda: calls.append("pause"))
     assert calls == ["pause"] * 3
 
 

@@ -390,7 +390,7 @@ class NIXLChannel(Channel):
 
     def idle(self, u: int) -> None:
         """Between two tests of an unfinished unit: nothing here (busy polling, as MPI's
-        progress engines do); the engine-shaped channel sleeps as an engine does."""
+        progress engines do); the engine-shaped channel waits as an engine does."""
 
     def _issue(self, u: int) -> None:
         agent = self.agent

@@ -145,8 +145,8 @@ class EngineChannel(NIXLChannel):
         self.next_poll = t1  # the engine looks once more in the step that posted
 
     def check(self, u: int) -> None:
-        """One engine step's look at the transfer: not before the step comes (sleeping, as an
-        idle engine does), then NIXL's state; on DONE its telemetry, then the release."""
+        """One engine step's look at the transfer: not before the step comes (waiting as the
+        engine's threads do, --nixl-waits), then NIXL's state; on DONE its telemetry, then the release."""
         if not self.poll.busy:
             wait_until(self.next_poll, self.waits)
         try:
@@ -170,9 +170,9 @@ class EngineChannel(NIXLChannel):
 
     def idle(self, u: int) -> None:
         """Between two looks, wait as the engine's threads do (--nixl-waits, default sleep):
-        decode waiting for a request it has not
-        been told of pauses once; prefill waits for its next step before it looks for the
-        READ's notification again; decode with a READ in flight waits in check()."""
+        decode waiting for a request it has not been told of pauses once; prefill waits for
+        its next step before it looks for the READ's notification again; decode with a READ
+        in flight waits in check()."""
         if self.initiator and self.state[u] == _PROC:
             return
         if self.initiator or self.poll.busy:
