@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import ROOT, committed, run_cli
 
 P2P = ROOT / "tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl"
-SHAPED = committed("results/shaped-link")
-SLO = committed("results/lab/sweep-20261203T101133Z/analysis/warm-rep1.json")
+SHAPED = committed("tests/data/runs/shaped-link")
+SLO = committed("tests/data/runs/lab-sweep/analysis/warm-rep1.json")
 
 pytest.importorskip("matplotlib")
 
