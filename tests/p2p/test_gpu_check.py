@@ -623,3 +623,19 @@ def test_selfsend_failure_is_one_line_and_exit_1():
     assert rec["ok"] is False and rec["backend"] == "gloo" and rec["error"]
     errors = [line for line in res.stderr.splitlines() if line.startswith("selfsend: error:")]
     assert len(errors) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the CUDA branch would pass")
+def test_the_probes_cuda_branch_names_what_a_gpu_machine_would_lack(tmp_path):
+    """The probe asked for --device cuda on this CPU machine: torch's and CuPy's answers are
+    failures named for the one line, the rest are facts (the branch's code runs here)."""
+    req = {"carried": [], "prefix": "", "device": "cuda", "need_nixl": False,
+           "answer": str(tmp_path / "probe.json")}
+    subprocess.run([PY, str(CHECK), "_probe", json.dumps(req)], env=gc.base_env(), check=True,
+                   capture_output=True, timeout=120)
+    got = json.loads((tmp_path / "probe.json").read_text())
+    failed = dict(got["failures"])
+    assert failed["torch"] == "RuntimeError: torch sees no CUDA GPU"
+    assert set(failed) <= {"torch", "cupy"}
+    assert "cupy" in failed or "cuda kernels" in got["facts"]
+    assert got["facts"]["kvbench.p2p.cli"] == "imports" and got["facts"]["mpi4py"].startswith("4.1.2 on ")
