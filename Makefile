@@ -82,7 +82,7 @@ gpu-check: $(STAMP)
 	@major=$$($(PY) -c 'import torch; print((torch.version.cuda or "").split(".")[0])'); \
 	if [ -z "$$major" ]; then echo "make gpu-check: error: the venv's torch has no CUDA ($(TORCH)); make clean-venv, then make venv TORCH=torch" >&2; exit 2; fi; \
 	$(PY) -c 'import cupy' 2>/dev/null || $(PY) -m pip install -q "cupy-cuda$${major}x"
-	scripts/gpu-check $(GPU_CHECK_ARGS)
+	$(PY) scripts/gpu-check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks

@@ -37,6 +37,18 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+# pip's words (via urllib3/requests) for "could not reach the index", not "no such package"
+UNREACHABLE = ("NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProxyError",
+               "Network is unreachable", "Temporary failure in name resolution",
+               "Name or service not known", "No route to host", "Connection refused",
+               "Could not fetch URL")
+
+
+def pip_failure(stderr: str) -> str:
+    """'unreachable' when pip could not talk to the index, else 'error'."""
+    return "unreachable" if any(m in stderr for m in UNREACHABLE) else "error"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 the OS has just handed out and nobody listens on (for an
     address that must refuse connections); servers bind port 0 themselves instead."""
