@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvbench.cli import (
     EXIT_USAGE,
@@ -318,13 +317,3 @@ def pattern_classes(args, world_size: int, model) -> list:
         if err:
             raise UsageError(err)
     return pclasses
-
-
-def mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -39,7 +39,14 @@ from functools import partial
 
 from kvbench.cli import arg_float
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    Request,
+    TransferTimeout,
+    Transport,
+    TransportError,
+    seen_by_both,
+)
 from kvbench.p2p.transports.nixl_import import (  # noqa: F401
     INSTALL_HINT,
     _version,
@@ -269,7 +276,7 @@ class NIXLChannel(Channel):
         elif theirs["mem"] != self.mem:
             problem = f"memory types differ ({self.mem} here, {theirs['mem']} there)"
         if problem:
-            raise TransportError(f"nixl: rank {self.peer}: {problem}")
+            raise seen_by_both(t.ctx.rank, self.peer, f"nixl: rank {self.peer}: {problem}")
         self.remote = t.load_remote(self.peer, theirs["md"])
         t.attach(self)
         if self.initiator:  # with --nixl-reregister only connection info: memory comes per handoff
