@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.records.requests import RequestRecord, parse_record, record_to_json
+from kvbench.records.requests import RequestIds, RequestRecord, parse_record, record_to_json
 from kvbench.records.schema.clients import GuidellmBenchmark, GuidellmReport, GuidellmRequest
 from kvbench.records.schema.read import MiB, load_json
 from kvbench.records.schema.types import parse
@@ -119,18 +119,21 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
     _all_kept(b, p)
     notes: list[str] = []
     rate = offered_rate(b, offered_rate_rps, notes)
-    groups = [(g, r) for g in ("successful", "errored", "incomplete") for r in getattr(b.requests, g)]
+    groups = [(f"{g}[{k}]", g, r) for g in ("successful", "errored", "incomplete")
+              for k, r in enumerate(getattr(b.requests, g))]
     if not groups:
         raise UsageError(f"{p}: benchmark {index} holds no requests")
-    times = [x for _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
+    times = [x for _, _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
                                             r.info.timings.resolve_start) if x is not None]
     origin = min(times) if times else 0.0
-    rows = []
-    for g, r in sorted(groups, key=lambda gr: _send_key(gr[1])):
+    rows, ids = [], RequestIds()
+    for place, g, r in sorted(groups, key=lambda gr: _send_key(gr[2])):
         common = dict(deployment=deployment, offered_rate_rps=rate, input_tokens=r.prompt_tokens)
         rec = _record(r, g, common, origin)
         row = record_to_json(rec, {"source": "guidellm run", "file": p.name, "benchmark": index, "group": g})
-        parse_record(row, f"{p}: benchmark {index} request {r.request_id}")
+        where = f"{p}: benchmarks[{index}].requests.{place}"
+        parse_record(row, where)
+        ids.check(rec, where)
         rows.append(row)
     if any(not r.get("chunk_gaps_recorded", True) for r in rows):
         notes.append("GuideLLM keeps no chunk times between the first and last token: chunk gaps "
