@@ -266,7 +266,7 @@ def validate(args, world_size: int):
         KVSizing(model, dtype, t, block_size=args.block_size if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
-    shape_error = engine_shape.usage_error(args)
+    shape_error = engine_shape.usage_error(args, _blocks_needed(args, model, dtype, tokens))
     if shape_error:
         raise UsageError(shape_error)
     device = resolve_device(args.device)
@@ -283,6 +283,16 @@ def validate(args, world_size: int):
     pclasses = pattern_classes(args, world_size, model)
     points = [Point(raw_bytes=b) for b in raw] if raw else [Point(prompt_tokens=t) for t in tokens]
     return model, dtype, device, tcls, pclasses, points
+
+
+def _blocks_needed(args, model, dtype, tokens) -> int:
+    """Blocks of the largest request (an engine-shaped block table must hold that many)."""
+    from kvbench.p2p.layout import KVSpec
+
+    if not tokens or not isinstance(args.block_size, int):
+        return 1
+    spec = KVSpec(model, dtype, max(tokens), [], "paged", args.block_size)
+    return max(1, *(spec.layer_blocks(layer) for layer in range(model.layers)))
 
 
 def transport_class(name: str, device: str):
