@@ -257,7 +257,7 @@ def bounded_float(text: str, what: str, lo: float | None = 0.0, hi: float | None
     expected = _range_text(lo, hi, lo_open, False, plural)
     s = str(text).strip()
     try:
-        if len(s) > 64 or not s.isascii():  # float() also reads '１２' and other scripts' digits
+        if len(s) > 64 or not s.isascii() or "_" in s:  # float() also reads '１２' and '1_0'
             raise ValueError
         value = float(s)
     except ValueError:
@@ -275,7 +275,7 @@ def bounded_int(text: str, what: str, lo: int | None = 1, hi: int | None = 10**1
     """An integer within [lo, hi]; at most 20 digits are read (no 310-digit int() calls)."""
     expected = _range_text(lo, hi, False, True, plural)
     s = str(text).strip()
-    digits = s.lstrip("+-")
+    digits = s[1:] if s[:1] in ("+", "-") else s  # one sign at most: int('--1') raises
     if not digits.isdigit() or len(digits) > MAX_INT_DIGITS or not digits.isascii():
         raise UsageError(f"{what} must be {expected}, got {_short(text)}")
     value = int(s)

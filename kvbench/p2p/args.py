@@ -22,6 +22,7 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    one_line,
     parse_positive_ints,
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
@@ -64,7 +65,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     class _Parser(ArgumentParser):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
-                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+                print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
             raise SystemExit(EXIT_USAGE)
 
         def print_help(self, file=None):
@@ -159,7 +160,7 @@ def stop_spec(text: str) -> tuple[int, str]:
     """--debug-stop RANK:PHASE (a test hook: that rank SIGSTOPs itself entering PHASE)."""
     rank, _, phase = str(text).partition(":")
     phases = [slug(p) for p in PHASES]
-    if not (rank.isdigit() and len(rank) < 8) or phase not in phases:
+    if not (rank.isascii() and rank.isdigit() and len(rank) < 8) or phase not in phases:
         raise argparse.ArgumentTypeError(f"expects RANK:PHASE with PHASE one of "
                                          f"{', '.join(phases)}, got {text!r}")
     return int(rank), phase

@@ -303,8 +303,6 @@ def usage_error(args, need: int = 1) -> str | None:
         if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
             return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
                     "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
-        if args.nixl_threads is not None and not 0 <= args.nixl_threads <= 256:
-            return "--nixl-threads must be 0..256"
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
         for side in ("prefill", "decode"):  # enough ids for the largest request
