@@ -326,6 +326,20 @@ def arg_int(lo: int | None = 1, hi: int | None = 10**12):
     return parse
 
 
+FORMAT_HELP = "table or json (default: table on a terminal, JSON when piped or redirected)"
+
+
+def output_format(given: str | None) -> str:
+    """--format, or by where stdout goes: a person at a terminal reads the table; a pipe, a
+    file or another program gets the JSON."""
+    if given:
+        return given
+    try:
+        return "table" if sys.stdout.isatty() else "json"
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        return "json"
+
+
 def read_text(path, missing: str = "no such file") -> str:
     """A user-named file's text; a missing or unreadable file is a one-line UsageError."""
     from pathlib import Path
