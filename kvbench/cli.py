@@ -216,7 +216,8 @@ def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) ->
         print(f"{prog}: {_INTERRUPTED_LINE}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:
-        err = path_error(exc.filename or "?", exc, "use")
+        err = (path_error(exc.filename, exc, "use") if exc.filename else
+               path_error("the output (standard output or a stream with no name)", exc, "write"))
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return err.exit_code
 

@@ -426,3 +426,18 @@ def test_a_table_on_a_terminal_and_json_when_piped(command):
     piped = run_cli(*argv)
     assert piped.returncode == 0 and json.loads(piped.stdout)
     assert run_cli(*argv, "--format", "table").stdout.lstrip()[:1] not in "[{"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_standard_output_is_one_line_naming_it():
+    """`kvbench plan > /dev/full` said "cannot use ?: No space left on device"."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "kvbench.plan", "--gbps", "10", "--setup-ms", "1"],
+                             stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert res.returncode == 3 and res.stderr.count("\n") == 1, res.stderr
+    assert "cannot write the output (standard output" in res.stderr and "?" not in res.stderr
