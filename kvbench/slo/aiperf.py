@@ -51,7 +51,7 @@ def _to_ms(unit: str, where: str, key: str) -> float:
 
 def _metric(line: AiperfLine, key: str, model, where: str):
     raw = line.metrics.get(key)
-    return None if raw is None else parse(model, raw, where, prefix=f"metrics.{key}.")
+    return None if raw is None else parse(model, raw, where, prefix=f"metrics.{key}")
 
 
 def _tokens(line: AiperfLine, key: str, where: str) -> int | None:

@@ -78,7 +78,7 @@ def _all_kept(b: GuidellmBenchmark, p: Path) -> None:
                              "without a sample size so that every request is in the file")
 
 
-def _record(r: GuidellmRequest, group: str, common: dict, origin: float) -> RequestRecord:
+def _record(r: GuidellmRequest, group: str, common: dict, origin: float, where: str) -> RequestRecord:
     t = r.info.timings
 
     def ms(x: float) -> float:
@@ -86,7 +86,8 @@ def _record(r: GuidellmRequest, group: str, common: dict, origin: float) -> Requ
 
     sent = next((x for x in (t.request_start, t.resolve_start, t.targeted_start) if x is not None), None)
     if sent is None:
-        raise UsageError(f"request {r.request_id}: no send time (request_start, resolve_start, targeted_start)")
+        raise UsageError(f"{where}.info.timings: no send time (request_start, resolve_start, "
+                         "targeted_start)")
     send = ms(sent)
     sched = None if t.targeted_start is None else ms(t.targeted_start)
     end_s = t.request_end if t.request_end is not None else t.resolve_end
@@ -129,9 +130,9 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
     rows, ids = [], RequestIds()
     for place, g, r in sorted(groups, key=lambda gr: _send_key(gr[2])):
         common = dict(deployment=deployment, offered_rate_rps=rate, input_tokens=r.prompt_tokens)
-        rec = _record(r, g, common, origin)
-        row = record_to_json(rec, {"source": "guidellm run", "file": p.name, "benchmark": index, "group": g})
         where = f"{p}: benchmarks[{index}].requests.{place}"
+        rec = _record(r, g, common, origin, where)
+        row = record_to_json(rec, {"source": "guidellm run", "file": p.name, "benchmark": index, "group": g})
         parse_record(row, where)
         ids.check(rec, where)
         rows.append(row)

@@ -210,3 +210,25 @@ def test_the_turns_of_one_session_are_different_requests(tmp_path, capsys, tool_
     assert rc == 0, err
     assert [r["request_id"] for r in recs] == ["session 0 turn 0", "session 0 turn 1", "session 1 turn 0"]
     assert analyzed(tmp_path, capsys, recs)["counts"]["records"] == 3
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda ls: ls[1]["metrics"]["inter_chunk_latency"]["value"].__setitem__(2, -50.0),
+     "profile_export.jsonl:2: metrics.inter_chunk_latency.value[2]: must be >= 0, got -50.0"),
+    (lambda ls: ls[1].update(metrics=[]), "profile_export.jsonl:2: metrics: must be an object"),
+    (lambda ls: ls[1]["metrics"]["inter_chunk_latency"].update(unit="tokens"),
+     "metrics.inter_chunk_latency.unit: expected a time unit"),
+])
+def test_a_bad_aiperf_value_is_named_by_its_line_and_key_path(tmp_path, capsys, tool_records, edit, message):
+    """(hostile pass) the key path read 'metrics.inter_chunk_latency..value[2]'."""
+    lines = json.loads(json.dumps(tool_records[:3]))
+    edit(lines)
+    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    assert rc == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_byte_order_mark_is_named(tmp_path, capsys, tool_records):
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\ufeff" + "".join(json.dumps(r) + "\n" for r in tool_records[:2]))
+    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d", "--offered-rate", "2")
+    assert rc == 2 and err.count("\n") == 1 and "profile_export.jsonl:1: starts with a byte-order mark" in err
