@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, one_line, run_main
 from kvbench.fit.fitting import MAX_BOOTSTRAP
 from kvbench.records.schema.read import path_kind
 from kvbench.report import checks, sections
@@ -83,7 +83,7 @@ def build(root: Path, argv: Sequence[str], n_boot: int = 1000, refit: bool = Tru
           skip: Path | None = None, say=None) -> Doc:
     folders, skipped = read(root, say, skip)
     for path, why in skipped:  # a warning, not progress: printed with --quiet too
-        print(f"kvbench report: skipped {path}: {why}", file=sys.stderr)
+        print(f"kvbench report: skipped {one_line(path)}: {why}", file=sys.stderr)
     if skipped:
         print(f"kvbench report: {len(skipped)} file(s) skipped", file=sys.stderr)
     if not folders:

@@ -131,19 +131,25 @@ def test_a_mixed_folder_says_what_was_skipped_and_why(tmp_path):
     (root / "runs" / "settings.json").write_text('{"not": "kvbench"}\n')
     (root / "runs" / "requests.jsonl").write_text(json.dumps({"schema": "kvbench.slo.request/1"}) + "\n")
     (root / "runs" / "notes.txt").write_text("not a results file: not listed\n")
+    (root / "runs" / "gone.jsonl").symlink_to(tmp_path / "moved-away.jsonl")
+    (root / "runs" / "two\nlines.json").write_text("{}\n")
     res = run_cli("kvbench", "report", str(root), "--no-refit", "--quiet", timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stderr.splitlines()
     assert lines == [
+        f"kvbench report: skipped {root / 'runs' / 'gone.jsonl'}: a broken link (its target does "
+        "not exist)",
         f"kvbench report: skipped {newer}: schema kvbench.p2p/2: this kvbench reads kvbench.p2p/1 "
         "(a newer kvbench wrote it?)",
         f"kvbench report: skipped {root / 'runs' / 'requests.jsonl'}: holds kvbench.slo.request/1, "
         "not kvbench.fit/1 or kvbench.fit/2 or kvbench.p2p/1 or kvbench.slo.report/1",
         f"kvbench report: skipped {root / 'runs' / 'settings.json'}: no kvbench schema (not a "
         "kvbench results file)",
-        "kvbench report: 3 file(s) skipped"], lines
+        f"kvbench report: skipped {root / 'runs'}/two\\nlines.json: no kvbench schema (not a "
+        "kvbench results file)",
+        "kvbench report: 5 file(s) skipped"], lines
     md = (root / "report" / "report.md").read_text()
-    assert "3 file(s) under" in md and "## Files not read" in md and f"`{newer}`: schema kvbench.p2p/2" in md
+    assert "5 file(s) under" in md and "## Files not read" in md and f"`{newer}`: schema kvbench.p2p/2" in md
 
 
 def test_results_load_of_a_folder_warns_about_a_newer_schema(tmp_path):

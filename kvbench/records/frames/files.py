@@ -132,13 +132,28 @@ def not_read(root: Path, read: Iterable[Path], kinds: Iterable[str],
     """(file, why) for every results-looking file under root that is not in `read` (a CSV
     twin of a file read is the same records; files under `skip` are left out)."""
     done = {os.path.realpath(f) for f in read}
-    out = []
+    out = _not_files(root, skip)
     for f in walk_files(root):
         if f.suffix not in SUFFIXES or (skip is not None and skip in f.resolve().parents):
             continue
         if os.path.realpath(f) in done or (f.suffix == ".csv" and os.path.realpath(f.with_suffix(".jsonl")) in done):
             continue
         out.append((f, why_not(f, kinds)))
+    return sorted(out, key=lambda fw: str(fw[0]))
+
+
+def _not_files(root: Path, skip: Path | None) -> list[tuple[Path, str]]:
+    """Results-looking names under root that are no regular file (a broken link, a FIFO)."""
+    out = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            f = Path(d) / n
+            if f.suffix in SUFFIXES and not (skip is not None and skip in f.parents):
+                kind = path_kind(f)
+                if kind == "missing":
+                    out.append((f, "a broken link (its target does not exist)"))
+                elif kind == "other":
+                    out.append((f, "not a regular file (a FIFO, socket or device)"))
     return out
 
 
