@@ -20,6 +20,7 @@ from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.patterns.base import Point
+from tests.p2p.test_engine_shape import _args
 
 GOOD_IDS = {"prefill": [7, 3, 9], "decode": [0, 1, 2]}
 BLOCKS = [  # (file text, what the one line must say)
@@ -60,14 +61,6 @@ POLLS = [
     ('{"le_ms": [1, 2], "count": [1, ' + "9" * 400 + "]}", "integer with 400 digits"),
     ('"fast"', "expected a list of step times"),
 ]
-
-
-def _args(**kw) -> Namespace:
-    base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
-                granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
-                nixl_reregister=False, nixl_prep="prepped", nixl_batch=None, nixl_threads=None,
-                bytes=None, minbytes=None, maxbytes=None, nixl_blocks="contiguous")
-    return Namespace(**{**base, **kw})
 
 
 def one_line_naming(message: str | None, path, fragment: str) -> None:
