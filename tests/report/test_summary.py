@@ -160,3 +160,12 @@ def test_results_load_of_a_folder_warns_about_a_newer_schema(tmp_path):
     with pytest.warns(UserWarning, match=r"skipped .*b\.jsonl: schema kvbench\.p2p/2"):
         df = load(tmp_path, "p2p")
     assert set(df["source"].astype(str)) == {str(tmp_path / "a.jsonl")}
+
+
+def test_a_folder_with_nothing_read_is_one_line_naming_what_was_skipped(tmp_path):
+    (tmp_path / "newer.jsonl").write_text(P2P.read_text().replace('"kvbench.p2p/1"', '"kvbench.p2p/2"'))
+    (tmp_path / "x.json").write_text("{}\n")
+    res = run_cli("kvbench", "report", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "no kvbench results" in res.stderr and "skipped 2 file(s), the first" in res.stderr
+    assert "newer.jsonl: schema kvbench.p2p/2" in res.stderr
