@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvbench.cli import (
     EXIT_USAGE,
@@ -23,6 +22,7 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    one_line,
     parse_positive_ints,
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
@@ -65,7 +65,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     class _Parser(ArgumentParser):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
-                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+                print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
             raise SystemExit(EXIT_USAGE)
 
         def print_help(self, file=None):
@@ -160,7 +160,7 @@ def stop_spec(text: str) -> tuple[int, str]:
     """--debug-stop RANK:PHASE (a test hook: that rank SIGSTOPs itself entering PHASE)."""
     rank, _, phase = str(text).partition(":")
     phases = [slug(p) for p in PHASES]
-    if not (rank.isdigit() and len(rank) < 8) or phase not in phases:
+    if not (rank.isascii() and rank.isdigit() and len(rank) < 8) or phase not in phases:
         raise argparse.ArgumentTypeError(f"expects RANK:PHASE with PHASE one of "
                                          f"{', '.join(phases)}, got {text!r}")
     return int(rank), phase
@@ -267,7 +267,7 @@ def validate(args, world_size: int):
         KVSizing(model, dtype, t, block_size=args.block_size if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
-    shape_error = engine_shape.usage_error(args)
+    shape_error = engine_shape.usage_error(args, _blocks_needed(args, model, dtype, tokens))
     if shape_error:
         raise UsageError(shape_error)
     device = resolve_device(args.device)
@@ -284,6 +284,16 @@ def validate(args, world_size: int):
     pclasses = pattern_classes(args, world_size, model)
     points = [Point(raw_bytes=b) for b in raw] if raw else [Point(prompt_tokens=t) for t in tokens]
     return model, dtype, device, tcls, pclasses, points
+
+
+def _blocks_needed(args, model, dtype, tokens) -> int:
+    """Blocks of the largest request (an engine-shaped block table must hold that many)."""
+    from kvbench.p2p.layout import KVSpec
+
+    if not tokens or not isinstance(args.block_size, int):
+        return 1
+    spec = KVSpec(model, dtype, max(tokens), [], "paged", args.block_size)
+    return max(1, *(spec.layer_blocks(layer) for layer in range(model.layers)))
 
 
 def transport_class(name: str, device: str):
@@ -318,13 +328,3 @@ def pattern_classes(args, world_size: int, model) -> list:
         if err:
             raise UsageError(err)
     return pclasses
-
-
-def mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -21,16 +21,22 @@ poll schedule. The NIXL side is kvbench.p2p.transports.nixl_engine.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+from kvbench.cli import UsageError, bounded_float
 from kvbench.p2p.layout import KVCache, as_bytes
 from kvbench.p2p.messages import MessagePlan
+from kvbench.records.schema.engine import (
+    MAX_SIDE_FILE_BYTES,
+    MAX_STEP_MS,
+    load_block_ids,
+    load_poll_file,
+)
+from kvbench.records.schema.read import read_bounded
 
 KV_PAGES = ("joint", "split")
 BLOCK_IDS = ("contiguous", "scattered")  # or file:PATH
@@ -55,25 +61,10 @@ class Region:
 
 
 def read_block_file(path: str) -> dict[str, list[int]]:
-    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation). Raises ValueError
-    with one line naming the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"block-id file {path}: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) < {"prefill", "decode"}:
-        raise ValueError(f"block-id file {path}: expected an object with 'prefill' and 'decode' "
-                         "lists of block ids")
-    out = {}
-    for side in ("prefill", "decode"):
-        ids = doc[side]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 1 << 31
-                           for b in ids) or len(set(ids)) != len(ids)):
-            raise ValueError(f"block-id file {path}: '{side}' must be a non-empty list of "
-                             "distinct block ids in 0..2^31-1")
-        out[side] = ids
-    return out
+    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation), read through the
+    typed, bounded model (kvbench.records.schema.engine): UsageError of one line."""
+    doc = load_block_ids(path)
+    return {"prefill": doc.prefill, "decode": doc.decode}
 
 
 def block_ids_label(kind: str) -> str:
@@ -81,8 +72,21 @@ def block_ids_label(kind: str) -> str:
     nothing about what was measured)."""
     if not kind.startswith("file:"):
         return kind
-    digest = hashlib.sha256(Path(kind[5:]).read_bytes()).hexdigest()[:8]
-    return f"file#{digest}"
+    return f"file#{_digest(kind[5:], 'block-id file')}"
+
+
+def _digest(path: str, what: str) -> str:
+    data = read_bounded(path, MAX_SIDE_FILE_BYTES, what, missing=f"no such {what}")
+    return hashlib.sha256(data).hexdigest()[:8]
+
+
+def pool_blocks(kind: str, need: int, side: str, slack: float = 0.125) -> int:
+    """Blocks of the pool one side allocates for a request of `need` blocks (as KVCache sizes
+    it): `need` plus slack, or up to the largest id the request uses from a block-id file."""
+    pool = need + max(1, math.ceil(need * slack))
+    if kind.startswith("file:"):
+        pool = max(pool, max(block_table(kind, need, side)) + 1)
+    return pool
 
 
 def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
@@ -99,10 +103,10 @@ def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
     if kind.startswith("file:"):
         ids = read_block_file(kind[5:])[side]
         if len(ids) < need:
-            raise ValueError(f"block-id file {kind[5:]}: '{side}' lists {len(ids)} blocks, the "
-                             f"request needs {need}")
+            raise UsageError(f"block-id file {kind[5:]}: {side}: lists {len(ids)} block ids, the "
+                             f"largest request (--sizes) needs {need}")
         return ids[:need]
-    raise ValueError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
+    raise UsageError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
 
 
 # ---------------------------------------------------------------------------
@@ -211,39 +215,23 @@ class PollSchedule:
         if self.kind == "busy" and not arg:
             return
         if self.kind == "fixed":
-            try:
-                self.period = float(arg)
-            except ValueError:
-                raise ValueError(f"poll {text!r}: fixed:MS needs a number of ms") from None
-            if not (math.isfinite(self.period) and 0 < self.period <= 10_000):
-                raise ValueError(f"poll {text!r}: the period must be in (0, 10000] ms")
+            self.period = bounded_float(arg, "--nixl-poll fixed:MS (the period in ms)", 0.0,
+                                        MAX_STEP_MS, lo_open=True)
             return
         if self.kind == "draw" and arg:
             self._load(arg)
             return
-        raise ValueError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
+        raise UsageError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
 
     def _load(self, path: str) -> None:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"poll file {path}: {exc}") from None
+        doc = load_poll_file(path)
         if isinstance(doc, list):
-            vals = [float(v) for v in doc if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if not vals or len(vals) != len(doc) or not all(0 <= v < 1e4 for v in vals):
-                raise ValueError(f"poll file {path}: a list of step times in ms (0..10000)")
-            self.samples = vals
+            self.samples = doc
             return
-        le, count = (doc.get("le_ms"), doc.get("count")) if isinstance(doc, dict) else (None, None)
-        if (not isinstance(le, list) or not isinstance(count, list) or len(le) != len(count)
-                or not le or count[-1] <= 0 or any(b < a for a, b in zip(count, count[1:], strict=False))
-                or any(b <= a for a, b in zip(le, le[1:], strict=False)) or not math.isfinite(le[-1])):
-            raise ValueError(f"poll file {path}: le_ms (ascending, finite) and cumulative count "
-                             "lists of one length")
         lo = 0.0
-        for bound, c in zip(le, count, strict=True):
-            self.buckets.append((lo, float(bound), c / count[-1]))
-            lo = float(bound)
+        for bound, c in zip(doc.le_ms, doc.count, strict=True):
+            self.buckets.append((lo, bound, c / doc.count[-1]))
+            lo = bound
 
     @property
     def busy(self) -> bool:
@@ -265,8 +253,7 @@ class PollSchedule:
         """For the spec: a drawn schedule by the content of its file."""
         if self.kind != "draw":
             return self.text
-        digest = hashlib.sha256(Path(self.text[5:]).read_bytes()).hexdigest()[:8]
-        return f"draw#{digest}"
+        return f"draw#{_digest(self.text[5:], 'poll file')}"
 
 
 # How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
@@ -294,8 +281,9 @@ def wait_until(t: float, waits: str) -> None:
             os.sched_yield()
 
 
-def usage_error(args) -> str | None:
-    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None."""
+def usage_error(args, need: int = 1) -> str | None:
+    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None.
+    `need`: the blocks the largest request needs (a block-id file must list that many)."""
     shape = getattr(args, "nixl_shape", "link")
     try:
         if getattr(args, "nixl_poll", None):
@@ -315,12 +303,10 @@ def usage_error(args) -> str | None:
         if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
             return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
                     "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
-        if args.nixl_threads is not None and not 0 <= args.nixl_threads <= 256:
-            return "--nixl-threads must be 0..256"
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
-        block_table(args.nixl_blocks, 1, "prefill")
-        block_table(args.nixl_blocks, 1, "decode")
-    except ValueError as exc:
+        for side in ("prefill", "decode"):  # enough ids for the largest request
+            block_table(args.nixl_blocks, need, side)
+    except (ValueError, UsageError) as exc:
         return str(exc)
     return None

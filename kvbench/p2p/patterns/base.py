@@ -76,17 +76,33 @@ def engine_shaped(ctx: PatternContext) -> bool:
     return getattr(ctx.args, "nixl_shape", "link") == "engine"
 
 
+def _engine_spec(ctx: PatternContext, point: Point) -> tuple[KVSpec, int, str]:
+    """(the engine-shaped KV's spec, the blocks its request needs, this rank's side)."""
+    a = ctx.args
+    spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], "paged", a.block_size,
+                  pages=a.nixl_kv)
+    need = max(spec.layer_blocks(layer) for layer in range(ctx.model.layers))
+    return spec, need, "prefill" if ctx.rank == 0 else "decode"
+
+
 def make_engine_data(ctx: PatternContext, point: Point) -> KVCache:
     """The paged KV as the engine holds it: pages joint or split by --nixl-kv, one block table
     for every layer from --nixl-blocks (this rank's side of it)."""
     from kvbench.p2p.engine_shape import block_table
 
-    a = ctx.args
-    spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], "paged", a.block_size,
-                  pages=a.nixl_kv)
-    need = max(spec.layer_blocks(layer) for layer in range(ctx.model.layers))
-    side = "prefill" if ctx.rank == 0 else "decode"
-    return KVCache(spec, ctx.dev.torch_device, table=block_table(a.nixl_blocks, need, side))
+    spec, need, side = _engine_spec(ctx, point)
+    return KVCache(spec, ctx.dev.torch_device, table=block_table(ctx.args.nixl_blocks, need, side))
+
+
+def engine_pool_bytes(ctx: PatternContext, point: Point) -> int:
+    """Bytes of the pool make_engine_data allocates: every layer's blocks up to the largest id
+    the request uses (a recorded id of 2^31 - 1 is a pool of 2^31 blocks, refused before
+    anything is allocated when it does not fit)."""
+    from kvbench.p2p.engine_shape import pool_blocks
+
+    spec, need, side = _engine_spec(ctx, point)
+    per_block = ctx.model.layers * spec.parts * spec.block_size * spec.row_elems * ctx.dtype.bytes
+    return pool_blocks(ctx.args.nixl_blocks, need, side) * per_block
 
 
 def peak_rss_bytes() -> int:

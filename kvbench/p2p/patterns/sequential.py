@@ -11,6 +11,7 @@ from kvbench.p2p.patterns.base import (
     Pattern,
     Point,
     PointRun,
+    engine_pool_bytes,
     engine_shaped,
     kv_spec,
     make_data,
@@ -30,6 +31,8 @@ def estimate_bytes(ctx, point: Point, granularity: str) -> int:
     payload = data_spec.payload_bytes
     row = data_spec.tensor_tokens(0) * data_spec.row_elems
     scratch = row * 8 * 3  # int64 grid + one layer's values + comparison
+    if engine_shaped(ctx):  # its pool is sized by the block table (a file's ids)
+        return engine_pool_bytes(ctx, point) + scratch
     if ctx.args.layout == "paged":
         pool = int(payload * 1.125) + data_spec.row_elems * data_spec.block_size * ctx.dtype.bytes * 2
         staging = payload if granularity != "block" else 0
