@@ -96,3 +96,37 @@ def step_draws(itl: dict | None) -> dict | None:
         return None
     return {"le_ms": le, "count": count,
             "source": "decode vllm:inter_token_latency_seconds over the run"}
+
+
+def read_trace(path, start: int = 0) -> list[dict]:
+    """The engine's per-transfer trace lines (kvbench.lab.nixltrace) from line `start` on;
+    [] when there is no file. A torn last line (the engine still writing) is left out."""
+    import json
+    from pathlib import Path
+
+    try:
+        lines = Path(path).read_text().splitlines()[start:]
+    except OSError:
+        return []
+    out = []
+    for ln in lines:
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            continue
+    return out
+
+
+def trace_transfers(recs: list[dict]) -> dict | None:
+    """The traced transfers as agree's remainder reads them (kvbench.lab.agree_remainder), in
+    the same form as kvbench's per-handoff telemetry: post and xfer (NIXL's, ms), whether the
+    post itself returned DONE, whether the look in the posting step still saw it in flight
+    (`late`), and whether a notification (a lease heartbeat) went out between post and look."""
+    done = [r for r in recs if r.get("tel") and r.get("looks")]
+    if not done:
+        return None
+    return {"post_ms": [r["tel"]["post_us"] / 1e3 for r in done],
+            "xfer_ms": [r["tel"]["xfer_us"] / 1e3 for r in done],
+            "post_done": [int(r.get("post_state") == "DONE") for r in done],
+            "late": [int(r["looks"][0][1] == "PROC") for r in done],
+            "notif_between": [int(bool(r.get("notifs"))) for r in done]}
