@@ -98,6 +98,13 @@ def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: in
                      "metrics": agree_engine.delta(before, after),
                      "trace_lines": [first, first + len(recs)],
                      "transfers": agree_engine.trace_transfers(recs)})
+        proxy = next((s for s in st.by_role("proxy")), None)
+        events = (proxy.extra or {}).get("events") if proxy else None
+        for runs in (v for k, v in got.items() if k != "warmup"):
+            for r in runs:
+                if r["transfers"]:
+                    r["transfers"]["decode_idle_s"] = (agree_engine.decode_idle(
+                        r["transfers"]["unix"], events) if events else None)
     return got
 
 

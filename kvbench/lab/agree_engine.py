@@ -129,4 +129,34 @@ def trace_transfers(recs: list[dict]) -> dict | None:
             "xfer_ms": [r["tel"]["xfer_us"] / 1e3 for r in done],
             "post_done": [int(r.get("post_state") == "DONE") for r in done],
             "late": [int(r["looks"][0][1] == "PROC") for r in done],
-            "notif_between": [int(bool(r.get("notifs"))) for r in done]}
+            "notif_between": [int(bool(r.get("notifs"))) for r in done],
+            "unix": [r["unix"] for r in done]}
+
+
+def decode_idle(unix: list[float], events_path) -> list[float | None]:
+    """Per post (wall time): how long decode had been without work, from the P/D proxy's
+    events: 0 while another request was decoding, else the time since the last request
+    finished on decode (None before the first). vLLM's worker yield-spins on its step queue
+    for 1 s after its last step, then sleeps (vllm/distributed/device_communicators/
+    shm_broadcast.py:195-208): this says which of the two a post came from."""
+    import json
+    from pathlib import Path
+
+    try:
+        events = [json.loads(ln) for ln in Path(events_path).read_text().splitlines() if ln]
+    except (OSError, ValueError):
+        return [None] * len(unix)
+    sent, done = {}, {}
+    for e in events:
+        if e.get("step") in ("decode_sent", "decode_done"):
+            (sent if e["step"] == "decode_sent" else done)[e["id"]] = e["t"]
+    spans = [(sent[k], done[k]) for k in sent if k in done]
+    out = []
+    for t in unix:
+        # another request decoding (its own decode starts just before its post: 50 ms apart)
+        if any(a < t - 0.05 < t < b for a, b in spans):
+            out.append(0.0)
+            continue
+        before = [b for _, b in spans if b < t]
+        out.append(t - max(before) if before else None)
+    return out

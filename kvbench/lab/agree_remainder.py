@@ -23,6 +23,8 @@ from __future__ import annotations
 import statistics
 
 FAST_POST_MS = 0.5  # a post that did not lose the core (the slow mode is one 4 ms tick)
+BUSY_LOOP_S = 1.0  # vLLM's worker yield-spins this long after its last step, then sleeps
+# (vllm/distributed/device_communicators/shm_broadcast.py:138, :195-208)
 
 
 def decompose(runs: list[dict | None]) -> dict | None:
@@ -61,11 +63,35 @@ def remainder(doc: dict, rate: str, config: str) -> dict:
     eng = decompose([r.get("transfers") for r in doc["engine"].get(rate, [])])
     kvb = decompose([(rep["configs"].get(config) or {}).get("transfers")
                      for rep in doc["p2p"]["repeats"]])
-    out = {"config": config, "engine": eng, "kvbench": kvb, "cold": _cold(doc)}
+    out = {"config": config, "engine": eng, "kvbench": kvb, "cold": _cold(doc),
+           "engine_posts_by_worker_state": posts_by_worker_state(
+               [r.get("transfers") for r in doc["engine"].get(rate, [])])}
     if eng and kvb:
         out["remainder_gap_ms"] = eng["remainder_ms"] - kvb["remainder_ms"]
+        # kvbench's post with the engine's remainder, and the engine's post with kvbench's:
+        # which of the two terms the xfer ratio's distance from 1 comes from
         out["xfer_ratio_with_engine_in_flight_term"] = eng["xfer_mean_ms"] / (
             kvb["post_mean_ms"] + eng["remainder_ms"])
+        out["xfer_ratio_with_engine_post"] = eng["xfer_mean_ms"] / (
+            eng["post_mean_ms"] + kvb["remainder_ms"])
+    return out
+
+
+def posts_by_worker_state(runs: list[dict | None]) -> dict | None:
+    """The engine's posts split by what vLLM's worker was doing before them: within
+    BUSY_LOOP_S of decode's last work (it yield-spins on its step queue, and a post then
+    tends to lose the core to NIXL's progress thread) or after longer idle (it slept)."""
+    pairs = [(p, i) for r in runs if r and r.get("decode_idle_s")
+             for p, i in zip(r["post_ms"], r["decode_idle_s"], strict=True) if i is not None]
+    if not pairs:
+        return None
+    out = {}
+    for name, keep in (("within_busy_loop", lambda i: i < BUSY_LOOP_S),
+                       ("after_idle", lambda i: i >= BUSY_LOOP_S)):
+        posts = [p for p, i in pairs if keep(i)]
+        out[name] = ({"n": len(posts), "post_mean_ms": statistics.fmean(posts),
+                      "fast_share": sum(p <= FAST_POST_MS for p in posts) / len(posts)}
+                     if posts else {"n": 0, "post_mean_ms": None, "fast_share": None})
     return out
 
 

@@ -172,17 +172,21 @@ def factor_costs(doc: dict) -> list[dict]:
     return out
 
 
+def _target(iv: dict, judged: str, tol: float) -> dict:
+    """Met on the point estimate; `confident` when the whole interval lies within the band."""
+    ci = iv["ci95"]
+    return {"prediction": judged, "ratio": iv["mean"], "ci95": ci, "within": tol,
+            "met": iv["mean"] is not None and abs(iv["mean"] - 1) <= tol,
+            "confident": ci is not None and 1 - tol <= ci[0] and ci[1] <= 1 + tol}
+
+
 def analyse(doc: dict) -> dict:
     rows = [rate_row(doc, f"{r:g}") for r in doc["rates_rps"]]
     lowest = rows[0] if rows else None
     target = None
     if lowest:
         judged = "paced" if lowest["paced"]["ratio"]["post"]["mean"] is not None else "engine_shaped"
-        target = {q: {"prediction": judged, "ratio": lowest[judged]["ratio"][q]["mean"],
-                      "within": tol,
-                      "met": (lowest[judged]["ratio"][q]["mean"] is not None
-                              and abs(lowest[judged]["ratio"][q]["mean"] - 1) <= tol)}
-                  for q, tol in TARGETS.items()}
+        target = {q: _target(lowest[judged]["ratio"][q], judged, tol) for q, tol in TARGETS.items()}
     return {"rates": rows, "factor_costs": factor_costs(doc), "feature_effects": feature_effects(doc),
             "target_at_lowest_rate": target,
             "targets_note": "judged only on a quiet machine; see loadavg in engine and p2p runs"}
@@ -248,7 +252,9 @@ def markdown(doc: dict) -> str:
         lines += ["", "Target at the lowest rate (quiet machine only; judged on the "
                   f"{next(iter(t.values()))['prediction'].replace('_', '-')} prediction): " + "; ".join(
             f"{q} ratio {_f(v['ratio'], '.2f')} (within ±{v['within']:.0%}: "
-            f"{'met' if v['met'] else 'not met'})" for q, v in t.items())]
+            f"{'met' if v['met'] else 'not met'}; the interval "
+            f"{'lies inside' if v['confident'] else 'does not lie inside'} the band)"
+            for q, v in t.items())]
     lines += _remainder_markdown(a)
     lines += ["", "## One step from the engine (kvbench p2p, NIXL telemetry means, ms)", "",
               "| configuration | what it changes | post | xfer | feature cost post | feature cost xfer |",
@@ -288,6 +294,9 @@ def _remainder_markdown(a: dict) -> list[str]:
                 f"{_f(d['xfer_mean_ms'])} | {_f(d['remainder_ms'])} | "
                 f"{d['in_flight_share']:.1%} ({d['in_flight_n']}) | {_f(d['late_wait_mean_ms'], '.2f')} | "
                 f"{d['fast_post_share']:.0%} | {_pct(d['fast_posts_not_done_share'])} |")
+    lines.append("")
+    for rate, rem in rows:
+        lines += _remainder_lines(rate, rem)
     cold = rows[0][1]["cold"]
     if cold:
         lines += ["", f"The deployment's first transfer (warm-up, before any measured run): "
@@ -295,6 +304,24 @@ def _remainder_markdown(a: dict) -> list[str]:
                   "then " + ", ".join(f"{x:.2f}" for x in cold["then_xfer_ms"]) + " ms; kept "
                   "out of the runs as kvbench keeps its cold handoff out of its means."]
     return lines
+
+
+def _remainder_lines(rate: float, rem: dict) -> list[str]:
+    """Which term the xfer ratio's distance from 1 comes from, and the engine's posts by
+    what its worker did before them."""
+    out = []
+    if rem["kvbench"]:
+        out.append(f"- {rate:g} rps: engine xfer / (engine post + {rem['config']}'s xfer - post) "
+                   f"= {rem['xfer_ratio_with_engine_post']:.2f}; engine xfer / ({rem['config']}'s "
+                   f"post + engine's xfer - post) = {rem['xfer_ratio_with_engine_in_flight_term']:.2f}.")
+    ws = rem.get("engine_posts_by_worker_state")
+    if ws:
+        a, b = ws["within_busy_loop"], ws["after_idle"]
+        out.append(f"  Engine posts within 1 s of decode's last work (vLLM's worker yield-spins "
+                   f"then): {a['n']}, mean {_f(a['post_mean_ms'])} ms, {_pct(a['fast_share'])} "
+                   f"fast; after longer idle (it slept): {b['n']}, mean "
+                   f"{_f(b['post_mean_ms'])} ms, {_pct(b['fast_share'])} fast.")
+    return out
 
 
 def _pct(x) -> str:

@@ -202,3 +202,24 @@ def test_the_remainder_is_the_in_flight_share_times_the_wait():
     assert r["cold"]["first_xfer_ms"] == 30.0 and r["cold"]["then_xfer_ms"] == [2.0]
     # kvbench's post with the engine's own remainder gives the engine's xfer back
     assert r["xfer_ratio_with_engine_in_flight_term"] == pytest.approx(1.0)
+
+
+def test_posts_are_split_by_what_the_worker_did_before_them(tmp_path):
+    import json
+
+    from kvbench.lab.agree_remainder import posts_by_worker_state
+
+    events = tmp_path / "events.jsonl"
+    rows = [("a", "decode_sent", 10.00), ("a", "decode_done", 10.40),
+            ("b", "decode_sent", 10.60), ("b", "decode_done", 11.00),
+            ("c", "decode_sent", 13.00), ("c", "decode_done", 13.30)]
+    events.write_text("".join(json.dumps({"id": i, "step": s, "t": t}) + "\n" for i, s, t in rows))
+    # a's own post (nothing before), b's 0.21 s after a finished, one while b decodes, c's
+    # 2 s after b finished
+    idle = ae.decode_idle([10.01, 10.61, 10.80, 13.01], events)
+    assert idle[0] is None and idle[1] == pytest.approx(0.21) and idle[2] == 0.0
+    assert idle[3] == pytest.approx(2.01)
+    assert ae.decode_idle([1.0], tmp_path / "missing.jsonl") == [None]
+    ws = posts_by_worker_state([{"post_ms": [9.0, 4.0, 2.0, 0.2], "decode_idle_s": idle}])
+    assert ws["within_busy_loop"] == {"n": 2, "post_mean_ms": 3.0, "fast_share": 0.0}
+    assert ws["after_idle"]["n"] == 1 and ws["after_idle"]["fast_share"] == 1.0
