@@ -187,6 +187,9 @@ def analyse(doc: dict) -> dict:
     if lowest:
         judged = "paced" if lowest["paced"]["ratio"]["post"]["mean"] is not None else "engine_shaped"
         target = {q: _target(lowest[judged]["ratio"][q], judged, tol) for q, tol in TARGETS.items()}
+        rem = lowest["remainder"].get("xfer_ratio_with_engine_post")
+        target["xfer"]["remainder_only_ratio"] = rem  # xfer - post reproduced when near 1
+        target["xfer"]["remainder_reproduced"] = rem is not None and abs(rem - 1) <= TARGETS["xfer"]
     return {"rates": rows, "factor_costs": factor_costs(doc), "feature_effects": feature_effects(doc),
             "target_at_lowest_rate": target,
             "targets_note": "judged only on a quiet machine; see loadavg in engine and p2p runs"}
@@ -255,6 +258,14 @@ def markdown(doc: dict) -> str:
             f"{'met' if v['met'] else 'not met'}; the interval "
             f"{'lies inside' if v['confident'] else 'does not lie inside'} the band)"
             for q, v in t.items())]
+        rem = t["xfer"].get("remainder_only_ratio")
+        if rem is not None:
+            lines.append("")
+            lines.append(f"The xfer remainder beyond the post (engine xfer / (engine post + "
+                         f"kvbench's xfer - post) = {rem:.2f}) is "
+                         + ("reproduced within ±15 %: the xfer ratio's distance from 1 is the "
+                            "post's." if t["xfer"]["remainder_reproduced"] else
+                            "not reproduced within ±15 %: see where xfer goes beyond post."))
     lines += _remainder_markdown(a)
     lines += ["", "## One step from the engine (kvbench p2p, NIXL telemetry means, ms)", "",
               "| configuration | what it changes | post | xfer | feature cost post | feature cost xfer |",

@@ -223,3 +223,20 @@ def test_posts_are_split_by_what_the_worker_did_before_them(tmp_path):
     ws = posts_by_worker_state([{"post_ms": [9.0, 4.0, 2.0, 0.2], "decode_idle_s": idle}])
     assert ws["within_busy_loop"] == {"n": 2, "post_mean_ms": 3.0, "fast_share": 0.0}
     assert ws["after_idle"]["n"] == 1 and ws["after_idle"]["fast_share"] == 1.0
+
+
+def test_the_target_says_whether_the_xfer_remainder_is_reproduced():
+    doc = _doc([2.0, 2.2], [2.0, 2.0])
+    tr = _transfers([2.0] * 4, [2.1] * 4, [0] * 4, [1] * 4)  # xfer - post = 0.1 ms
+    for run in doc["engine"]["1"]:
+        run["transfers"] = tr
+    for rep in doc["p2p"]["repeats"]:
+        rep["configs"]["paced@1"] = {"post_mean_ms": 1.6, "xfer_mean_ms": 1.7, "transfers": tr}
+    doc["p2p"]["configs"]["paced@1"] = ""
+    t = ar.analyse(doc)["target_at_lowest_rate"]["xfer"]
+    assert t["remainder_only_ratio"] == pytest.approx(1.0) and t["remainder_reproduced"]
+    late = _transfers([2.0] * 4, [2.1, 2.1, 2.1, 12.1], [0, 0, 0, 1], [1, 1, 1, 0])  # planted
+    for run in doc["engine"]["1"]:
+        run["transfers"] = late
+    t = ar.analyse(doc)["target_at_lowest_rate"]["xfer"]
+    assert t["remainder_only_ratio"] > 1.15 and not t["remainder_reproduced"]
