@@ -2,7 +2,8 @@
 
     kvbench lab agree examples/lab-plan.yaml --rates 1,4 --repeats 3 --out results/lab/agree
 
-1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running);
+1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running),
+   decode's NIXL READs traced (kvbench.lab.nixltrace), and is warmed up (warm_up);
    per rate and repeat one bounded `vllm bench serve` run with the plan's workload, prefix
    cache reset first (every request pulls its whole KV), the decode instance's NIXL
    histograms read before and after (kvbench.lab.agree_engine: exact means from
@@ -15,8 +16,9 @@
    decode's measured step times of each rate.
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
-   and transfer time, ratio with a 95% interval over repeats, the feature costs, and the
-   plain fit's ratio beside it.
+   and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
+   xfer goes beyond post on each side (kvbench.lab.agree_remainder), the feature costs, and
+   the plain fit's ratio beside it.
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ WARMUP_REQUESTS = 3  # as kvbench's --warmup 3: the first transfer pays the lazy
 def warm_up(endpoint: str, input_len: int, trace: Path) -> dict:
     """Requests through the deployment before any measured run, so that the engine's runs are
     warm as kvbench's timed handoffs are: the deployment's first READ pays UCX's lazy
-    connection set-up (measured 30-45 ms here, against ~2 ms warm), which would otherwise
+    connection set-up (10-45 ms measured here, against ~2 ms warm), which would otherwise
     land in the first run's mean. Its trace is kept and reported apart, like kvbench's cold."""
     from kvbench.lab.capture import post_json, prompt
 
