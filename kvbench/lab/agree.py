@@ -2,7 +2,8 @@
 
     kvbench lab agree examples/lab-plan.yaml --rates 1,4 --repeats 3 --out results/lab/agree
 
-1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running);
+1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running),
+   decode's NIXL READs traced (kvbench.lab.nixltrace), and is warmed up (warm_up);
    per rate and repeat one bounded `vllm bench serve` run with the plan's workload, prefix
    cache reset first (every request pulls its whole KV), the decode instance's NIXL
    histograms read before and after (kvbench.lab.agree_engine: exact means from
@@ -15,8 +16,9 @@
    decode's measured step times of each rate.
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
-   and transfer time, ratio with a 95% interval over repeats, the feature costs, and the
-   plain fit's ratio beside it.
+   and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
+   xfer goes beyond post on each side (kvbench.lab.agree_remainder), the feature costs, and
+   the plain fit's ratio beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int, parse_positive_floats
-from kvbench.lab import agree_engine, agree_p2p, bench, deploy
+from kvbench.lab import agree_engine, agree_p2p, bench, deploy, nixltrace
 from kvbench.lab import env as labenv
 from kvbench.lab.agree_report import analyse, markdown
 from kvbench.lab.handoff import ENGINE_BLOCK_TOKENS
@@ -37,6 +39,7 @@ from kvbench.lab.sweep import Point, Sweep, lab_target, running_lab
 from kvbench.records.write import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.agree/1"
+ENGINE_TRACE = "engine-trace.jsonl"  # decode's per-transfer NIXL trace (kvbench.lab.nixltrace)
 
 
 def build_parser() -> ArgumentParser:
@@ -65,27 +68,62 @@ def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: in
     """Every (rate, repeat) run on the disaggregated deployment; rate -> [per repeat: deltas]."""
     sweep = Sweep(plan, lab, out, vllm)
     sweep.start_grace_s = 180.0  # `vllm bench serve` alone can take a minute to start here
-    got: dict[str, list] = {}
+    got: dict = {}
     started: list = []
     with stop_on_exit(started):
         model = deploy.model_for(lab)
         st = running_lab("disaggregated", lab)
-        if st is None:
-            st = deploy.bring_up(lab, "disaggregated", model, out / "logs" / "disaggregated", started)
+        trace = out / ENGINE_TRACE
+        if st is None:  # our own deployment: decode traces every NIXL transfer
+            st = deploy.bring_up(lab, "disaggregated", model, out / "logs" / "disaggregated",
+                                 started, {"decode": {nixltrace.ENV: str(trace.resolve())}})
         target = lab_target(st, model)
         decode = target.metrics.get("decode", [None])[0]
+        got["warmup"] = warm_up(target.endpoint, lab.load.input_len, trace)
         for rate in rates:
             for k in range(1, repeats + 1):
                 print(f"agree: engine {rate:g} rps repeat {k}", file=sys.stderr, flush=True)
                 before = agree_engine.read(decode) if decode else None
+                first = len(agree_engine.read_trace(trace))
                 res = sweep.run_point(Point("cold", "disaggregated", rate, k), target)
                 time.sleep(2.0)  # the engine logs its stats every step; one more scrape interval
                 after = agree_engine.read(decode) if decode else None
+                recs = agree_engine.read_trace(trace, first)
                 got.setdefault(f"{rate:g}", []).append(
                     {"status": res["status"], "reason": res["reason"], "wall_s": res["wall_s"],
                      "load_before": res["load_before"], "load_after": res["load_after"],
-                     "metrics": agree_engine.delta(before, after)})
+                     "metrics": agree_engine.delta(before, after),
+                     "trace_lines": [first, first + len(recs)],
+                     "transfers": agree_engine.trace_transfers(recs)})
+        proxy = next((s for s in st.by_role("proxy")), None)
+        events = (proxy.extra or {}).get("events") if proxy else None
+        for runs in (v for k, v in got.items() if k != "warmup"):
+            for r in runs:
+                if r["transfers"]:
+                    r["transfers"]["decode_idle_s"] = (agree_engine.decode_idle(
+                        r["transfers"]["unix"], events) if events else None)
     return got
+
+
+WARMUP_REQUESTS = 3  # as kvbench's --warmup 3: the first transfer pays the lazy wire-up
+
+
+def warm_up(endpoint: str, input_len: int, trace: Path) -> dict:
+    """Requests through the deployment before any measured run, so that the engine's runs are
+    warm as kvbench's timed handoffs are: the deployment's first READ pays UCX's lazy
+    connection set-up (10-45 ms measured here, against ~2 ms warm), which would otherwise
+    land in the first run's mean. Its trace is kept and reported apart, like kvbench's cold."""
+    from kvbench.lab.capture import post_json, prompt
+
+    first = len(agree_engine.read_trace(trace))
+    for i in range(WARMUP_REQUESTS):
+        post_json(endpoint + "/v1/completions",
+                  {"model": deploy.SERVED_NAME, "prompt": prompt(1000 + i, input_len),
+                   "max_tokens": 2, "temperature": 0, "ignore_eos": True})
+    time.sleep(0.5)  # the trace line is written when the handle is released
+    recs = agree_engine.read_trace(trace, first)
+    return {"requests": WARMUP_REQUESTS, "trace_lines": [first, first + len(recs)],
+            "transfers": agree_engine.trace_transfers(recs)}
 
 
 def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: bool) -> dict:
@@ -160,12 +198,14 @@ def main(argv=None) -> int:
     started = utc_stamp()
     vllm = bench.find_vllm(labenv.lab_bin("vllm"))
     engine = engine_runs(plan, lab, out, vllm, rates, args.repeats)
+    warmup = engine.pop("warmup", None)
     p2p = p2p_runs(lab, out, engine, args.repeats, args.p2p_iters, not args.no_factorial)
     fit = None if args.no_plain else plain_fit(lab, out)
     doc = {"schema": SCHEMA, "command": ["kvbench", "lab", "agree", *argv], "started": started,
            "finished": utc_stamp(), "plan": args.plan, "rates_rps": rates,
            "repeats": args.repeats, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_end": os.getloadavg(), "engine": engine, "p2p": p2p, "plain_fit": fit}
+           "loadavg_end": os.getloadavg(), "engine_warmup": warmup, "engine": engine, "p2p": p2p,
+           "plain_fit": fit}
     doc["agreement"] = analyse(doc)
     write_new_file(out / "agreement.json", json.dumps(doc, indent=2) + "\n")
     write_new_file(out / "agreement.md", markdown(doc))

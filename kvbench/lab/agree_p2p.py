@@ -143,10 +143,16 @@ def _record(folder: Path) -> dict | None:
 
 
 def summary(rec: dict | None) -> dict | None:
-    """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count."""
+    """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count, and
+    per timed handoff what the xfer remainder is made of (kvbench.lab.agree_remainder)."""
     if rec is None:
         return None
+    tel = rec.get("nixl_telemetry") or {}
+    transfers = None
+    if tel.get("looks") and tel.get("post_done"):
+        transfers = {"post_ms": tel["post_ms"], "xfer_ms": tel["xfer_ms"],
+                     "post_done": tel["post_done"], "late": [int(n > 0) for n in tel["looks"]]}
     return {"post_mean_ms": rec["nixl_post_mean_ms"], "xfer_mean_ms": rec["nixl_xfer_mean_ms"],
             "kvbench_p50_ms": rec["p50_ms"], "n": rec["n_samples"], "bytes": rec["bytes"],
             "desc_count": rec["nixl_desc_count"], "spec_id": rec["spec_id"],
-            "transport_options": rec["spec"]["transport_options"]}
+            "transport_options": rec["spec"]["transport_options"], "transfers": transfers}

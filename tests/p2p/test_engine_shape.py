@@ -344,6 +344,10 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     assert tel["bytes"] == [rec["bytes"]] * n  # NIXL moved exactly the request's pages
     assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] == 16  # 4 layers x 4 blocks
     assert all(x >= p > 0 for x, p in zip(tel["xfer_ms"], tel["post_ms"], strict=True))
+    # what the xfer remainder is made of: looks that saw the READ in flight, done in the post
+    assert len(tel["looks"]) == len(tel["post_done"]) == n
+    assert set(tel["post_done"]) <= {0, 1} and all(k >= 0 for k in tel["looks"])
+    assert all(k == 0 for k, d in zip(tel["looks"], tel["post_done"], strict=True) if d)
     # per request: a handle made and released every handoff, timed beside the post
     per = 1 + len(rec["warmup_ms"]) + rec["iters"] + 1
     for key in ("nixl_make_xfer_ms", "nixl_post_ms", "nixl_release_ms", "nixl_transfer_ms"):

@@ -46,7 +46,11 @@ from kvbench.p2p.transports.nixl import (
     now,
 )
 
-TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count")
+# `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE
+# (0: the look in the posting step already saw it done); `post_done`: 1 when the post itself
+# returned DONE (the READ and its notification finished inside the call).
+TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count", "looks",
+                  "post_done")
 
 
 def _rows(regions: list[Region]) -> np.ndarray:
@@ -72,6 +76,7 @@ class EngineChannel(NIXLChannel):
         self.poll = PollSchedule(transport.poll_text, seed=transport.ctx.rank)
         self.per_request, self.waits = transport.per_request, transport.waits
         self.next_poll = 0.0
+        self.looks = self.post_done = 0
         self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
         self.remote_ids: list[int] = []
         self.expected = None
@@ -140,6 +145,7 @@ class EngineChannel(NIXLChannel):
         t1 = now()
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
+        self.looks, self.post_done = 0, int(st == "DONE")
         self.state[u] = _PROC
         if st == "ERR":
             self._failed(u, "post returned ERR")
@@ -156,6 +162,7 @@ class EngineChannel(NIXLChannel):
             self._failed(u, f"{type(exc).__name__}: {exc}")
         t = now()
         if st == "PROC":
+            self.looks += 1
             if not self.poll.busy:
                 self.next_poll = t + self.poll.next_ms() / 1e3
             return
@@ -195,6 +202,8 @@ class EngineChannel(NIXLChannel):
         self.tel["desc_count"].append(int(res.descCount))
         self.tel["bytes"].append(int(res.totalBytes))
         self.tel["expected_desc_count"].append(self.expected)
+        self.tel["looks"].append(self.looks)
+        self.tel["post_done"].append(self.post_done)
 
     def end_handoff(self) -> None:
         """Handles were released on DONE (per request); nothing else is per handoff."""
