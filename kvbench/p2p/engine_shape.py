@@ -29,11 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.p2p.layout import KVCache, as_bytes
+from kvbench.p2p.cut import BLOCK_IDS, KV_PAGES, block_ids_label, block_table, read_block_file  # noqa: F401
+from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
-
-KV_PAGES = ("joint", "split")
-BLOCK_IDS = ("contiguous", "scattered")  # or file:PATH
 
 
 @dataclass(frozen=True)
@@ -51,99 +49,21 @@ class Region:
 
 
 # ---------------------------------------------------------------------------
-# block tables
-
-
-def read_block_file(path: str) -> dict[str, list[int]]:
-    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation). Raises ValueError
-    with one line naming the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"block-id file {path}: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) < {"prefill", "decode"}:
-        raise ValueError(f"block-id file {path}: expected an object with 'prefill' and 'decode' "
-                         "lists of block ids")
-    out = {}
-    for side in ("prefill", "decode"):
-        ids = doc[side]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 1 << 31
-                           for b in ids) or len(set(ids)) != len(ids)):
-            raise ValueError(f"block-id file {path}: '{side}' must be a non-empty list of "
-                             "distinct block ids in 0..2^31-1")
-        out[side] = ids
-    return out
-
-
-def block_ids_label(kind: str) -> str:
-    """What goes into the spec: the kind, or for a file the hash of its content (a path says
-    nothing about what was measured)."""
-    if not kind.startswith("file:"):
-        return kind
-    digest = hashlib.sha256(Path(kind[5:]).read_bytes()).hexdigest()[:8]
-    return f"file#{digest}"
-
-
-def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
-    """The block ids one side's request uses (first `need` entries matter): contiguous from 0
-    (a fresh engine's allocator), scattered (a random draw from a pool with 1/8 slack, seeded
-    per side), or the recorded list from a file (file:PATH)."""
-    if kind == "contiguous":
-        return list(range(need))
-    if kind == "scattered":  # ids two apart, shuffled: no neighbour is ever the next id, so
-        # nothing merges (a random draw from a small pool often came out consecutive)
-        slots = need + max(1, math.ceil(need / 8))
-        rng = random.Random(10_007 + seed * 7919 + (side == "decode"))
-        return rng.sample([2 * k + (side == "decode") for k in range(slots)], need)
-    if kind.startswith("file:"):
-        ids = read_block_file(kind[5:])[side]
-        if len(ids) < need:
-            raise ValueError(f"block-id file {kind[5:]}: '{side}' lists {len(ids)} blocks, the "
-                             f"request needs {need}")
-        return ids[:need]
-    raise ValueError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
-
-
-# ---------------------------------------------------------------------------
-# the message plan with its region table
-
-
-def region_table(data: KVCache) -> list[Region]:
-    """The cache's regions in registration order (layer, then part for split pages)."""
-    s = data.spec
-    out = []
-    for layer in range(s.model.layers):
-        pool = data.backing[layer]  # joint: [pool, parts, bs, H, W]; split: [parts, pool, ...]
-        parts = [pool] if s.pages == "joint" else [pool[p] for p in range(s.parts)]
-        for t in parts:
-            page = t[0].numel() * t.element_size()
-            out.append(Region(t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], page))
-    return out
+# the message plan: the page plan of kvbench.p2p.cut
 
 
 def plan_engine(data: KVCache) -> MessagePlan:
     """One message per (region, block of the request), region-major, each a page of the
-    cache itself (zero copy). `plan.regions` and `plan.blocks` carry what the transport
-    needs to build the engine's descriptor lists and ids."""
+    cache itself (zero copy): the page plan of one cache with whole pages (TP 1:1).
+    `plan.regions` and `plan.blocks` carry what the transport needs to build the engine's
+    descriptor lists and ids."""
+    from kvbench.p2p.cut import Cut, page_layout, plan_pages
+
     s = data.spec
     if s.layout != "paged":
         raise ValueError("the engine-shaped handoff moves a paged KV (--layout paged)")
-    regions = region_table(data)
-    per_layer = 1 if s.pages == "joint" else s.parts
-    bufs, layers, blocks = [], [], []
-    for layer in range(s.model.layers):
-        table = data.block_ids[layer]  # the host copy: no device read per block
-        for p in range(per_layer):
-            r = layer * per_layer + p
-            src = data.backing[layer] if s.pages == "joint" else data.backing[layer, p]
-            for b in table:
-                bufs.append(as_bytes(src[b]))
-                layers.append(layer)
-                blocks.append((r, b))
-    plan = MessagePlan(bufs, layers, _cache=data)
-    plan.regions, plan.blocks = regions, blocks
-    return plan
+    cut = Cut(s.block_size, s.pages, "contiguous")
+    return plan_pages([data], page_layout(s.model, s.dtype, cut), cut, "decode")
 
 
 # ---------------------------------------------------------------------------
@@ -319,8 +239,6 @@ def usage_error(args) -> str | None:
             return "--nixl-threads must be 0..256"
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
-        block_table(args.nixl_blocks, 1, "prefill")
-        block_table(args.nixl_blocks, 1, "decode")
     except ValueError as exc:
         return str(exc)
     return None

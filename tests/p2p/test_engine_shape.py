@@ -205,7 +205,7 @@ def _args(**kw) -> Namespace:
     base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
                 granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
                 nixl_reregister=False, nixl_prep="prepped", nixl_batch=None, nixl_threads=None,
-                bytes=None, minbytes=None, maxbytes=None, nixl_blocks="contiguous")
+                bytes=None, minbytes=None, maxbytes=None)
     return Namespace(**{**base, **kw})
 
 
@@ -213,7 +213,7 @@ def _args(**kw) -> Namespace:
     ({"transport": "mpi"}, "--transport nixl"), ({"layout": "contiguous"}, "--layout paged"),
     ({"nixl_op": "write"}, "--nixl-op read"), ({"nixl_recreate": True}, "--no-nixl-per-request"),
     ({"pattern": "layerwise"}, "sequential"), ({"bytes": "1M"}, "--sizes"),
-    ({"nixl_blocks": "diagonal"}, "unknown block ids"), ({"nixl_poll": "fixed:-1"}, "period"),
+    ({"nixl_poll": "fixed:-1"}, "period"),
 ])
 def test_flags_that_cannot_run_the_engine_shape(kw, needle):
     assert es.usage_error(_args()) is None
