@@ -40,6 +40,20 @@ BLOCK_IDS = ("contiguous", "scattered", "merged")  # or file:PATH
 MAX_CUTS = 256  # cuts in one run (each size is measured under every cut)
 
 
+@dataclass(frozen=True)
+class Region:
+    """One registered region as the initiator addresses it: `n_blocks` blocks of `block_len`
+    bytes, `stride` bytes apart from `base` (a pool, or one piece of each of its pages)."""
+
+    base: int
+    stride: int
+    n_blocks: int
+    block_len: int
+
+    def addr(self, block: int) -> int:
+        return self.base + block * self.stride
+
+
 # ---------------------------------------------------------------------------
 # block tables
 
@@ -334,7 +348,6 @@ def plan_pages(caches: list, lay: PageLayout, cut: Cut, side: str):
     (zero copy). `plan.regions` (kvbench.p2p.engine_shape.Region) and `plan.blocks` give each
     message's (region, block) for NIXL's descriptor lists; merged block ids join runs of
     consecutive whole pages and carry no per-block ids."""
-    from kvbench.p2p.engine_shape import Region
     from kvbench.p2p.layout import as_bytes
     from kvbench.p2p.messages import MessagePlan
 

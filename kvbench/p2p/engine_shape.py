@@ -26,27 +26,21 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.p2p.cut import BLOCK_IDS, KV_PAGES, block_ids_label, block_table, read_block_file  # noqa: F401
+from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
+    BLOCK_IDS,
+    KV_PAGES,
+    Cut,
+    Region,
+    block_ids_label,
+    block_table,
+    page_layout,
+    plan_pages,
+    read_block_file,
+)
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
-
-
-@dataclass(frozen=True)
-class Region:
-    """One registered region as the initiator addresses it: `n_blocks` blocks of `block_len`
-    bytes, `stride` bytes apart from `base`."""
-
-    base: int
-    stride: int
-    n_blocks: int
-    block_len: int
-
-    def addr(self, block: int) -> int:
-        return self.base + block * self.stride
-
 
 # ---------------------------------------------------------------------------
 # the message plan: the page plan of kvbench.p2p.cut
@@ -57,8 +51,6 @@ def plan_engine(data: KVCache) -> MessagePlan:
     cache itself (zero copy): the page plan of one cache with whole pages (TP 1:1).
     `plan.regions` and `plan.blocks` carry what the transport needs to build the engine's
     descriptor lists and ids."""
-    from kvbench.p2p.cut import Cut, page_layout, plan_pages
-
     s = data.spec
     if s.layout != "paged":
         raise ValueError("the engine-shaped handoff moves a paged KV (--layout paged)")
