@@ -253,16 +253,18 @@ class Group:
 
     def collected(self) -> Collected:
         """The group's usable samples with their units; a deferred record error is raised here.
-        A link's cuts fitted together (`cuts`) carry each sample's descriptors: NIXL's merged
-        count where every record has it (what its backend posted), else the posted count."""
+        A link's cuts fitted together (`cuts`) carry each sample's descriptors (what the
+        transport was given), and where every record has it and some differ, the count the
+        transport was left with after joining adjacent ones (NIXL's descriptors_merged)."""
         if self.error:
             raise UsageError(self.error)
         desc, which = None, None
         if self.cuts is not None and len(self._ms):
+            desc = np.frombuffer(self._desc, dtype=np.int64)
             merged = np.frombuffer(self._desc_merged, dtype=np.int64)
-            use_merged = bool(np.all(merged >= 0))
-            desc = merged if use_merged else np.frombuffer(self._desc, dtype=np.int64)
-            which = "descriptors_merged" if use_merged else "descriptors"
+            which = "descriptors"
+            if np.all(merged >= 0) and np.any(merged != desc):  # the transport joined some
+                desc, which = np.column_stack([desc, merged]), "descriptors, descriptors_merged"
         samples = (_group_samples(self._bytes, self._ms, self._unit, desc) if len(self._ms)
                    else None)
         member = np.frombuffer(self._member, dtype=np.int64).copy() if which else None
@@ -483,7 +485,7 @@ def _group_samples(b: array, ms: array, unit_code: array,
     codes = np.frombuffer(unit_code, dtype=np.int64)
     # stratum: all rounds together (-1); the blocks of one size (or point: bytes and
     # descriptors) together
-    point = nbytes if desc is None else np.unique(np.stack([nbytes, desc], axis=1), axis=0,
+    point = nbytes if desc is None else np.unique(np.column_stack([nbytes, desc]), axis=0,
                                                   return_inverse=True)[1].reshape(-1)
     stratum_code = np.where(codes >= 0, -1, point)
     units, unit_first = _first_seen_ids(codes)

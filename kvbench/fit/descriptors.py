@@ -9,6 +9,12 @@ machinery as the line (kvbench.fit.stats.fit_design): weighted least squares, ro
 per-point blocks) resampled with every sample, per-point scatter from the generalized pivot,
 lack of fit on K - 3 degrees of freedom.
 
+Where the transport joins adjacent descriptors itself (NIXL: `descriptors_merged` below
+`descriptors` in some cuts), the records hold two counts and the cost has two parts: each
+entry of the transfer list (`us_per_desc`, what preparing and walking the list costs) and
+each descriptor left after the join (`us_per_merged_desc`, what the backend posts); a fourth
+column fits the second, when the points separate it.
+
 A per-descriptor cost can only be told from a per-byte one when the descriptor count varies
 on its own. Where it does not (one count everywhere, or a count that moves with the bytes:
 descriptors proportional to bytes, R^2 of the count on bytes >= 0.99, a variance inflation
@@ -37,14 +43,16 @@ from kvbench.units import MIN_TIME_MS
 
 FORMULA = ("handoff_ms = setup_ms + descriptors * us_per_desc / 1000 "
            "+ bytes / (effective_gb_s * 1e9) * 1000")
+FORMULA_MERGED = ("handoff_ms = setup_ms + descriptors * us_per_desc / 1000 + descriptors_merged "
+                  "* us_per_merged_desc / 1000 + bytes / (effective_gb_s * 1e9) * 1000")
 MAX_R2 = 0.99  # the count explained by bytes beyond this: no separate per-descriptor cost
 DRAW_DIGITS = 6
 
 
 @dataclass
 class Plane:
-    """The fitted coefficients (setup_ms, ms_per_gb, us_per_desc; those the design holds) with
-    their joint draws, and what the design could tell apart."""
+    """The fitted coefficients (setup_ms, ms_per_gb, us_per_desc, us_per_merged_desc: those the
+    design holds) with their joint draws, and what the design could tell apart."""
 
     columns: list[str]
     coef: np.ndarray
@@ -59,54 +67,87 @@ class Plane:
             return None
         return self.draws[:, self.columns.index(name)]
 
-    def predict(self, nbytes, desc) -> np.ndarray:
+    def predict(self, nbytes, posted, merged=None) -> np.ndarray:
         t = np.full(np.shape(nbytes), self.get("setup_ms") or 0.0, dtype=float)
         if "ms_per_gb" in self.columns:
             t = t + self.get("ms_per_gb") * np.asarray(nbytes, dtype=float) / 1e9
         if "us_per_desc" in self.columns:
-            t = t + self.get("us_per_desc") * np.asarray(desc, dtype=float) / 1000.0
+            t = t + self.get("us_per_desc") * np.asarray(posted, dtype=float) / 1000.0
+        if "us_per_merged_desc" in self.columns:
+            t = t + self.get("us_per_merged_desc") * np.asarray(merged, dtype=float) / 1000.0
         return t
 
 
-def separability(s: GroupSamples, w: np.ndarray) -> dict:
-    """Can these points tell a per-descriptor cost apart: the count must vary, and not as a
-    linear function of bytes (weighted R^2 of the count on [1, bytes] and its variance
-    inflation factor 1 / (1 - R^2))."""
-    d, b = s.descs.astype(float), s.sizes.astype(float)
-    n_desc, n_bytes = len(np.unique(s.descs)), len(np.unique(s.sizes))
-    out = {"separable": True, "reason": None, "points": int(len(d)),
-           "distinct_descriptor_counts": n_desc, "distinct_sizes": n_bytes,
-           "r2_descriptors_on_bytes": None, "vif": None}
-    if n_desc < 2:
-        out.update(separable=False, reason=f"every point posted {int(d[0]):,} descriptors: the "
+def counts(s: GroupSamples) -> tuple[np.ndarray, np.ndarray | None]:
+    """(posted, joined) per point: what the transport was given, and (where it joined adjacent
+    entries) what it was left with."""
+    d = np.asarray(s.descs)
+    return (d, None) if d.ndim == 1 else (d[:, 0], d[:, 1])
+
+
+def _r2(y: np.ndarray, X: np.ndarray, w: np.ndarray) -> float:
+    """Weighted R^2 of y on the columns of X (1: y is one of their combinations)."""
+    sw = np.sqrt(w / w.mean())
+    coef, *_ = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)
+    resid = (y - X @ coef) * sw
+    dm = (y - np.average(y, weights=w)) * sw
+    return 1.0 - float(resid @ resid) / float(dm @ dm) if float(dm @ dm) > 0 else 1.0
+
+
+def _verdict(y: np.ndarray, X: np.ndarray, w: np.ndarray, what: str, against: str) -> dict:
+    """Does count y vary on its own, beyond what the columns of X explain?"""
+    n = len(np.unique(y))
+    out = {"separable": True, "reason": None, "distinct_counts": n, "r2": None, "vif": None}
+    if n < 2:
+        out.update(separable=False, reason=f"every point {what} {int(y[0]):,} descriptors: the "
                    "count does not vary, so its cost is inside setup")
         return out
-    X = np.stack([np.ones_like(b), b / 1e9], axis=1) if n_bytes > 1 else np.ones((len(b), 1))
-    sw = np.sqrt(w / w.mean())
-    coef, *_ = np.linalg.lstsq(X * sw[:, None], d * sw, rcond=None)
-    resid = (d - X @ coef) * sw
-    dm = d - np.average(d, weights=w)
-    r2 = 1.0 - float(resid @ resid) / float((dm * sw) @ (dm * sw))
-    out.update(r2_descriptors_on_bytes=round(r2, 6), vif=None if r2 >= 1 else round(1 / (1 - r2), 3))
+    r2 = _r2(y, X, w)
+    out.update(r2=round(r2, 6), vif=None if r2 >= 1 else round(1 / (1 - r2), 3))
     if r2 >= MAX_R2:
+        vif = "infinite" if r2 >= 1 else f"{1 / (1 - r2):.3g}"
         out.update(separable=False, reason=(
-            f"the descriptor count moves with the bytes (R^2 of the count on bytes {r2:.4f}, "
-            f"variance inflation factor {'infinite' if r2 >= 1 else f'{1 / (1 - r2):.3g}'}, at "
-            f"most {MAX_R2} separates): measure several cuts at one size (block sizes, block "
-            "ids, K/V pages, TP pairs: docs/descriptors.md)"))
+            f"the count {what} moves with {against} (R^2 {r2:.4f}, variance inflation factor "
+            f"{vif}, at most {MAX_R2} separates): measure several cuts at one size (block sizes, "
+            "block ids, K/V pages, TP pairs: docs/descriptors.md)"))
+    return out
+
+
+def separability(s: GroupSamples, w: np.ndarray) -> dict:
+    """Can these points tell a per-descriptor cost apart: the posted count must vary, and not
+    as a linear function of bytes (weighted R^2 of the count on [1, bytes] and its variance
+    inflation factor 1 / (1 - R^2)); the joined count (where the transport joined some
+    entries) likewise beyond bytes and the posted count."""
+    posted, joined = counts(s)
+    b = s.sizes.astype(float)
+    n_bytes = len(np.unique(b))
+    base = [np.ones_like(b)] + ([b / 1e9] if n_bytes > 1 else [])
+    v = _verdict(posted.astype(float), np.stack(base, axis=1), w, "posted", "the bytes")
+    out = {"separable": v["separable"], "reason": v["reason"], "points": int(len(b)),
+           "distinct_descriptor_counts": v["distinct_counts"], "distinct_sizes": n_bytes,
+           "r2_descriptors_on_bytes": v["r2"], "vif": v["vif"], "merged": None}
+    if joined is not None:
+        cols = base + ([posted / 1e3] if v["separable"] else [])
+        out["merged"] = _verdict(joined.astype(float), np.stack(cols, axis=1), w,
+                                 "left after joining", "the bytes and the posted count")
     return out
 
 
 def _design(s: GroupSamples, sep: dict) -> tuple[np.ndarray, list[str]]:
-    """The columns the points can estimate: [1, GB, kilo-descriptors] (a coefficient per 1000
-    descriptors in ms is one in microseconds per descriptor)."""
+    """The columns the points can estimate: [1, GB, kilo-descriptors posted, kilo-descriptors
+    left after joining] (a coefficient per 1000 descriptors in ms is one in microseconds per
+    descriptor)."""
+    posted, joined = counts(s)
     cols, X = ["setup_ms"], [np.ones(len(s.sizes))]
     if sep["distinct_sizes"] > 1:
         cols.append("ms_per_gb")
         X.append(s.x)
     if sep["separable"]:
         cols.append("us_per_desc")
-        X.append(s.descs / 1000.0)
+        X.append(posted / 1000.0)
+    if sep["merged"] is not None and sep["merged"]["separable"]:
+        cols.append("us_per_merged_desc")
+        X.append(joined / 1000.0)
     return np.stack(X, axis=1), cols
 
 
@@ -138,34 +179,51 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None or not np.isfinite(x) else float(f"{x:.{nd}g}")
 
 
+def _term_json(plane: Plane, name: str) -> dict:
+    dr = plane.draws_of(name)
+    ci = None if dr is None else [_r(float(v)) for v in np.percentile(dr, [2.5, 97.5])]
+    return {name: _r(plane.get(name)), f"{name}_ci95": ci,
+            f"{name}_draws": None if dr is None else [_r(float(v), DRAW_DIGITS) for v in dr]}
+
+
 def descriptor_json(plane: Plane, field: str | None) -> dict:
     """The fit document's additions (all optional keys, so readers of the line ignore them)."""
-    us = plane.get("us_per_desc")
-    dr = plane.draws_of("us_per_desc")
-    ci = None if dr is None else [_r(float(v)) for v in np.percentile(dr, [2.5, 97.5])]
-    return {"model_formula": FORMULA, "descriptor_field": field,
-            "us_per_desc": _r(us), "us_per_desc_ci95": ci,
-            "us_per_desc_draws": None if dr is None else [_r(float(v), DRAW_DIGITS) for v in dr],
-            "descriptor_term": plane.separable}
+    out = {"model_formula": FORMULA, "descriptor_field": field, **_term_json(plane, "us_per_desc"),
+           "descriptor_term": plane.separable}
+    if plane.separable.get("merged") is not None:
+        out["model_formula"] = FORMULA_MERGED
+        out.update(_term_json(plane, "us_per_merged_desc"))
+    return out
 
 
-def descriptor_warnings(plane: Plane, ci) -> list[dict]:
+def _term_warnings(plane: Plane, name: str, ci) -> list[dict]:
+    us = plane.get(name)
+    if us < 0:
+        return [{"code": f"negative_{name}",
+                 "message": f"{name} {us:.4g} is negative: more descriptors did not cost more "
+                            "time here; plan uses 0"}]
+    if ci is not None and ci[0] <= 0:
+        return [{"code": f"{name}_not_distinguishable_from_zero",
+                 "message": f"{name} 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] includes 0: no "
+                            "such cost is resolved by these cuts (more descriptors, e.g. "
+                            "smaller blocks or scattered ids)"}]
+    return []
+
+
+def descriptor_warnings(plane: Plane, doc: dict) -> list[dict]:
     sep = plane.separable
     if not sep["separable"]:
         return [{"code": "descriptor_term_not_separable",
                  "message": f"cannot separate a per-descriptor cost: {sep['reason']}; fitted "
                             "setup and rate alone, with the descriptor cost inside them"}]
-    out = []
-    us = plane.get("us_per_desc")
-    if us < 0:
-        out.append({"code": "negative_us_per_desc",
-                    "message": f"us_per_desc {us:.4g} is negative: more descriptors did not cost "
-                               "more time here; plan uses 0"})
-    elif ci is not None and ci[0] <= 0:
-        out.append({"code": "us_per_desc_not_distinguishable_from_zero",
-                    "message": f"us_per_desc 95% interval [{ci[0]:.4g}, {ci[1]:.4g}] includes 0: "
-                               "no per-descriptor cost is resolved by these cuts (more "
-                               "descriptors, e.g. smaller blocks or scattered ids)"})
+    out = _term_warnings(plane, "us_per_desc", doc["us_per_desc_ci95"])
+    merged = sep.get("merged")
+    if merged is not None and not merged["separable"]:
+        out.append({"code": "merged_term_not_separable",
+                    "message": "the transport joined adjacent descriptors in some cuts, but "
+                               f"cannot separate their cost: {merged['reason']}; one term for both"})
+    elif merged is not None:
+        out += _term_warnings(plane, "us_per_merged_desc", doc["us_per_merged_desc_ci95"])
     if "ms_per_gb" not in plane.columns:
         out.append({"code": "fewer_than_two_sizes",
                     "message": "one payload size: the per-descriptor cost separates, setup and "
@@ -176,11 +234,14 @@ def descriptor_warnings(plane: Plane, ci) -> list[dict]:
 def point_rows(rows: list[dict], s: GroupSamples, c: Collected, group: Group, plane: Plane,
                med: np.ndarray) -> None:
     """Each point's descriptors, the cuts it was measured under, and its residual."""
-    fitted = plane.predict(s.sizes, s.descs)
+    posted, joined = counts(s)
+    fitted = plane.predict(s.sizes, posted, joined)
     labels = [cut["label"] for cut in group.cuts]
     for k, row in enumerate(rows):
         members = np.unique(c.member[s.size_of == k])
-        row["descriptors"] = int(s.descs[k])
+        row["descriptors"] = int(posted[k])
+        if joined is not None:
+            row["descriptors_merged"] = int(joined[k])
         row["cuts"] = [labels[int(m)] for m in members]
         row["fitted_ms"] = _r(float(fitted[k]))
         row["residual_ms"] = _r(float(med[k] - fitted[k]))

@@ -290,7 +290,7 @@ def fit_cut_group(group: Group, n_boot: int, seed: int, line_rate: float | None)
                          "more sizes or cuts"})
     elif line is not None:
         warnings += lof_warnings(line, out["sizes"])
-    warnings += descriptor_warnings(plane, extra["us_per_desc_ci95"])
+    warnings += descriptor_warnings(plane, extra)
     if "blocks" in s.stratum_kind and plane.draws is not None:
         warnings.append(_warn("cuts_in_blocks_order", "measured in blocks order: a drift within "
                               "a run moves every cut of one size alike, which resampling blocks "
@@ -588,21 +588,32 @@ def _group_lines(g: dict) -> list[str]:
 def _descriptor_lines(g: dict) -> list[str]:
     """The per-descriptor term: its estimate and interval, or why there is none."""
     term, us = g["descriptor_term"], g.get("us_per_desc")
-    cuts = f"{len(g.get('cuts') or [])} cuts fitted together, count from `{g['descriptor_field']}`"
+    cuts = f"{len(g.get('cuts') or [])} cuts fitted together, counts: {g['descriptor_field']}"
     if not term["separable"]:
         return [f"    us/descriptor    cannot separate: {term['reason']}", f"    ({cuts})"]
-    return [f"    us/descriptor    {_fmt(us, '>10.4g')}  {_ci(g.get('us_per_desc_ci95'), '.4g')}",
-            f"    ({cuts}; R^2 of the count on bytes {_fmt(term['r2_descriptors_on_bytes'], '.3g')})"]
+    out = [f"    us/descriptor    {_fmt(us, '>10.4g')}  {_ci(g.get('us_per_desc_ci95'), '.4g')}"]
+    merged = term.get("merged")
+    if merged is not None and merged["separable"]:
+        out.append(f"    us/merged desc   {_fmt(g.get('us_per_merged_desc'), '>10.4g')}  "
+                   f"{_ci(g.get('us_per_merged_desc_ci95'), '.4g')}  (per descriptor left "
+                   "after the transport joined adjacent ones)")
+    elif merged is not None:
+        out.append(f"    us/merged desc   cannot separate: {merged['reason']}")
+    return out + [f"    ({cuts}; R^2 of the count on bytes "
+                  f"{_fmt(term['r2_descriptors_on_bytes'], '.3g')})"]
 
 
 def _size_lines(g: dict) -> list[str]:
     desc = "descriptor_term" in g
-    lines = [f"    {'bytes':>14} " + (f"{'descr':>8} " if desc else "") + f"{'n':>5} {'p50 ms':>10} "
+    merged = any("descriptors_merged" in row for row in g["sizes"])
+    lines = [f"    {'bytes':>14} " + (f"{'descr':>8} " if desc else "")
+             + (f"{'merged':>8} " if merged else "") + f"{'n':>5} {'p50 ms':>10} "
              f"{'p95 ms':>10} {'p99 ms':>10} {'fitted ms':>10} {'resid %':>8} {'p50 GB/s':>10}"
              + ("  cuts" if desc else "")]
     for row in g["sizes"]:
         rel = row.get("residual_rel")
         lines.append(f"    {row['bytes']:>14,} " + (f"{row['descriptors']:>8,} " if desc else "")
+                     + (f"{row['descriptors_merged']:>8,} " if merged else "")
                      + f"{row['n']:>5} {_fmt(row['p50_ms'], '>10.4f')} "
                      f"{_pct(row, 'p95_ms', 0.95):>10} {_pct(row, 'p99_ms', 0.99):>10} "
                      f"{_fmt(row.get('fitted_ms'), '>10.4f')} "
@@ -618,7 +629,8 @@ def format_table(doc: dict) -> str:
              f"{min_samples_for(0.95)} (p95), {min_samples_for(0.99)} (p99)"]
     if any("descriptor_term" in g for g in doc["groups"]):
         lines.append("  a link's cuts fitted together: time_ms = setup_ms + descriptors x "
-                     "us_per_desc / 1000 + bytes / (GB/s x 1e9) x 1000 through each point's median")
+                     "us_per_desc / 1000 [+ descriptors_merged x us_per_merged_desc / 1000] + bytes / "
+                     "(GB/s x 1e9) x 1000 through each point's median")
     for i, g in enumerate(doc["groups"], 1):
         lines += ["", f"[{i}] {g['label']}"] + _group_lines(g) + _size_lines(g)
         lines += [f"    warning ({w['code']}): {w['message']}" for w in g["warnings"]]

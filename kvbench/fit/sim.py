@@ -102,19 +102,34 @@ def cut_spec(block_size: int) -> dict:
     return {**SPEC, "layout": "paged", "granularity": "block", "block_size": block_size}
 
 
+# The same as a transport that joins adjacent descriptors sees it (NIXL): every block size
+# with scattered ids (nothing joins) and contiguous ones (one run per layer is left), each a cut
+JOINED_POINTS = tuple((b, (bs, ids), d, d if ids == "scattered" else 32)
+                      for b, bs, d in CUT_POINTS for ids in ("scattered", "contiguous"))
+
+
 def simulate_cut_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float,
                      us_per_desc: float, rounds: int, points=CUT_POINTS, order: str = "rounds",
-                     load: Load = Load(), run_id: str = "sim-0") -> list[dict]:
-    """One p2p run of a descriptor sweep: every (bytes, block size, descriptors) point timed
-    in the same interleaved rounds, time = setup + bytes / rate + descriptors x us / 1000,
-    under the same load terms; a record per point with its cut's spec and `descriptors`."""
+                     load: Load = Load(), run_id: str = "sim-0",
+                     us_per_merged_desc: float = 0.0) -> list[dict]:
+    """One p2p run of a descriptor sweep: every (bytes, cut, descriptors[, descriptors left
+    after joining]) point timed in the same interleaved rounds, time = setup + bytes / rate +
+    descriptors x us / 1000 (+ joined x us_merged / 1000), under the same load terms; a record
+    per point with its cut's spec (a block size, or (block size, block ids)) and the counts."""
     b = np.array([p[0] for p in points], dtype=float)
     d = np.array([p[2] for p in points], dtype=float)
-    true_ms = setup_ms + b / (gb_s * 1e9) * 1e3 + d * us_per_desc / 1e3
+    m = np.array([p[3] if len(p) > 3 else p[2] for p in points], dtype=float)
+    true_ms = (setup_ms + b / (gb_s * 1e9) * 1e3 + d * us_per_desc / 1e3
+               + m * us_per_merged_desc / 1e3)
     ms = loaded_ms(rng, true_ms, rounds, order, load)
-    return [_record(nb, [float(v) for v in ms[k]], list(range(rounds)), run_id, order,
-                    cut_spec(bs), descriptors=int(nd), block_size=bs)
-            for k, (nb, bs, nd) in enumerate(points)]
+    out = []
+    for k, p in enumerate(points):
+        spec = cut_spec(p[1]) if isinstance(p[1], int) else {
+            **cut_spec(p[1][0]), "cut": {"kv": "joint", "blocks": p[1][1], "tp": "1:1"}}
+        extra = {"descriptors_merged": int(p[3])} if len(p) > 3 else {}
+        out.append(_record(p[0], [float(v) for v in ms[k]], list(range(rounds)), run_id, order,
+                           spec, descriptors=int(p[2]), block_size=spec["block_size"], **extra))
+    return out
 
 
 def simulate(rng: np.random.Generator, *, runs: int = 1, **kw) -> list[dict]:

@@ -53,8 +53,9 @@ class GroupSamples:
     stratum[u] is the stratum of unit u: units are resampled within their stratum
     (all rounds together; the blocks of one size together).
 
-    With `desc` (the descriptors each sample's handoff posted) a "size" is a point
-    (bytes, descriptors): `sizes[k]` its bytes, `descs[k]` its descriptors.
+    With `desc` (the descriptors each sample's handoff posted: (n,), or (n, 2) with the
+    transport's count after joining adjacent ones) a "size" is a point (bytes, descriptors):
+    `sizes[k]` its bytes, `descs[k]` its count(s).
     """
 
     bytes: np.ndarray  # (n,) int
@@ -70,8 +71,10 @@ class GroupSamples:
             self.sizes, self.size_of = np.unique(self.bytes, return_inverse=True)
             self.descs = None
             return
-        pts, inv = np.unique(np.stack([self.bytes, self.desc], axis=1), axis=0, return_inverse=True)
-        self.sizes, self.descs, self.size_of = pts[:, 0], pts[:, 1], inv.reshape(-1)
+        cols = np.column_stack([self.bytes, self.desc])
+        pts, inv = np.unique(cols, axis=0, return_inverse=True)
+        self.sizes, self.size_of = pts[:, 0], inv.reshape(-1)
+        self.descs = pts[:, 1] if self.desc.ndim == 1 else pts[:, 1:]
 
     @property
     def x(self) -> np.ndarray:

@@ -6,10 +6,10 @@ smallest block size (or the merge) that keeps the handoff within a budget.
 The count comes from the same code that cut the KV when it was measured
 (kvbench.p2p.cut.count_pieces): per layer, pools x pieces per page x blocks, where a TP pair
 (P, D) cuts every page into one piece per serving prefill rank and part, and consecutive
-whole pages join into one piece when the block ids are merged, or when they are contiguous
-and the transport joins them itself (NIXL, whose fit counts `descriptors_merged`; ipc). With
-a TP pair the bytes are one decode rank's share of the KV, the handoff each decode rank
-waits for.
+whole pages join into one piece when the block ids are merged (or contiguous, for ipc, which
+copies adjacent messages as one). A fit with a second term (NIXL joins adjacent descriptors
+itself: us_per_merged_desc) adds the count left after that join. With a TP pair the bytes
+are one decode rank's share of the KV, the handoff each decode rank waits for.
 """
 
 from __future__ import annotations
@@ -52,11 +52,27 @@ class PlannedCut:
         return Cut(bs, c.kv, c.blocks, c.tp)
 
 
-def joins_adjacent(link) -> bool:
-    """Does the measured transport join consecutive pages by itself (so contiguous ids post
-    fewer pieces than blocks)?"""
-    group = link.group or {}
-    return link.descriptor_field == "descriptors_merged" or group.get("transport") in JOINING_TRANSPORTS
+def posts_joined(link) -> bool:
+    """Does the transport's own `descriptors` count pages it joined (ipc copies adjacent
+    messages as one), so contiguous ids post fewer pieces than blocks?"""
+    return (link.group or {}).get("transport") in JOINING_TRANSPORTS
+
+
+def counts_at(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut) -> tuple[int, int | None]:
+    """(descriptors posted, descriptors left after the transport joined adjacent ones; None
+    when the fit has no such term) for one prompt under one cut."""
+    posted = count_pieces(model, dtype, tokens, cut, posts_joined(link))
+    if link.us_per_merged_desc is None:
+        return posted, None
+    return posted, count_pieces(model, dtype, tokens, cut, merge_adjacent=True)
+
+
+def descriptor_ms(link, posted: int, joined: int | None) -> float:
+    """The descriptors' time in a handoff (negative fitted costs used as 0)."""
+    ms = posted * max(link.us_per_desc, 0.0) / 1000.0
+    if joined is not None:
+        ms += joined * max(link.us_per_merged_desc, 0.0) / 1000.0
+    return ms
 
 
 def decode_bytes(model: ModelSpec, dtype: DType, sizing: KVSizing, cut: Cut) -> int:
@@ -73,12 +89,12 @@ def term(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut, scale: tup
     """(bytes, descriptors, floor ms) of one prompt under one cut on a link with the term."""
     sizing = KVSizing(model, dtype, tokens, scale[0], scale[1], cut.block_size)
     nbytes = decode_bytes(model, dtype, sizing, cut)
-    desc = count_pieces(model, dtype, tokens, cut, joins_adjacent(link))
+    posted, joined = counts_at(link, model, dtype, tokens, cut)
     cost = link.for_payload(nbytes)[0]
-    us = max(link.us_per_desc, 0.0)
-    floor = handoff_ms(cost.setup_ms or 0.0, nbytes, cost.effective_gb_s, desc, us)
-    return {"bytes": nbytes, "descriptors": desc, "descriptor_ms": desc * us / 1000.0,
-            "floor_ms": floor}
+    dms = descriptor_ms(link, posted, joined)
+    floor = handoff_ms(cost.setup_ms or 0.0, nbytes, cost.effective_gb_s) + dms
+    return {"bytes": nbytes, "descriptors": posted, "descriptors_merged": joined,
+            "descriptor_ms": dms, "floor_ms": floor}
 
 
 def smallest_block_size(link, model, dtype, tokens: int, planned: PlannedCut, budget: float,
@@ -90,12 +106,15 @@ def smallest_block_size(link, model, dtype, tokens: int, planned: PlannedCut, bu
     return None
 
 
-def band(link, nbytes: int, desc: int) -> list[float] | None:
-    """95% band of the floor from the fit's joint draws of (setup, slope, us_per_desc)."""
+def band(link, nbytes: int, desc: int, joined: int | None) -> list[float] | None:
+    """95% band of the floor from the fit's joint draws of (setup, slope, us_per_desc[,
+    us_per_merged_desc])."""
     d = link.desc_draws
     if d is None or not len(d):
         return None
     floor = np.maximum(d[:, 0], 0.0) + d[:, 1] * nbytes / 1e9 + np.maximum(d[:, 2], 0.0) * desc / 1e3
+    if joined is not None and d.shape[1] > 3:
+        floor = floor + np.maximum(d[:, 3], 0.0) * joined / 1e3
     lo, hi = np.percentile(floor, [2.5, 97.5])
     return [round(float(lo), 6), round(float(hi), 6)]
 
@@ -111,8 +130,11 @@ def descriptor_fields(link, model, dtype, tokens: int, planned: PlannedCut, budg
         "block_size": cut.block_size, "kv_pages": cut.kv, "block_ids": cut.blocks,
         "tp_pair": f"{cut.tp[0]}:{cut.tp[1]}", "kv_bytes": now["bytes"],
         "descriptors": now["descriptors"], "us_per_desc": link.us_per_desc,
+        **({} if now["descriptors_merged"] is None else {
+            "descriptors_merged": now["descriptors_merged"],
+            "us_per_merged_desc": link.us_per_merged_desc}),
         "descriptor_ms": round(now["descriptor_ms"], 6), "floor_ms": now["floor_ms"],
-        "band": band(link, now["bytes"], now["descriptors"]),
+        "band": band(link, now["bytes"], now["descriptors"], now["descriptors_merged"]),
         "smallest_block_size_within_budget": smallest_block_size(link, model, dtype, tokens,
                                                                  planned, budget, scale),
         "merged_descriptors": joined["descriptors"],

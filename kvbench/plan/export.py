@@ -49,8 +49,8 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
     count is a constant plus a part per prompt token (blocks grow with the prompt; merged
     pages do not), exact at whole-block prompt lengths below any sliding window. The constant
     goes where a tool has a per-transfer latency, the per-token part into its bandwidth."""
-    from kvbench.p2p.cut import Cut, count_pieces
-    from kvbench.plan.descriptors import joins_adjacent
+    from kvbench.p2p.cut import Cut
+    from kvbench.plan.descriptors import counts_at, descriptor_ms
 
     if link.us_per_desc is None:
         if planned is not None:
@@ -63,15 +63,17 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
                          "it in (--block-size, and --kv-pages/--block-ids if not joint, contiguous)")
     c = planned.cut
     cut = Cut(c.block_size, c.kv, c.blocks, (tp, tp))
-    us = max(link.us_per_desc, 0.0)
+
+    def ms(t: int) -> float:
+        return descriptor_ms(link, *counts_at(link, model, dtype, t, cut))
+
     t1 = max(1, math.ceil(fold_tokens / c.block_size)) * c.block_size
-    d1, d2 = (count_pieces(model, dtype, t, cut, joins_adjacent(link)) for t in (t1, 2 * t1))
-    per_token = (d2 - d1) / t1
-    return {"us_per_desc": link.us_per_desc, "us_per_desc_used": us,
+    per_token = (ms(2 * t1) - ms(t1)) / t1
+    return {"us_per_desc": link.us_per_desc, "us_per_merged_desc": link.us_per_merged_desc,
             "cut": {"block_size": c.block_size, "kv_pages": c.kv, "block_ids": c.blocks},
-            "descriptors_constant": d1 - per_token * t1, "descriptors_per_token": per_token,
-            "count": lambda t: count_pieces(model, dtype, t, cut, joins_adjacent(link)),
-            "note": "descriptors = constant + per_token x prompt_tokens, exact at whole-block "
+            "ms_constant": ms(t1) - per_token * t1, "ms_per_token": per_token,
+            "ms": ms, "counts": lambda t: counts_at(link, model, dtype, t, cut),
+            "note": "descriptor ms = constant + per_token x prompt_tokens, exact at whole-block "
                     "prompt lengths below any sliding window"}
 
 
@@ -118,18 +120,19 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
     """The model with the per-descriptor term: `handoff_ms` is the three-term model, and the
     `descriptor` section gives what a two-term tool takes, `base_ms` (setup plus the constant
     descriptors) and `rate_gb_s` (bytes and the per-token descriptors as one bandwidth)."""
-    count = desc.pop("count")
+    ms, counts = desc.pop("ms"), desc.pop("counts")
     points = [int(t) for t in doc["handoff_ms"]]
-    bpt, setup, rate, us = (doc["bytes_per_token_per_rank"], doc["setup_ms"],
-                            doc["effective_gb_s"], desc["us_per_desc_used"])
-    per_token_ms = bpt / (rate * 1e9) * 1000.0 + desc["descriptors_per_token"] * us / 1000.0
-    base = setup + desc["descriptors_constant"] * us / 1000.0
+    bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
+    per_token_ms = bpt / (rate * 1e9) * 1000.0 + desc["ms_per_token"]
+    base = setup + desc["ms_constant"]
     rate_d = bpt / (per_token_ms / 1000.0) / 1e9
-    doc["formula"] = ("handoff_ms = setup_ms + descriptors x us_per_desc / 1000 + prompt_tokens x "
-                      "bytes_per_token_per_rank / (effective_gb_s x 1e9) x 1000")
+    doc["formula"] = ("handoff_ms = setup_ms + descriptors x us_per_desc / 1000 [+ descriptors "
+                      "left after the transport joined adjacent ones x us_per_merged_desc / 1000] "
+                      "+ prompt_tokens x bytes_per_token_per_rank / (effective_gb_s x 1e9) x 1000")
     doc["descriptor"] = {**desc, "base_ms": base, "rate_gb_s": rate_d,
-                         "descriptors": {str(t): count(t) for t in points}}
-    doc["handoff_ms"] = {str(t): handoff_ms(setup, bpt * t, rate, count(t), us) for t in points}
+                         "descriptors": {str(t): counts(t)[0] for t in points},
+                         "descriptors_merged": {str(t): counts(t)[1] for t in points}}
+    doc["handoff_ms"] = {str(t): handoff_ms(setup, bpt * t, rate) + ms(t) for t in points}
     doc["fold"]["effective_gb_s_with_setup"] = folded_gb_s(base, rate_d, bpt * fold_tokens)
     return doc
 
@@ -140,11 +143,11 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
 
 def _descriptor_note(doc: dict, where: str) -> str:
     d = doc["descriptor"]
-    return (f"a per-descriptor term: {d['us_per_desc_used']:.4g} us x ({d['descriptors_constant']:g} + "
-            f"{d['descriptors_per_token']:g} x prompt_tokens) descriptors at block size "
-            f"{d['cut']['block_size']} ({d['cut']['kv_pages']}, {d['cut']['block_ids']}): the "
-            f"per-token part is folded into the bandwidth ({d['rate_gb_s']:.6g} GB/s, exact at "
-            f"whole-block prompts), the constant part {where}")
+    return (f"a per-descriptor term: {d['ms_constant']:.4g} ms + {d['ms_per_token']:.4g} ms x "
+            f"prompt_tokens of descriptors at block size {d['cut']['block_size']} "
+            f"({d['cut']['kv_pages']}, {d['cut']['block_ids']}): the per-token part is folded "
+            f"into the bandwidth ({d['rate_gb_s']:.6g} GB/s, exact at whole-block prompts), the "
+            f"constant part {where}")
 
 
 def _rate_for(doc: dict, setup_as: str) -> tuple[float, str]:

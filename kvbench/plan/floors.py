@@ -64,8 +64,9 @@ class Link:
     no_band: str | None = None  # why there are no draws
     # the per-descriptor term (a link's cuts fitted together, or --us-per-desc)
     us_per_desc: float | None = None
-    descriptor_field: str | None = None  # the count the fit used (descriptors_merged: NIXL's)
-    desc_draws: np.ndarray | None = None  # (B, 3): setup_ms, ms_per_gb, us_per_desc
+    us_per_merged_desc: float | None = None  # per descriptor left after the transport joined
+    descriptor_field: str | None = None  # the counts the fit used
+    desc_draws: np.ndarray | None = None  # (B, 3 or 4): setup, ms/GB, us_per_desc[, merged]
     no_descriptor_term: str | None = None  # why the fit has no us_per_desc
 
     @property
@@ -161,13 +162,17 @@ def _descriptor_term(g: dict) -> dict:
         return {}
     us, why = g.get("us_per_desc"), None if term.get("separable") else term.get("reason")
     draws = g.get("draws") or {}
-    pairs, udraws = draws.get("values") or [], g.get("us_per_desc_draws") or []
+    cols = [draws.get("values") or [], g.get("us_per_desc_draws") or []]
+    merged = g.get("us_per_merged_desc")
+    if merged is not None:
+        cols.append(g.get("us_per_merged_desc_draws") or [])
     both = None
-    if us is not None and pairs and len(pairs) == len(udraws):
-        both = np.column_stack([np.asarray(pairs, dtype=float), np.asarray(udraws, dtype=float)])
+    if us is not None and cols[0] and all(len(c) == len(cols[0]) for c in cols):
+        both = np.column_stack([np.asarray(c, dtype=float) for c in cols])
         both = both[np.all(np.isfinite(both), axis=1)]
-    return {"us_per_desc": us, "descriptor_field": g.get("descriptor_field"),
-            "desc_draws": both, "no_descriptor_term": why}
+    return {"us_per_desc": us, "us_per_merged_desc": merged,
+            "descriptor_field": g.get("descriptor_field"), "desc_draws": both,
+            "no_descriptor_term": why}
 
 
 def _link_of(g: dict, schema: str) -> Link:
@@ -294,6 +299,11 @@ def _descriptor_part(link: Link, sz: KVSizing, budget_ms: float, planned) -> tup
         notes.append(f"fitted us_per_desc {link.us_per_desc:.4g} is negative; used 0")
     if f["tp_pair"] != "1:1":
         notes.append(f"TP {f['tp_pair']}: bytes and descriptors of one decode rank")
+    group = link.group or {}
+    if (group.get("transport") == "nixl" and link.us_per_merged_desc is None
+            and f["block_ids"] == "contiguous"):
+        notes.append("NIXL joins contiguous ids itself, and this fit did not separate that join "
+                     "(measure --block-ids scattered,contiguous): every posted entry is counted")
     return f, notes
 
 
@@ -374,8 +384,10 @@ def _descriptor_line(r: dict) -> str | None:
             "no block size up to 1024 fits the budget")
     merged = (f"merged ids: {r['merged_descriptors']:,} descriptors, "
               f"{r['merged_handoff_floor_ms']:.4f} ms ({'ok' if r['merged_within_budget'] else 'OVER'})")
+    joined = ("" if r.get("descriptors_merged") is None else
+              f" + {r['descriptors_merged']:,} left after NIXL's join x {r['us_per_merged_desc']:.4g} us")
     return (f"      cut bs {r['block_size']} {r['kv_pages']} {r['block_ids']} tp {r['tp_pair']}: "
-            f"{r['descriptors']:,} descriptors x {r['us_per_desc']:.4g} us = "
+            f"{r['descriptors']:,} descriptors x {r['us_per_desc']:.4g} us{joined} = "
             f"{r['descriptor_ms']:.4f} ms in the floor; {fits}; {merged}")
 
 
