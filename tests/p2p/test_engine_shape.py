@@ -332,8 +332,9 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     (rec,) = recs["telemetry"]
     assert rec["wrong"] == 0
     opts = rec["spec"]["transport_options"]
-    assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"],
-            opts["waits"]) == ("engine", "joint", "scattered", True, "fixed:1", "sleep")
+    assert (opts["shape"], opts["per_request"], opts["poll"], opts["waits"]) == (
+        "engine", True, "fixed:1", "sleep")
+    assert rec["spec"]["cut"] == {"kv": "joint", "blocks": "scattered", "tp": "1:1"}
     assert rcs.get("busy") == 0
     (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
     assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
@@ -341,7 +342,8 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))
     assert tel["bytes"] == [rec["bytes"]] * n  # NIXL moved exactly the request's pages
-    assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors_merged"] == rec["descriptors_merged_expected"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors"] == 16  # scattered ids: NIXL joined nothing
     assert all(x >= p > 0 for x, p in zip(tel["xfer_ms"], tel["post_ms"], strict=True))
     # per request: a handle made and released every handoff, timed beside the post
     per = 1 + len(rec["warmup_ms"]) + rec["iters"] + 1
