@@ -124,12 +124,14 @@ class Link:
         lo, hi = np.percentile(floor, [2.5, 97.5])
         return [_r(float(lo)), _r(float(hi))]
 
-    def measured(self, kv_bytes: int, descriptors: int | None = None) -> dict | None:
-        """The fit's row for exactly this payload (and descriptor count, when the fit has
+    def measured(self, kv_bytes: int, descriptors: int | None = None,
+                 merged: int | None = None) -> dict | None:
+        """The fit's row for exactly this payload (and descriptor counts, when the fit has
         the term): nothing is interpolated."""
         for row in self.sizes:
             if int(row["bytes"]) == kv_bytes and (
-                    descriptors is None or row.get("descriptors") == descriptors):
+                    descriptors is None or row.get("descriptors") == descriptors) and (
+                    merged is None or row.get("descriptors_merged") == merged):
                 return row
         return None
 
@@ -323,7 +325,7 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float,
             notes = notes + dnotes
             bw, floor = cost.handoff_floor(kv)
             floor = desc.get("floor_ms", floor)
-            m = link.measured(kv, desc.get("descriptors"))
+            m = link.measured(kv, desc.get("descriptors"), desc.get("descriptors_merged"))
             rows.append({
                 "link": link.label,
                 "source": link.source,
