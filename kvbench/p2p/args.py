@@ -319,10 +319,13 @@ def cuts_of(args, block_sizes: list[int], model, dtype, raw: bool) -> list[Cut]:
     engine = getattr(args, "nixl_shape", "link") == "engine"
     try:
         cuts = declared_cuts(block_sizes, args.kv_pages, args.block_ids, args.tp_pair, engine)
-        for c in cuts if cuts[0].pages else ():
-            page_layout(model, dtype, c)  # a TP pair that cannot shard the heads is refused here
-    except (ValueError, ShardError) as exc:
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
+    for c in cuts if cuts[0].pages else ():
+        try:  # a TP pair that cannot shard the model's heads is refused here
+            page_layout(model, dtype, c)
+        except ShardError as exc:
+            raise UsageError(f"--tp-pair {c.tp[0]}:{c.tp[1]}: {exc}") from None
     sweep = len(cuts) > 1
     if not (sweep or cuts[0].pages):
         return cuts
