@@ -15,7 +15,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,20})\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE | re.ASCII)  # ASCII digits
 
 
 def parse_bytes(text: str) -> int:

@@ -28,8 +28,8 @@ from kvbench.records.schema.p2p import P2PRecord
 from tests.conftest import ROOT
 from tests.test_robust import run
 
-P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
-FIT = ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
+P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
+FIT = ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 

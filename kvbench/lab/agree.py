@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError
+from kvbench.cli import ArgumentParser, UsageError, arg_int, parse_positive_floats
 from kvbench.lab import agree_engine, agree_p2p, bench, deploy
 from kvbench.lab import env as labenv
 from kvbench.lab.agree_report import analyse, markdown
@@ -44,10 +44,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("plan", metavar="PLAN.yaml")
     p.add_argument("--rates", default=None, help="offered rates in rps, comma-separated "
                    "(default: the plan's offered_rates_rps)")
-    p.add_argument("--repeats", type=int, default=3, help="engine runs and p2p jobs per rate "
+    p.add_argument("--repeats", type=arg_int(1, 50), default=3, help="engine runs and p2p jobs per rate "
                    "(default 3; the ratio's 95%% interval needs at least 2)")
     p.add_argument("--out", default=None, help="a new folder (default lab-agree-<UTC stamp>)")
-    p.add_argument("--p2p-iters", type=int, default=60, help="timed handoffs per p2p configuration")
+    p.add_argument("--p2p-iters", type=arg_int(1, 10_000), default=60,
+                   help="timed handoffs per p2p configuration")
     p.add_argument("--no-factorial", action="store_true",
                    help="only the engine configuration (no feature factorial, no what-ifs)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain p2p fit")
@@ -57,13 +58,7 @@ def build_parser() -> ArgumentParser:
 def parse_rates(text: str | None, plan) -> list[float]:
     if text is None:
         return sorted(float(r) for r in plan.criteria.offered_rates_rps)
-    try:
-        rates = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"--rates: numbers in rps, comma-separated, got {text!r}") from None
-    if not rates or not all(0 < r <= 1000 for r in rates):
-        raise UsageError("--rates: every rate must be in (0, 1000] rps")
-    return sorted(rates)
+    return sorted(parse_positive_floats(text, "--rates (rps)", 1e-6, 1000.0))
 
 
 def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: int) -> dict:
@@ -152,14 +147,12 @@ def main(argv=None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if not 1 <= args.repeats <= 50 or not 1 <= args.p2p_iters <= 10_000:
-        raise UsageError("--repeats must be 1..50 and --p2p-iters 1..10000")
     plan, lab = load_lab_plan(args.plan)
+    rates = parse_rates(args.rates, plan)
     if lab is None:
         raise UsageError(f"{args.plan}: kvbench lab agree needs the plan's lab: section")
     if labenv.missing_reason():
         raise UsageError(labenv.missing_reason())
-    rates = parse_rates(args.rates, plan)
     out = Path(args.out or f"lab-agree-{utc_stamp()}")
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} exists and is not empty: give a new --out folder")

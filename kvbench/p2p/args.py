@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvbench.cli import (
     EXIT_USAGE,
@@ -23,11 +22,12 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    one_line,
     parse_positive_ints,
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import engine_shape, patterns, transports
-from kvbench.p2p.cut import Cut, declared_cuts, page_layout
+from kvbench.p2p.cut import Cut, block_table, declared_cuts, layer_blocks, page_layout
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.shards import ShardError
 from kvbench.p2p.watchdog import PHASES, slug
@@ -70,7 +70,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     class _Parser(ArgumentParser):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
-                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+                print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
             raise SystemExit(EXIT_USAGE)
 
         def print_help(self, file=None):
@@ -181,7 +181,7 @@ def stop_spec(text: str) -> tuple[int, str]:
     """--debug-stop RANK:PHASE (a test hook: that rank SIGSTOPs itself entering PHASE)."""
     rank, _, phase = str(text).partition(":")
     phases = [slug(p) for p in PHASES]
-    if not (rank.isdigit() and len(rank) < 8) or phase not in phases:
+    if not (rank.isascii() and rank.isdigit() and len(rank) < 8) or phase not in phases:
         raise argparse.ArgumentTypeError(f"expects RANK:PHASE with PHASE one of "
                                          f"{', '.join(phases)}, got {text!r}")
     return int(rank), phase
@@ -294,7 +294,7 @@ def validate(args, world_size: int):
     shape_error = engine_shape.usage_error(args)
     if shape_error:
         raise UsageError(shape_error)
-    cuts = cuts_of(args, block_sizes, model, dtype, raw is not None)
+    cuts = cuts_of(args, block_sizes, model, dtype, tokens)
     device = resolve_device(args.device)
     if args.pack_kernel == "cuda":
         from kvbench.p2p.cuda_kernels import unavailable_reason
@@ -314,7 +314,7 @@ def validate(args, world_size: int):
     return model, dtype, device, tcls, pclasses, points
 
 
-def cuts_of(args, block_sizes: list[int], model, dtype, raw: bool) -> list[Cut]:
+def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
     """The declared cuts (kvbench.p2p.cut), each checked against the model and the flags."""
     engine = getattr(args, "nixl_shape", "link") == "engine"
     try:
@@ -326,10 +326,13 @@ def cuts_of(args, block_sizes: list[int], model, dtype, raw: bool) -> list[Cut]:
             page_layout(model, dtype, c)
         except ShardError as exc:
             raise UsageError(f"--tp-pair {c.tp[0]}:{c.tp[1]}: {exc}") from None
+        need = max((layer_blocks(model, t, c.block_size, 0) for t in tokens or ()), default=1)
+        for side in ("prefill", "decode"):  # a block-id file holds the largest request's ids
+            block_table(c.blocks, need, side)
     sweep = len(cuts) > 1
     if not (sweep or cuts[0].pages):
         return cuts
-    if raw:
+    if not tokens:
         raise UsageError("--bytes moves a raw buffer: a block-size or cut sweep needs --sizes (tokens)")
     if args.pattern.strip() != "sequential":
         raise UsageError("a sweep of block sizes or cuts runs with --pattern sequential (one "
@@ -375,13 +378,3 @@ def pattern_classes(args, world_size: int, model) -> list:
         if err:
             raise UsageError(err)
     return pclasses
-
-
-def mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

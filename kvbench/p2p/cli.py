@@ -17,9 +17,9 @@ from kvbench.cli import (
 )
 from kvbench.model import PRESETS
 from kvbench.p2p import world as mpi_world
-from kvbench.p2p.args import PROG, build_parser, mem_available_bytes, prescan, validate
+from kvbench.p2p.args import PROG, build_parser, prescan, validate
 from kvbench.p2p.baseline import LABELS, baseline_gbps, baseline_kinds
-from kvbench.p2p.devices import make_device
+from kvbench.p2p.devices import make_device, mem_available_bytes
 from kvbench.p2p.engine import Engine, close_links
 from kvbench.p2p.gpu_select import select_local_gpu
 from kvbench.p2p.harness import (
@@ -33,7 +33,7 @@ from kvbench.p2p.harness import (
 )
 from kvbench.p2p.patterns.base import PatternContext, Point
 from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
-from kvbench.p2p.transports.base import TransportContext, TransportError
+from kvbench.p2p.transports.base import PeerReported, TransportContext, TransportError
 from kvbench.p2p.watchdog import EXIT_STALLED, WATCHDOG
 from kvbench.records.stats import min_samples_for, percentile_cell
 from kvbench.records.write import (
@@ -457,6 +457,8 @@ def cli(argv: Sequence[str] | None = None) -> int:
         code = run(argv, comm)
     except SystemExit as exc:
         code = int(exc.code or 0)
+    except PeerReported:
+        await_the_abort(comm)
     except TransportError as exc:
         abort_job(comm, str(exc), EXIT_STALLED)
     except UsageError as exc:  # found by one rank alone: the others may be waiting on it
@@ -469,6 +471,14 @@ def cli(argv: Sequence[str] | None = None) -> int:
         WATCHDOG.phase("tear-down")
         mpi_world.finalize()
     return code
+
+
+def await_the_abort(comm) -> None:
+    """A peer reports this failure in its own line and aborts the job: wait for that end
+    without a second line. The barrier never completes (the peer aborts instead of joining
+    it); should the abort never come, the watchdog ends this rank after --timeout."""
+    with WATCHDOG.bounded("the job's end after a peer's error"):
+        comm.Barrier()
 
 
 def abort_job(comm, message: str, code: int) -> None:

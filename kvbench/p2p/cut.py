@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
+from kvbench.cli import UsageError
 from kvbench.model import DType, ModelSpec
 from kvbench.p2p.shards import ShardError, shard_plan
+from kvbench.records.schema.engine import MAX_SIDE_FILE_BYTES, load_block_ids
+from kvbench.records.schema.read import read_bounded
 
 KV_PAGES = ("joint", "split")
 BLOCK_IDS = ("contiguous", "scattered", "merged")  # or file:PATH
@@ -59,25 +60,16 @@ class Region:
 
 
 def read_block_file(path: str) -> dict[str, list[int]]:
-    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation). Raises ValueError
-    with one line naming the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"block-id file {path}: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) < {"prefill", "decode"}:
-        raise ValueError(f"block-id file {path}: expected an object with 'prefill' and 'decode' "
-                         "lists of block ids")
-    out = {}
-    for side in ("prefill", "decode"):
-        ids = doc[side]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 1 << 31
-                           for b in ids) or len(set(ids)) != len(ids)):
-            raise ValueError(f"block-id file {path}: '{side}' must be a non-empty list of "
-                             "distinct block ids in 0..2^31-1")
-        out[side] = ids
-    return out
+    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation), read through the
+    typed, bounded model (kvbench.records.schema.engine): UsageError of one line."""
+    doc = load_block_ids(path)
+    return {"prefill": doc.prefill, "decode": doc.decode}
+
+
+def file_digest(path: str, what: str) -> str:
+    """8 hex digits of the sha256 of a side file's content (read bounded)."""
+    data = read_bounded(path, MAX_SIDE_FILE_BYTES, what, missing=f"no such {what}")
+    return hashlib.sha256(data).hexdigest()[:8]
 
 
 def block_ids_label(kind: str) -> str:
@@ -85,14 +77,14 @@ def block_ids_label(kind: str) -> str:
     nothing about what was measured)."""
     if not kind.startswith("file:"):
         return kind
-    digest = hashlib.sha256(Path(kind[5:]).read_bytes()).hexdigest()[:8]
-    return f"file#{digest}"
+    return f"file#{file_digest(kind[5:], 'block-id file')}"
 
 
 def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
     """The block ids one side's request uses (first `need` entries matter): contiguous from 0
     (a fresh engine's allocator; `merged` too), scattered (two apart, shuffled, seeded per
-    side: no neighbour is ever the next id, so nothing merges), or a recorded list (file:PATH)."""
+    side: no neighbour is ever the next id, so nothing merges), or a recorded list (file:PATH).
+    A bad kind or a file with too few ids is a UsageError of one line."""
     if kind in ("contiguous", "merged"):
         return list(range(need))
     if kind == "scattered":  # (a random draw from a small pool often came out consecutive)
@@ -102,10 +94,20 @@ def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
     if kind.startswith("file:"):
         ids = read_block_file(kind[5:])[side]
         if len(ids) < need:
-            raise ValueError(f"block-id file {kind[5:]}: '{side}' lists {len(ids)} blocks, the "
-                             f"request needs {need}")
+            raise UsageError(f"block-id file {kind[5:]}: {side}: lists {len(ids)} block ids, the "
+                             f"largest request (--sizes) needs {need}")
         return ids[:need]
-    raise ValueError(f"unknown block ids {kind!r}: contiguous, scattered, merged or file:PATH")
+    raise UsageError(f"unknown block ids {kind!r}: contiguous, scattered, merged or file:PATH")
+
+
+def pool_blocks(kind: str, need: int, side: str, seed: int = 0, slack: float = 0.125) -> int:
+    """Blocks of the pool one side allocates for a request of `need` blocks (as KVCache sizes
+    it): `need` plus slack, or up to the largest id the request uses (scattered ids spread
+    over about twice the request; a recorded id of 2^31 - 1 is a pool of 2^31 blocks)."""
+    pool = need + max(1, math.ceil(need * slack))
+    if kind in ("scattered",) or kind.startswith("file:"):
+        pool = max(pool, max(block_table(kind, need, side, seed)) + 1)
+    return pool
 
 
 def runs_of(prefill: list[int], decode: list[int]) -> int:
@@ -298,6 +300,20 @@ def count_pieces(model: ModelSpec, dtype: DType, tokens: int, cut: Cut,
         per_pool = runs_of(tables[0][:nb], tables[1][:nb]) if join else nb * len(lay.pieces)
         total += lay.pools_per_layer * per_pool
     return total
+
+
+def pool_bytes(model: ModelSpec, dtype: DType, tokens: int, cut: Cut, side: str) -> int:
+    """Bytes of the pools cut_data allocates on one side (every cache, every layer, each pool
+    up to the largest id its table uses): what the memory check compares with the memory
+    available before anything is allocated."""
+    lay = page_layout(model, dtype, cut)
+    need = layer_blocks(model, tokens, cut.block_size, 0)
+    parts = 1 if model.is_mla else 2
+    width = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
+    per_head = model.layers * parts * cut.block_size * width * dtype.bytes  # one block, all layers
+    heads = [lay.decode_heads] if side == "decode" else list(lay.source_heads)
+    return sum(pool_blocks(cut.blocks, need, side, seed=k) * per_head * len(held)
+               for k, held in enumerate(heads))
 
 
 # ---------------------------------------------------------------------------

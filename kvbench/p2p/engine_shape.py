@@ -13,21 +13,19 @@ moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/
 - completion polled at an engine's step cadence (a fixed period, or step times drawn from
   a recorded distribution) instead of a busy loop.
 
-This module holds the parts that need no NIXL: option parsing, block tables, the message
-plan with its region table, descriptor ids and the merged count they should give, and the
-poll schedule. The NIXL side is kvbench.p2p.transports.nixl_engine.
+This module holds the parts that need no NIXL: option parsing, the message plan (the page
+plan of kvbench.p2p.cut, where block tables and regions live), descriptor ids and the merged
+count they should give, and the poll schedule. The NIXL side is
+kvbench.p2p.transports.nixl_engine.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 import random
 import time
-from pathlib import Path
 
+from kvbench.cli import UsageError, bounded_float
 from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
     BLOCK_IDS,
     KV_PAGES,
@@ -35,12 +33,15 @@ from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with
     Region,
     block_ids_label,
     block_table,
+    file_digest,
     page_layout,
     plan_pages,
+    pool_blocks,
     read_block_file,
 )
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
+from kvbench.records.schema.engine import MAX_STEP_MS, load_poll_file
 
 # ---------------------------------------------------------------------------
 # the message plan: the page plan of kvbench.p2p.cut
@@ -123,39 +124,23 @@ class PollSchedule:
         if self.kind == "busy" and not arg:
             return
         if self.kind == "fixed":
-            try:
-                self.period = float(arg)
-            except ValueError:
-                raise ValueError(f"poll {text!r}: fixed:MS needs a number of ms") from None
-            if not (math.isfinite(self.period) and 0 < self.period <= 10_000):
-                raise ValueError(f"poll {text!r}: the period must be in (0, 10000] ms")
+            self.period = bounded_float(arg, "--nixl-poll fixed:MS (the period in ms)", 0.0,
+                                        MAX_STEP_MS, lo_open=True)
             return
         if self.kind == "draw" and arg:
             self._load(arg)
             return
-        raise ValueError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
+        raise UsageError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
 
     def _load(self, path: str) -> None:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"poll file {path}: {exc}") from None
+        doc = load_poll_file(path)
         if isinstance(doc, list):
-            vals = [float(v) for v in doc if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if not vals or len(vals) != len(doc) or not all(0 <= v < 1e4 for v in vals):
-                raise ValueError(f"poll file {path}: a list of step times in ms (0..10000)")
-            self.samples = vals
+            self.samples = doc
             return
-        le, count = (doc.get("le_ms"), doc.get("count")) if isinstance(doc, dict) else (None, None)
-        if (not isinstance(le, list) or not isinstance(count, list) or len(le) != len(count)
-                or not le or count[-1] <= 0 or any(b < a for a, b in zip(count, count[1:], strict=False))
-                or any(b <= a for a, b in zip(le, le[1:], strict=False)) or not math.isfinite(le[-1])):
-            raise ValueError(f"poll file {path}: le_ms (ascending, finite) and cumulative count "
-                             "lists of one length")
         lo = 0.0
-        for bound, c in zip(le, count, strict=True):
-            self.buckets.append((lo, float(bound), c / count[-1]))
-            lo = float(bound)
+        for bound, c in zip(doc.le_ms, doc.count, strict=True):
+            self.buckets.append((lo, bound, c / doc.count[-1]))
+            lo = bound
 
     @property
     def busy(self) -> bool:
@@ -177,8 +162,7 @@ class PollSchedule:
         """For the spec: a drawn schedule by the content of its file."""
         if self.kind != "draw":
             return self.text
-        digest = hashlib.sha256(Path(self.text[5:]).read_bytes()).hexdigest()[:8]
-        return f"draw#{digest}"
+        return f"draw#{file_digest(self.text[5:], 'poll file')}"
 
 
 # How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
@@ -207,7 +191,8 @@ def wait_until(t: float, waits: str) -> None:
 
 
 def usage_error(args) -> str | None:
-    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None."""
+    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None.
+    (The block ids are the cut's: kvbench.p2p.args.cuts_of checks them, files included.)"""
     shape = getattr(args, "nixl_shape", "link")
     try:
         if getattr(args, "nixl_poll", None):
@@ -227,10 +212,8 @@ def usage_error(args) -> str | None:
         if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
             return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
                     "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
-        if args.nixl_threads is not None and not 0 <= args.nixl_threads <= 256:
-            return "--nixl-threads must be 0..256"
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
-    except ValueError as exc:
+    except (ValueError, UsageError) as exc:
         return str(exc)
     return None

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.cli import (
+    FORMAT_HELP,
     ArgumentParser,
     arg_int,
     bounded_float,
+    output_format,
     parse_positive_ints,
     run_main,
 )
@@ -116,7 +118,7 @@ def build_parser() -> ArgumentParser:
     _add_link_args(p)
     _add_model_args(p, tokens_required=False)
     p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
 
@@ -152,7 +154,7 @@ def build_route_parser() -> ArgumentParser:
     g.add_argument("--handoff", choices=HANDOFF_MODES, default="sequential",
                    help="sequential: the whole handoff is exposed; overlapped: layer-by-layer "
                         "sends hide behind prefill except the last layer (default sequential)")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
 
@@ -161,7 +163,7 @@ def _emit(doc: dict, table: str, args) -> None:
     text = dumps_json(doc)
     if args.out:
         write_new_file(Path(args.out), text + "\n")
-    print(table if args.format == "table" else text)
+    print(table if output_format(args.format) == "table" else text)
 
 
 def _check_out(args) -> None:

@@ -14,6 +14,7 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    bounded_float,
     parse_positive_floats,
     run_main,
 )
@@ -73,13 +74,10 @@ MAX_SYNTH_REQUESTS = 2_000_000  # synth keeps one (deployment, rate) run in memo
 
 
 def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}")
-    return v
+    try:  # bounded_float: ASCII digits only, finite, no denormal
+        return bounded_float(text, "fraction", 0.0, 1.0)
+    except UsageError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}") from None
 
 
 def _convert_args(c, metavar: str) -> None:

@@ -25,7 +25,7 @@ from tests.conftest import committed, free_port, jsonl_kinds, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests" / "data" / "metrics"
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
-FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
+FIT2 = committed("tests/data/runs/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
 
 
 # --- config ---------------------------------------------------------------------------

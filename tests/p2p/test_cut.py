@@ -60,7 +60,9 @@ def test_a_sweep_is_every_combination_block_size_outermost():
     ("joint,joint", None, None, "twice"), (None, "file:/nonexistent/ids.json", None, "block-id file"),
 ])
 def test_bad_declarations_are_refused(kv, ids, tp, needle):
-    with pytest.raises(ValueError, match=needle):
+    from kvbench.cli import UsageError
+
+    with pytest.raises((ValueError, UsageError), match=needle):
         kc.declared_cuts([16], kv, ids, tp, pages=True)
 
 

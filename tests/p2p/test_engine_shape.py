@@ -17,6 +17,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
+from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
@@ -95,10 +96,10 @@ def test_block_tables(tmp_path):
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({"prefill": [7, 3, 9], "decode": [0, 1, 2]}))
     assert es.block_table(f"file:{f}", 2, "prefill") == [7, 3]
-    with pytest.raises(ValueError, match="needs 4"):
+    with pytest.raises(UsageError, match="needs 4"):
         es.block_table(f"file:{f}", 4, "decode")
     f.write_text(json.dumps({"prefill": [1, 1], "decode": [0]}))
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(UsageError, match=r"block id 1 is listed twice \(at \[0\] and \[1\]\)"):
         es.block_table(f"file:{f}", 1, "prefill")
     assert es.block_ids_label(f"file:{f}").startswith("file#")
 
@@ -113,7 +114,7 @@ def test_poll_schedule(tmp_path):
     f.write_text(json.dumps([2.0, 3.0]))
     assert {es.PollSchedule(f"draw:{f}", seed=s).next_ms() for s in range(20)} == {2.0, 3.0}
     for bad in ("fixed:0", "fixed:x", "sometimes", f"draw:{tmp_path / 'none.json'}"):
-        with pytest.raises(ValueError):
+        with pytest.raises(UsageError):
             es.PollSchedule(bad)
 
 

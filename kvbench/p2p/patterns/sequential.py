@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvbench.p2p.cut import Sources, cut_data, page_layout, plan_pages
+from kvbench.p2p.cut import Sources, cut_data, page_layout, plan_pages, pool_bytes
 from kvbench.p2p.engine import Handoff
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
@@ -28,13 +28,11 @@ def estimate_bytes(ctx, point: Point, granularity: str) -> int:
         return point.raw_bytes + min(point.raw_bytes, 1 << 26) * 9
     data_spec = kv_spec(ctx, point)
     payload = data_spec.payload_bytes
-    if point.cut is not None and point.cut.pages:
-        lay = page_layout(ctx.model, ctx.dtype, point.cut)
-        held = (len(lay.decode_heads) if ctx.rank != 0 else
-                sum(len(h) for h in lay.source_heads))
-        payload = payload * held // len(data_spec.heads)
     row = data_spec.tensor_tokens(0) * data_spec.row_elems
     scratch = row * 8 * 3  # int64 grid + one layer's values + comparison
+    if point.cut is not None and point.cut.pages:  # pools sized by the block tables
+        side = "prefill" if ctx.rank == 0 else "decode"
+        return pool_bytes(ctx.model, ctx.dtype, point.prompt_tokens, point.cut, side) + scratch
     if ctx.args.layout == "paged":
         pool = int(payload * 1.125) + data_spec.row_elems * data_spec.block_size * ctx.dtype.bytes * 2
         staging = payload if granularity != "block" else 0

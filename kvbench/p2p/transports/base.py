@@ -25,6 +25,18 @@ class TransferTimeout(TransportError):
     pass
 
 
+class PeerReported(TransportError):
+    """The peer rank's failure, learnt from the peer (or found by both ranks alike): the peer
+    prints its one line and ends the job, so this rank ends without a line of its own (one
+    error line per failure, not one per rank)."""
+
+
+def seen_by_both(rank: int, peer: int, message: str) -> TransportError:
+    """A problem both ranks of a pair find alike (their set-ups disagree): the lower rank
+    reports it, the other ends quietly."""
+    return (TransportError if rank < peer else PeerReported)(message)
+
+
 class Request(ABC):
     """One posted send or receive."""
 

@@ -37,11 +37,20 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
-from kvbench.cli import arg_float
+from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    Request,
+    TransferTimeout,
+    Transport,
+    TransportError,
+    seen_by_both,
+)
 from kvbench.p2p.transports.nixl_import import (  # noqa: F401
     INSTALL_HINT,
+    MAX_NIXL_THREADS,
+    MAX_PROGRESS_DELAY_US,
     _version,
     agent_with_progress_delay,
     import_nixl,
@@ -270,7 +279,7 @@ class NIXLChannel(Channel):
         elif theirs["mem"] != self.mem:
             problem = f"memory types differ ({self.mem} here, {theirs['mem']} there)"
         if problem:
-            raise TransportError(f"nixl: rank {self.peer}: {problem}")
+            raise seen_by_both(t.ctx.rank, self.peer, f"nixl: rank {self.peer}: {problem}")
         self.remote = t.load_remote(self.peer, theirs["md"])
         t.attach(self)
         if self.initiator:  # with --nixl-reregister only connection info: memory comes per handoff
@@ -580,15 +589,17 @@ class NIXLTransport(Transport):
                             "histogram on a shared core, docs/nixl.md), yield (sched_yield "
                             "spinning, vLLM's worker loop between steps), or spin (the link "
                             "harness's busy loop)")
-        e.add_argument("--nixl-threads", type=int, default=None, metavar="N",
+        e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
                        help="UCX worker threads of the agent (nixl_agent_config num_threads; "
-                            "default 0, 4 with --nixl-shape engine as vLLM sets)")
+                            f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
         e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
                        help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
                             "with --nixl-shape engine, which records postDuration/xferDuration)")
-        e.add_argument("--nixl-progress-delay-us", type=int, default=0, metavar="US",
+        e.add_argument("--nixl-progress-delay-us", type=arg_int(0, MAX_PROGRESS_DELAY_US), default=0,
+                       metavar="US",
                        help="the progress thread's delay between polls (NIXL's Python agent fixes "
-                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector)")
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector; "
+                            f"at most {MAX_PROGRESS_DELAY_US:,})")
         e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
                        help="idle time before each handoff, outside the timed window (an engine "
                             "at R requests/s moves a request's KV about every 1000/R ms, and "

@@ -35,7 +35,7 @@ from kvbench.p2p.engine_shape import (
     pause,
     wait_until,
 )
-from kvbench.p2p.transports.base import TransportError
+from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl import (
     _PROC,
     _SETUP,
@@ -90,10 +90,11 @@ class EngineChannel(NIXLChannel):
                 "ids": self.ids}
         theirs = self.xc.swap(mine, self._tag(_SETUP), "NIXL metadata")
         if theirs["role"] == self.role or theirs.get("regions") is None:
-            raise TransportError(f"nixl: rank {self.peer}: its channel is not an engine-shaped "
-                                 f"{'decode' if self.is_sender else 'prefill'} channel")
+            raise seen_by_both(t.ctx.rank, self.peer, f"nixl: rank {self.peer}: its channel is not "
+                               f"an engine-shaped {'decode' if self.is_sender else 'prefill'} channel")
         if theirs["sizes"] != mine["sizes"] or theirs["mem"] != self.mem:
-            raise TransportError(f"nixl: rank {self.peer}: block sizes or memory types differ")
+            raise seen_by_both(t.ctx.rank, self.peer,
+                               f"nixl: rank {self.peer}: block sizes or memory types differ")
         self.remote = t.load_remote(self.peer, theirs["md"])
         t.attach(self)
         if self.initiator:
