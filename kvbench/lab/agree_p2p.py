@@ -154,5 +154,6 @@ def summary(rec: dict | None) -> dict | None:
                      "post_done": tel["post_done"], "late": [int(n > 0) for n in tel["looks"]]}
     return {"post_mean_ms": rec["nixl_post_mean_ms"], "xfer_mean_ms": rec["nixl_xfer_mean_ms"],
             "kvbench_p50_ms": rec["p50_ms"], "n": rec["n_samples"], "bytes": rec["bytes"],
-            "desc_count": rec["nixl_desc_count"], "spec_id": rec["spec_id"],
+            "desc_count": rec.get("descriptors_merged", rec.get("nixl_desc_count")),
+            "spec_id": rec["spec_id"],
             "transport_options": rec["spec"]["transport_options"], "transfers": transfers}

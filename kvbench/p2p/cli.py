@@ -72,7 +72,10 @@ NOT_LINK_ZERO = "moves no bytes"
 def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
     """The record's frozen 'what was measured' (everything but the payload size)."""
     prefill, decode = pattern.roles()
+    if common["block_size"] is not None and "block_size" in fields:  # a block-size sweep
+        common = {**common, "block_size": fields["block_size"]}
     return HandoffSpec(**common, pattern=pattern.name, variant=fields.get("variant"),
+                       cut=fields.get("cut"),
                        granularity=fields["granularity"],
                        pack_kernel=pattern.ctx.args.pack_kernel if fields.get("packed") else None,
                        world={"size": len(common["hosts"]), "prefill_ranks": prefill,
@@ -105,13 +108,25 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
     return rec
 
 
+def cut_text(r: dict) -> str:
+    """A record's cut for the table: block size, and for the page plan pages, ids and TP pair."""
+    cut = r.get("cut") or {}
+    bs = f"bs {r['block_size']}" if r.get("block_size") else ""
+    tp = "" if cut.get("tp") in (None, "1:1") else f" tp {cut['tp']}"
+    return (bs + (f" {cut['kv']} {cut['blocks']}" if cut else "") + tp).strip() or "-"
+
+
 def format_table(records: list[dict]) -> str:
     w = max([11] + [len(r["pattern"]) + 1 + len(r["variant"]) for r in records if r.get("variant")])
-    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
+    cuts = [cut_text(r) for r in records]
+    show_cut = any(r.get("cut") for r in records) or len(set(cuts)) > 1
+    wc = max(len(c) for c in cuts) if show_cut else 0
+    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} " + (f"{'cut':<{wc}} " if show_cut else "")
+            + f"{'tokens':>7} {'bytes':>14} {'MiB':>9} {'desc':>8} "
             f"{'n':>4} {'p50 ms':>9} {'p95 ms':>11} {'p99 ms':>12} {'GB/s':>7} {'cold ms':>9} "
             f"{'wrong':>6}")
     lines = [head, "-" * len(head)]
-    for r in records:
+    for r, cut in zip(records, cuts, strict=True):
         tok = "-" if r["prompt_tokens"] is None else str(r["prompt_tokens"])
         wrong = "-" if r["wrong"] is None else str(r["wrong"])
         variant = r.get("variant")
@@ -120,8 +135,9 @@ def format_table(records: list[dict]) -> str:
         # a bytes/time rate only where the record is a transfer (not compute, not summed edges)
         rate = f"{_num(r['gbps'] if r.get('fit_as_link', True) else None, '.2f'):>7}"
         lines.append(
-            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
-            f"{r['bytes'] / MiB:>9.1f} {n:>4} {r['p50_ms']:>9.3f} "
+            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} "
+            + (f"{cut:<{wc}} " if show_cut else "") + f"{tok:>7} {r['bytes']:>14,} "
+            f"{r['bytes'] / MiB:>9.1f} {_num(r.get('descriptors'), ','):>8} {n:>4} {r['p50_ms']:>9.3f} "
             f"{percentile_cell(r['p95_ms'], 95, n):>11} {percentile_cell(r['p99_ms'], 99, n):>12} "
             f"{rate} {_num(r['cold_ms'], '.3f'):>9} {wrong:>6}")
         if r.get("table_note"):

@@ -13,141 +13,50 @@ moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/
 - completion polled at an engine's step cadence (a fixed period, or step times drawn from
   a recorded distribution) instead of a busy loop.
 
-This module holds the parts that need no NIXL: option parsing, block tables, the message
-plan with its region table, descriptor ids and the merged count they should give, and the
-poll schedule. The NIXL side is kvbench.p2p.transports.nixl_engine.
+This module holds the parts that need no NIXL: option parsing, the message plan (the page
+plan of kvbench.p2p.cut, where block tables and regions live), descriptor ids and the merged
+count they should give, and the poll schedule. The NIXL side is
+kvbench.p2p.transports.nixl_engine.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import random
 import time
-from dataclasses import dataclass
 
 from kvbench.cli import UsageError, bounded_float
-from kvbench.p2p.layout import KVCache, as_bytes
-from kvbench.p2p.messages import MessagePlan
-from kvbench.records.schema.engine import (
-    MAX_SIDE_FILE_BYTES,
-    MAX_STEP_MS,
-    load_block_ids,
-    load_poll_file,
+from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
+    BLOCK_IDS,
+    KV_PAGES,
+    Cut,
+    Region,
+    block_ids_label,
+    block_table,
+    file_digest,
+    page_layout,
+    plan_pages,
+    pool_blocks,
+    read_block_file,
 )
-from kvbench.records.schema.read import read_bounded
-
-KV_PAGES = ("joint", "split")
-BLOCK_IDS = ("contiguous", "scattered")  # or file:PATH
-
-
-@dataclass(frozen=True)
-class Region:
-    """One registered region as the initiator addresses it: `n_blocks` blocks of `block_len`
-    bytes, `stride` bytes apart from `base`."""
-
-    base: int
-    stride: int
-    n_blocks: int
-    block_len: int
-
-    def addr(self, block: int) -> int:
-        return self.base + block * self.stride
-
+from kvbench.p2p.layout import KVCache
+from kvbench.p2p.messages import MessagePlan
+from kvbench.records.schema.engine import MAX_STEP_MS, load_poll_file
 
 # ---------------------------------------------------------------------------
-# block tables
-
-
-def read_block_file(path: str) -> dict[str, list[int]]:
-    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation), read through the
-    typed, bounded model (kvbench.records.schema.engine): UsageError of one line."""
-    doc = load_block_ids(path)
-    return {"prefill": doc.prefill, "decode": doc.decode}
-
-
-def block_ids_label(kind: str) -> str:
-    """What goes into the spec: the kind, or for a file the hash of its content (a path says
-    nothing about what was measured)."""
-    if not kind.startswith("file:"):
-        return kind
-    return f"file#{_digest(kind[5:], 'block-id file')}"
-
-
-def _digest(path: str, what: str) -> str:
-    data = read_bounded(path, MAX_SIDE_FILE_BYTES, what, missing=f"no such {what}")
-    return hashlib.sha256(data).hexdigest()[:8]
-
-
-def pool_blocks(kind: str, need: int, side: str, slack: float = 0.125) -> int:
-    """Blocks of the pool one side allocates for a request of `need` blocks (as KVCache sizes
-    it): `need` plus slack, or up to the largest id the request uses from a block-id file."""
-    pool = need + max(1, math.ceil(need * slack))
-    if kind.startswith("file:"):
-        pool = max(pool, max(block_table(kind, need, side)) + 1)
-    return pool
-
-
-def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
-    """The block ids one side's request uses (first `need` entries matter): contiguous from 0
-    (a fresh engine's allocator), scattered (a random draw from a pool with 1/8 slack, seeded
-    per side), or the recorded list from a file (file:PATH)."""
-    if kind == "contiguous":
-        return list(range(need))
-    if kind == "scattered":  # ids two apart, shuffled: no neighbour is ever the next id, so
-        # nothing merges (a random draw from a small pool often came out consecutive)
-        slots = need + max(1, math.ceil(need / 8))
-        rng = random.Random(10_007 + seed * 7919 + (side == "decode"))
-        return rng.sample([2 * k + (side == "decode") for k in range(slots)], need)
-    if kind.startswith("file:"):
-        ids = read_block_file(kind[5:])[side]
-        if len(ids) < need:
-            raise UsageError(f"block-id file {kind[5:]}: {side}: lists {len(ids)} block ids, the "
-                             f"largest request (--sizes) needs {need}")
-        return ids[:need]
-    raise UsageError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
-
-
-# ---------------------------------------------------------------------------
-# the message plan with its region table
-
-
-def region_table(data: KVCache) -> list[Region]:
-    """The cache's regions in registration order (layer, then part for split pages)."""
-    s = data.spec
-    out = []
-    for layer in range(s.model.layers):
-        pool = data.backing[layer]  # joint: [pool, parts, bs, H, W]; split: [parts, pool, ...]
-        parts = [pool] if s.pages == "joint" else [pool[p] for p in range(s.parts)]
-        for t in parts:
-            page = t[0].numel() * t.element_size()
-            out.append(Region(t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], page))
-    return out
+# the message plan: the page plan of kvbench.p2p.cut
 
 
 def plan_engine(data: KVCache) -> MessagePlan:
     """One message per (region, block of the request), region-major, each a page of the
-    cache itself (zero copy). `plan.regions` and `plan.blocks` carry what the transport
-    needs to build the engine's descriptor lists and ids."""
+    cache itself (zero copy): the page plan of one cache with whole pages (TP 1:1).
+    `plan.regions` and `plan.blocks` carry what the transport needs to build the engine's
+    descriptor lists and ids."""
     s = data.spec
     if s.layout != "paged":
         raise ValueError("the engine-shaped handoff moves a paged KV (--layout paged)")
-    regions = region_table(data)
-    per_layer = 1 if s.pages == "joint" else s.parts
-    bufs, layers, blocks = [], [], []
-    for layer in range(s.model.layers):
-        table = data.block_ids[layer]  # the host copy: no device read per block
-        for p in range(per_layer):
-            r = layer * per_layer + p
-            src = data.backing[layer] if s.pages == "joint" else data.backing[layer, p]
-            for b in table:
-                bufs.append(as_bytes(src[b]))
-                layers.append(layer)
-                blocks.append((r, b))
-    plan = MessagePlan(bufs, layers, _cache=data)
-    plan.regions, plan.blocks = regions, blocks
-    return plan
+    cut = Cut(s.block_size, s.pages, "contiguous")
+    return plan_pages([data], page_layout(s.model, s.dtype, cut), cut, "decode")
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +162,7 @@ class PollSchedule:
         """For the spec: a drawn schedule by the content of its file."""
         if self.kind != "draw":
             return self.text
-        return f"draw#{_digest(self.text[5:], 'poll file')}"
+        return f"draw#{file_digest(self.text[5:], 'poll file')}"
 
 
 # How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
@@ -281,9 +190,9 @@ def wait_until(t: float, waits: str) -> None:
             os.sched_yield()
 
 
-def usage_error(args, need: int = 1) -> str | None:
+def usage_error(args) -> str | None:
     """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None.
-    `need`: the blocks the largest request needs (a block-id file must list that many)."""
+    (The block ids are the cut's: kvbench.p2p.args.cuts_of checks them, files included.)"""
     shape = getattr(args, "nixl_shape", "link")
     try:
         if getattr(args, "nixl_poll", None):
@@ -305,8 +214,6 @@ def usage_error(args, need: int = 1) -> str | None:
                     "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
-        for side in ("prefill", "decode"):  # enough ids for the largest request
-            block_table(args.nixl_blocks, need, side)
     except (ValueError, UsageError) as exc:
         return str(exc)
     return None

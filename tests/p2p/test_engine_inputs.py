@@ -1,5 +1,6 @@
-"""The engine-shaped handoff's side files (--nixl-blocks file:PATH, --nixl-poll draw:PATH) read
-through a typed, bounded model (kvbench.records.schema.engine), like every other input file.
+"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, --nixl-poll
+draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
+other input file.
 
 Each hostile file the third hostile round tried is refused in one line naming the file (and
 the key) where it was a traceback (a string, a null, a bool, a 5,000-digit id, 100,000-deep
@@ -18,6 +19,7 @@ import pytest
 
 from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
+from kvbench.p2p import cut as kc
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.patterns.base import Point
 from tests.p2p.test_engine_shape import _args
@@ -63,6 +65,18 @@ POLLS = [
 ]
 
 
+def ids_refusal(kind: str, need: int = 1) -> str | None:
+    """What validation says about --block-ids KIND for a request of `need` blocks (the cut's
+    declaration reads the file; each side's table must hold the request)."""
+    try:
+        for c in kc.declared_cuts([16], None, kind, None, pages=True):
+            for side in ("prefill", "decode"):
+                kc.block_table(c.blocks, need, side)
+    except (ValueError, UsageError) as exc:
+        return str(exc)
+    return None
+
+
 def one_line_naming(message: str | None, path, fragment: str) -> None:
     assert message is not None, "accepted"
     assert "\n" not in message and str(path) in message and fragment in message, message
@@ -72,7 +86,7 @@ def one_line_naming(message: str | None, path, fragment: str) -> None:
 def test_a_bad_block_id_file_is_one_line_at_validation(tmp_path, text, fragment):
     f = tmp_path / "ids.json"
     f.write_text(text)
-    one_line_naming(es.usage_error(_args(nixl_blocks=f"file:{f}")), f, fragment)
+    one_line_naming(ids_refusal(f"file:{f}"), f, fragment)
 
 
 @pytest.mark.parametrize("text, fragment", POLLS, ids=[f"poll-{i}" for i in range(len(POLLS))])
@@ -85,14 +99,14 @@ def test_a_bad_poll_file_is_one_line_at_validation(tmp_path, text, fragment):
 def test_good_side_files_are_read_and_a_missing_one_named(tmp_path):
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({**GOOD_IDS, "meta": {"engine": "vllm 0.32.0"}}))
-    assert es.usage_error(_args(nixl_blocks=f"file:{f}"), need=3) is None
+    assert ids_refusal(f"file:{f}", need=3) is None
     g = tmp_path / "steps.json"
     g.write_text(json.dumps({"le_ms": [1, 5, 25], "count": [0, 10, 10]}))
     assert es.usage_error(_args(nixl_poll=f"draw:{g}")) is None
     g.write_text("[2, 3.5]")  # integers are step times too
     assert es.PollSchedule(f"draw:{g}").samples == [2.0, 3.5]
-    one_line_naming(es.usage_error(_args(nixl_blocks=f"file:{tmp_path / 'no.json'}")),
-                    tmp_path / "no.json", "no such block-id file")
+    one_line_naming(ids_refusal(f"file:{tmp_path / 'no.json'}"), tmp_path / "no.json",
+                    "no such block-id file")
 
 
 def test_too_few_ids_for_the_largest_request_are_refused_at_validation(tmp_path):
@@ -119,14 +133,12 @@ def test_a_huge_id_sizes_the_pool_the_memory_check_sees(tmp_path, side, rank):
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({**GOOD_IDS, side: [2**31 - 1, 0, 1]}))
     model = resolve_model(None, None)
-    ctx = Namespace(args=_args(nixl_blocks=f"file:{f}", nixl_kv="joint", block_size=16),
-                    model=model, dtype=get_dtype("bf16"), rank=rank)
-    small = Namespace(**{**vars(ctx), "args": _args(nixl_blocks="contiguous", nixl_kv="joint",
-                                                     block_size=16)})
-    point = Point(prompt_tokens=40)
+    ctx = Namespace(args=_args(block_size=16), model=model, dtype=get_dtype("bf16"), rank=rank)
+    huge = Point(prompt_tokens=40, cut=kc.Cut(16, "joint", f"file:{f}"))
+    small = Point(prompt_tokens=40, cut=kc.Cut(16, "joint", "contiguous"))
     per_block = model.layers * 2 * 16 * model.kv_heads * model.head_dim * 2
-    assert estimate_bytes(ctx, point, "block") >= 2**31 * per_block
-    assert estimate_bytes(small, point, "block") < 10 * per_block + 2**24
+    assert estimate_bytes(ctx, huge, "block") >= 2**31 * per_block
+    assert estimate_bytes(ctx, small, "block") < 10 * per_block + 2**24
 
 
 def test_the_step_times_kvbench_lab_writes_are_read(tmp_path):

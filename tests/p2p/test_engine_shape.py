@@ -206,7 +206,7 @@ def _args(**kw) -> Namespace:
     base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
                 granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
                 nixl_reregister=False, nixl_prep="prepped", nixl_batch=None, nixl_threads=None,
-                bytes=None, minbytes=None, maxbytes=None, nixl_blocks="contiguous")
+                bytes=None, minbytes=None, maxbytes=None)
     return Namespace(**{**base, **kw})
 
 
@@ -214,7 +214,7 @@ def _args(**kw) -> Namespace:
     ({"transport": "mpi"}, "--transport nixl"), ({"layout": "contiguous"}, "--layout paged"),
     ({"nixl_op": "write"}, "--nixl-op read"), ({"nixl_recreate": True}, "--no-nixl-per-request"),
     ({"pattern": "layerwise"}, "sequential"), ({"bytes": "1M"}, "--sizes"),
-    ({"nixl_blocks": "diagonal"}, "unknown block ids"), ({"nixl_poll": "fixed:-1"}, "period"),
+    ({"nixl_poll": "fixed:-1"}, "period"),
 ])
 def test_flags_that_cannot_run_the_engine_shape(kw, needle):
     assert es.usage_error(_args()) is None
@@ -333,8 +333,9 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     (rec,) = recs["telemetry"]
     assert rec["wrong"] == 0
     opts = rec["spec"]["transport_options"]
-    assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"],
-            opts["waits"]) == ("engine", "joint", "scattered", True, "fixed:1", "sleep")
+    assert (opts["shape"], opts["per_request"], opts["poll"], opts["waits"]) == (
+        "engine", True, "fixed:1", "sleep")
+    assert rec["spec"]["cut"] == {"kv": "joint", "blocks": "scattered", "tp": "1:1"}
     assert rcs.get("busy") == 0
     (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
     assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
@@ -342,7 +343,8 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))
     assert tel["bytes"] == [rec["bytes"]] * n  # NIXL moved exactly the request's pages
-    assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors_merged"] == rec["descriptors_merged_expected"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors"] == 16  # scattered ids: NIXL joined nothing
     assert all(x >= p > 0 for x, p in zip(tel["xfer_ms"], tel["post_ms"], strict=True))
     # what the xfer remainder is made of: looks that saw the READ in flight, done in the post
     assert len(tel["looks"]) == len(tel["post_done"]) == n

@@ -241,7 +241,10 @@ class TorchDistTransport(Transport):
         ops, owners = [], []
         for k, ((ch, _i), buf) in enumerate(zip(items, self.prepare_many(items, ready), strict=True)):
             fn = dist.isend if ch.is_sender else dist.irecv
-            for c in self.split(buf):
+            pieces = self.split(buf)
+            if ch.is_sender:
+                ch.count_posted(len(pieces))
+            for c in pieces:
                 ops.append((fn, c, ch.peer))
                 owners.append(k)
         if self.batch_posts:  # even one op: a lone isend would make a lazy pair communicator

@@ -93,6 +93,11 @@ class Channel(ABC):
     exchange metadata here). `post(i)` starts message i on this side. The engine has made
     the buffers' contents final on the device (filled, cleared: synchronised) before the
     first post; later producers are announced through `post`'s `ready` event.
+
+    Descriptors: each backend calls `count_posted(n)` where it hands pieces to the transport
+    itself (a NIXL transfer list's entries, an MPI or Gloo send, an ipc copy), on the side
+    that moves the data; the engine closes the count after every handoff (`close_count`), so
+    `posted_per_handoff` is what the transport was actually given, one entry per handoff.
     """
 
     def __init__(self, transport: Transport, peer: int, buffers: Sequence, is_sender: bool,
@@ -102,6 +107,17 @@ class Channel(ABC):
         self.buffers = list(buffers)
         self.is_sender = is_sender
         self.layer_of = list(layer_of) if layer_of is not None else [-1] * len(self.buffers)
+        self.posted_now = 0
+        self.posted_per_handoff: list[int] = []
+
+    def count_posted(self, n: int = 1) -> None:
+        """`n` more pieces handed to the transport in this handoff, by this side."""
+        self.posted_now += n
+
+    def close_count(self) -> None:
+        """End of a handoff (the engine calls it): its count joins `posted_per_handoff`."""
+        self.posted_per_handoff.append(self.posted_now)
+        self.posted_now = 0
 
     @abstractmethod
     def post(self, i: int, ready=None) -> Request:
@@ -140,6 +156,9 @@ class Transport(ABC):
     # threads yield or sleep while they wait (the engine-shaped NIXL handoff) sets its way, so
     # the harness does not take the core from the transport's own threads as no engine does.
     between_tests: Callable[[], None] | None = None
+    # True: channel() takes the page plan's region table and (region, block) per message
+    # (`regions=`, `blocks=`) to address the KV as an engine does (NIXL's engine shape)
+    uses_regions: bool = False
 
     def __init__(self, ctx: TransportContext):
         self.ctx = ctx

@@ -189,6 +189,7 @@ class IPCChannel(Channel):
         for b in range(lo + 1, hi + 1):
             if b == hi or not self.joins[b]:
                 _span(dst, a, b).copy_(_span(src, a, b), non_blocking=self.cuda)
+                self.count_posted()
                 a = b
 
     def drain(self) -> None:

@@ -217,6 +217,7 @@ class NIXLChannel(Channel):
         self.reg = None
         self.local_dl = self.remote_dl = None
         self.xfers: list = [None] * U
+        self.list_len = [0] * U  # entries of each request's transfer list (its descriptors)
         self.remote: str | None = None
         self.remote_descs = None
         self.closed = False
@@ -314,6 +315,7 @@ class NIXLChannel(Channel):
             local = agent.get_xfer_descs([self.descs[i] for i in idx], self.mem)
             remote = agent.get_xfer_descs([self.remote_descs[i] for i in idx], self.mem)
             h = agent.initialize_xfer(self.OP, local, remote, self.remote, b"")
+        self.list_len[u] = len(idx)  # the request's transfer list: one entry per index
         self.xfers[u] = h
         self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
         if self.t.backend_used is None:
@@ -415,6 +417,7 @@ class NIXLChannel(Channel):
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
+        self.count_posted(self.list_len[u])
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         if self.t_first is None:
             self.t_first = t0
@@ -572,13 +575,6 @@ class NIXLTransport(Transport):
                             "one descriptor per block, region-major ids, a prepped READ per request "
                             "with the notification on it, completion polled per engine step, "
                             "NIXL telemetry per handoff (needs --layout paged --granularity block)")
-        e.add_argument("--nixl-kv", choices=("joint", "split"), default="joint",
-                       help="engine shape: K and V of a block in one page, one region per layer "
-                            "(joint, vLLM 0.32), or separate K and V regions per layer (split)")
-        e.add_argument("--nixl-blocks", default="contiguous", metavar="IDS",
-                       help="engine shape: the request's block ids: contiguous (a fresh "
-                            "allocator, default), scattered, or file:PATH (JSON {\"prefill\": [...], "
-                            "\"decode\": [...]})")
         e.add_argument("--nixl-per-request", action=argparse.BooleanOptionalAction, default=True,
                        help="engine shape: make_prepped_xfer + post + release per handoff (default "
                             "on); off: one handle made once and reposted")
@@ -646,9 +642,9 @@ class NIXLTransport(Transport):
 
             self.between_tests = partial(pause, self.waits)
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.uses_regions = engine
         self.progress_delay_us = o.nixl_progress_delay_us
         self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
-        self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
         # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
@@ -707,11 +703,8 @@ class NIXLTransport(Transport):
             out["nixl_progress_delay_us"] = self.progress_delay_us
         if self.gap_s:
             out["nixl_gap_ms"] = round(self.gap_s * 1e3, 6)
-        if self.shape == "engine":
-            from kvbench.p2p.engine_shape import block_ids_label
-
-            out.update(nixl_shape="engine", nixl_kv=self.kv,
-                       nixl_blocks=block_ids_label(self.blocks),
+        if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.p2p.cut)
+            out.update(nixl_shape="engine",
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
                        nixl_waits=self.waits)

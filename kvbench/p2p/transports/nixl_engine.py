@@ -123,6 +123,7 @@ class EngineChannel(NIXLChannel):
         t0 = now()
         self.xfers[u] = self.agent.make_prepped_xfer(self.OP, self.local_dl, self.ids,
                                                      self.remote_dl, self.remote_ids, notif)
+        self.list_len[u] = len(self.ids)
         self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
         if self.t.backend_used is None:
             try:
@@ -143,6 +144,7 @@ class EngineChannel(NIXLChannel):
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
+        self.count_posted(self.list_len[u])
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
         self.looks, self.post_done = 0, int(st == "DONE")
