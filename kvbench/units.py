@@ -11,6 +11,12 @@ import re
 MIN_TIME_MS = 1e-9  # a femtosecond: a time below it (zero, denormal) is no time a timer measured,
 # and dividing by it overflows; rates from such times are "none", never infinite
 GB = 1_000_000_000
+
+
+def rate_gbps(nbytes: float, ms: float | None) -> float | None:
+    """Decimal GB/s of `nbytes` moved in `ms`; None for no time a timer measured (None, zero,
+    denormal: below MIN_TIME_MS), never infinite and never a division by zero."""
+    return nbytes / GB / (ms / 1e3) if ms is not None and ms >= MIN_TIME_MS else None
 MiB = 1 << 20
 GiB = 1 << 30
 
