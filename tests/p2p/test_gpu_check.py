@@ -84,10 +84,11 @@ def test_one_gpu_plan_covers_every_path_within_6_minutes(tmp_path):
     steps = planned(res.stdout)
     assert [n for n, _, _ in steps] == [
         "p2p-mpi-staged", "p2p-mpi-paged-cuda-fp8", "p2p-gloo", "p2p-layerwise", "p2p-ipc",
-        "nccl-self", "nixl-link-write", "nixl-link-read", "nixl-engine-read", "fit", "plan"]
+        "nccl-self", "nixl-link-write", "nixl-link-read", "nixl-engine-read", "descriptors-nixl",
+        "descriptors-mpi-staged", "fit", "plan"]
     total = sum(b for _, b, _ in steps)
     assert total <= gc.ONE_GPU_LIMIT_S == 360
-    assert f"budget {total} s" in res.stdout and f"({360 - total} s free for one more step)" in res.stdout
+    assert f"budget {total} s" in res.stdout and f"of 360 s ({360 - total} s free)" in res.stdout
     runs = {name: p2p_args(argv) for name, _, argv in steps if "kvbench.p2p" in argv}
     for name, (launcher, ns) in runs.items():
         assert launcher[-2:] == ["-n", "2"] and ns.device == "cuda" and ns.allow_shared_gpu
@@ -118,10 +119,18 @@ def test_the_nixl_steps_follow_the_wheels_folder(tmp_path):
     assert len([n for n, _, _ in planned(with_it.stdout) if n.startswith("nixl")]) == 3
 
 
-def test_one_more_step_has_its_place_and_its_room():
-    c = gc.Plan("python3", "mpirun", Path("/o"), 1, False, True, "300,2000,8192", "0.5")
-    assert gc.more_steps(c) == []
-    assert gc.budget(gc.one_gpu_plan(c)) + 60 <= gc.ONE_GPU_LIMIT_S
+def test_the_descriptor_sweep_varies_the_count_at_fixed_bytes(tmp_path):
+    """The per-descriptor steps cut one payload into more or fewer pieces (block sizes, ids),
+    so that kvbench fit can separate us_per_desc on VRAM; without NIXL only MPI's runs."""
+    c = gc.Plan("python3", "mpirun", tmp_path, 1, False, True, "300,2000,8192", "0.5")
+    steps = {s.name: p2p_args(s.argv)[1] for s in gc.descriptor_steps(c)}
+    nixl, mpi = steps["descriptors-nixl"], steps["descriptors-mpi-staged"]
+    assert (nixl.transport, nixl.nixl_shape, nixl.layout, nixl.granularity) == (
+        "nixl", "engine", "paged", "block")
+    assert nixl.block_size == "1,4,16,64" and nixl.block_ids == "scattered,contiguous"
+    assert (mpi.transport, mpi.mpi_device_direct, mpi.block_size) == ("mpi", "no", "4,16,64")
+    c.have_nixl = False
+    assert [s.name for s in gc.descriptor_steps(c)] == ["descriptors-mpi-staged"]
 
 
 @pytest.mark.parametrize("gpus,nccl", [("2", True), ("1", False)])
