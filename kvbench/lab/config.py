@@ -44,7 +44,7 @@ from kvbench.records.schema.types import (
     refuse,
     show,
 )
-from kvbench.slo.plan import PLACEHOLDER
+from kvbench.slo.benchplan import PLACEHOLDER
 
 PORT_RANGE = (19000, 19999)
 PORTS_PER_LAB = 300

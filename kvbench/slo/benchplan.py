@@ -1,6 +1,6 @@
 """The equal-budget benchmark plan: a YAML file checked before anyone spends GPU hours on it.
 
-Two spellings of one plan are accepted and read into one `Plan`:
+Two spellings of one plan are accepted and read into one `BenchmarkPlan`:
 
 - the tutorial's `pd-benchmark-plan.yaml`, key for key: `comparison.cache_state` as a list,
   `deployments.disaggregated.{prefill_replicas, decode_replicas, tensor_parallel_per_replica,
@@ -358,7 +358,7 @@ class Deployment:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BenchmarkPlan:
     path: str
     total_gpus: int
     deployment_specs: dict[str, Deployment]
@@ -448,7 +448,7 @@ def check_plan(data: object) -> tuple[dict, list[PlanError]]:
     return fields, problems
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_benchmark_plan(path: str | Path) -> BenchmarkPlan:
     """Read and check a plan; any problem is one UsageError line naming the field paths."""
     p = Path(path)
     data = load_yaml(p, MAX_PLAN_BYTES, "plan", missing="no such plan")
@@ -473,6 +473,6 @@ def load_plan(path: str | Path) -> Plan:
         duration_s=fields["comparison.duration_seconds"])
     specs = {n: _deployment(fields, n) for n in ("aggregated", "disaggregated")}
     form = "nested" if "deployments.disaggregated.prefill.replicas" in fields else "tutorial"
-    return Plan(str(p), fields["comparison.total_gpus"], specs,
+    return BenchmarkPlan(str(p), fields["comparison.total_gpus"], specs,
                 tuple(fields["comparison.offered_rates_rps"]), fields["comparison.cache_state"],
                 fields["metrics"], criteria, form, fields.get("lab"), fields)
