@@ -35,7 +35,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from functools import partial
 
 from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
@@ -347,8 +346,7 @@ class NIXLChannel(Channel):
     # -- the handoff -----------------------------------------------------------
 
     def begin_handoff(self) -> None:
-        if self.t.gap_s:  # idle as an engine between requests (both sides; the start barrier follows)
-            time.sleep(self.t.gap_s)
+        self.idle_before()
         self.h += 1
         self.in_handoff = True
         self.cur = {}
@@ -361,6 +359,13 @@ class NIXLChannel(Channel):
         self.got = {k for k in self.got if k[1] > self.h}
         for kind, h, u in early:
             self.notify(kind, h, u)
+
+    def idle_before(self) -> None:
+        """Idle as an engine between requests (--nixl-gap-ms; both sides, the start barrier
+        follows): sleep the gap."""
+        gap = self.t.gaps.next_s()
+        if gap:
+            time.sleep(gap)
 
     def post(self, i: int, ready=None) -> Request:
         u = self.unit_of[i]
@@ -587,12 +592,17 @@ class NIXLTransport(Transport):
                             "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
                             "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
                             "--nixl-shape engine")
-        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin"), default=None,
+        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin", "engine"), default=None,
                        help="engine shape: how its threads wait between looks at NIXL and in "
-                            "the harness's own waits: sleep (default; reproduces vLLM's post "
-                            "histogram on a shared core, docs/nixl.md), yield (sched_yield "
-                            "spinning, vLLM's worker loop between steps), or spin (the link "
-                            "harness's busy loop)")
+                            "the harness's own waits: sleep (default), yield (sched_yield "
+                            "spinning), spin (the link harness's busy loop), or engine (what "
+                            "vLLM 0.32's worker does: yield-spin for --nixl-spin-window-ms "
+                            "after its last work, sleep after that; the gap before a handoff "
+                            "is waited the same way; docs/nixl.md)")
+        e.add_argument("--nixl-spin-window-ms", type=arg_float(0, 60_000), default=None,
+                       metavar="MS",
+                       help="--nixl-waits engine: how long a thread yield-spins after its last "
+                            "work before it sleeps (default 1000, vLLM 0.32's busy_loop_s)")
         e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
                        help="UCX worker threads of the agent (nixl_agent_config num_threads; "
                             f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
@@ -609,6 +619,18 @@ class NIXLTransport(Transport):
                             "at R requests/s moves a request's KV about every 1000/R ms, and "
                             "its progress thread idles in between; default 0: back to back; "
                             "not counted in --seconds-per-point)")
+        e.add_argument("--nixl-gaps", choices=("fixed", "exp"), default="fixed",
+                       help="engine shape: every gap --nixl-gap-ms long (fixed, default), or "
+                            "drawn exponentially with that mean (exp: the gaps of Poisson "
+                            "arrivals, as the lab's `vllm bench serve` sends requests), seeded "
+                            "by --nixl-gap-seed; the drawn gaps are in the record")
+        e.add_argument("--nixl-busy-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
+                       help="engine shape with --nixl-gap-ms: decode works this long after each "
+                            "handoff (decoding the request: its core busy, no yield), inside the "
+                            "gap; a shorter gap makes the next post follow that work (default 0)")
+        e.add_argument("--nixl-gap-seed", type=arg_int(0, 2**31 - 1), default=0, metavar="N",
+                       help="--nixl-gaps exp: the generator's seed (default 0; every rank draws "
+                            "the same gaps)")
         e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
                        help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
@@ -640,14 +662,18 @@ class NIXLTransport(Transport):
         self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
         self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
-        self.waits = getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin")
-        if self.waits != "spin":  # the harness's own waits (barrier, notice) wait the same way
-            from kvbench.p2p.engine_shape import pause
+        from kvbench.p2p.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
 
-            self.between_tests = partial(pause, self.waits)
+        window = getattr(o, "nixl_spin_window_ms", None)
+        self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
+                           ENGINE_SPIN_WINDOW_MS if window is None else window)
+        if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
+            self.between_tests = self.waits.pause
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
         self.progress_delay_us = o.nixl_progress_delay_us
-        self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
+        self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
+                         getattr(o, "nixl_gap_seed", 0))
+        self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
         self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
@@ -705,8 +731,9 @@ class NIXLTransport(Transport):
                        nixl_poll=self._poll_label())
         if self.progress_delay_us:
             out["nixl_progress_delay_us"] = self.progress_delay_us
-        if self.gap_s:
-            out["nixl_gap_ms"] = round(self.gap_s * 1e3, 6)
+        out.update(self.gaps.label())
+        if self.busy_s:
+            out["nixl_busy_ms"] = round(self.busy_s * 1e3, 6)
         if self.shape == "engine":
             from kvbench.p2p.engine_shape import block_ids_label
 
@@ -714,7 +741,7 @@ class NIXLTransport(Transport):
                        nixl_blocks=block_ids_label(self.blocks),
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
-                       nixl_waits=self.waits)
+                       **self.waits.label())
             if self.region_order != "natural":
                 out["nixl_region_order"] = self.region_order
         return out

@@ -21,6 +21,7 @@ recorded in ms), totalBytes and descCount after merging, beside kvbench's own ti
 
 from __future__ import annotations
 
+import time
 from dataclasses import astuple
 
 import numpy as np
@@ -32,8 +33,6 @@ from kvbench.p2p.engine_shape import (
     desc_ids,
     dlist_rows,
     merged_count,
-    pause,
-    wait_until,
 )
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl import (
@@ -48,9 +47,12 @@ from kvbench.p2p.transports.nixl import (
 
 # `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE
 # (0: the look in the posting step already saw it done); `post_done`: 1 when the post itself
-# returned DONE (the READ and its notification finished inside the call).
+# returned DONE (the READ and its notification finished inside the call); `idle_ms`: how long
+# decode had been without work when it posted (its last look or post; --nixl-waits engine
+# yield-spins for the window after it, then sleeps); `gap_ms`: the idle time drawn before the
+# handoff (--nixl-gap-ms, --nixl-gaps).
 TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count", "looks",
-                  "post_done")
+                  "post_done", "idle_ms", "gap_ms")
 
 
 def _rows(regions: list[Region]) -> np.ndarray:
@@ -77,6 +79,7 @@ class EngineChannel(NIXLChannel):
         self.per_request, self.waits = transport.per_request, transport.waits
         self.next_poll = 0.0
         self.looks = self.post_done = 0
+        self.idle_ms = self.gap_ms = 0.0
         self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
         self.remote_ids: list[int] = []
         self.expected = None
@@ -134,6 +137,7 @@ class EngineChannel(NIXLChannel):
 
     def _issue(self, u: int) -> None:
         notif = _notif(self.cid, "d", self.h, u)
+        self.idle_ms = self.waits.idle_s() * 1e3
         if self.per_request:  # the notification rides on the READ from its creation
             self._make(u, notif)
         t0 = now()
@@ -143,6 +147,7 @@ class EngineChannel(NIXLChannel):
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
+        self.waits.worked()
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
         self.looks, self.post_done = 0, int(st == "DONE")
@@ -155,12 +160,13 @@ class EngineChannel(NIXLChannel):
         """One engine step's look at the transfer: not before the step comes (waiting as the
         engine's threads do, --nixl-waits), then NIXL's state; on DONE its telemetry, then the release."""
         if not self.poll.busy:
-            wait_until(self.next_poll, self.waits)
+            self.waits.until(self.next_poll)
         try:
             st = self.agent.check_xfer_state(self.xfers[u])
         except Exception as exc:  # noqa: BLE001
             self._failed(u, f"{type(exc).__name__}: {exc}")
         t = now()
+        self.waits.worked()
         if st == "PROC":
             self.looks += 1
             if not self.poll.busy:
@@ -184,10 +190,31 @@ class EngineChannel(NIXLChannel):
         if self.initiator and self.state[u] == _PROC:
             return
         if self.initiator or self.poll.busy:
-            pause(self.waits)
+            self.waits.pause()
             return
-        wait_until(self.next_poll, self.waits)
+        self.waits.until(self.next_poll)
+        self.waits.worked()  # prefill's engine step: it looks for the READ's notification
         self.next_poll = now() + self.poll.next_ms() / 1e3
+
+    def idle_before(self) -> None:
+        """The time between two requests (--nixl-gap-ms, drawn by --nixl-gaps): decode first
+        works for up to --nixl-busy-ms (decoding the last request: forward passes that keep
+        its core busy), then idles for the rest, waiting as the engine's threads wait
+        (--nixl-waits engine: yield-spinning through the window after the last work, then
+        asleep; other waits sleep it). A gap shorter than the work leaves no idle: the post
+        follows the work, as when a request arrives while another decodes. Prefill idles the
+        whole gap. Recorded per handoff (gap_ms; idle_ms at the post)."""
+        gap = self.t.gaps.next_s()
+        self.gap_ms = gap * 1e3
+        if not gap:
+            return
+        t_end = now() + gap
+        if self.initiator and self.t.busy_s:
+            self.waits.busy(min(t_end, now() + self.t.busy_s))
+        if self.waits.mode == "engine":
+            self.waits.until(t_end)
+        else:
+            time.sleep(max(0.0, t_end - now()))
 
     def _telemetry(self, u: int) -> None:
         if not self.t.telemetry:
@@ -204,6 +231,8 @@ class EngineChannel(NIXLChannel):
         self.tel["expected_desc_count"].append(self.expected)
         self.tel["looks"].append(self.looks)
         self.tel["post_done"].append(self.post_done)
+        self.tel["idle_ms"].append(self.idle_ms)
+        self.tel["gap_ms"].append(self.gap_ms)
 
     def end_handoff(self) -> None:
         """Handles were released on DONE (per request); nothing else is per handoff."""
