@@ -399,6 +399,8 @@ def _pacing_error(args) -> str | None:
             return "--nixl-waits models an engine's threads: it needs --nixl-shape engine"
         if getattr(args, "nixl_gaps", "fixed") != "fixed":
             return "--nixl-gaps models an engine's load: it needs --nixl-shape engine"
+        if getattr(args, "nixl_announce", None) is not None:
+            return "--nixl-announce is the engine shape's control plane: it needs --nixl-shape engine"
     if getattr(args, "nixl_spin_window_ms", None) is not None and waits != "engine":
         return "--nixl-spin-window-ms is the window of --nixl-waits engine: add it"
     if getattr(args, "nixl_gaps", "fixed") != "fixed" and not getattr(args, "nixl_gap_ms", 0.0):

@@ -171,6 +171,7 @@ def _args(**kw) -> Namespace:
     ({"nixl_gaps": "exp"}, "--nixl-gap-ms"),
     ({"nixl_busy_ms": 50.0}, "--nixl-gap-ms"),
     ({"nixl_shape": "link", "nixl_waits": "engine"}, "--nixl-shape engine"),
+    ({"nixl_shape": "link", "nixl_announce": "mpi"}, "--nixl-shape engine"),
 ])
 def test_pacing_flags_that_do_not_go_together(kw, needle):
     why = es.usage_error(_args(**kw))
@@ -180,3 +181,59 @@ def test_pacing_flags_that_do_not_go_together(kw, needle):
 def test_pacing_flags_that_do():
     assert es.usage_error(_args(nixl_waits="engine", nixl_spin_window_ms=500.0, nixl_gaps="exp",
                                 nixl_gap_ms=1000.0, nixl_busy_ms=100.0)) is None
+
+
+class _FakeXc:
+    """The MPI exchange between the two sides of one channel (a shared mailbox)."""
+
+    def __init__(self, box):
+        self.box = box
+
+    def send(self, obj, tag):
+        self.box.append((tag, obj))
+
+    def try_recv(self, tag):
+        for i, (t, obj) in enumerate(self.box):
+            if t == tag:
+                del self.box[i]
+                return True, obj
+        return False, None
+
+
+def _side(initiator: bool, announce: str, box: list, calls: list):
+    from collections import deque
+
+    from kvbench.p2p.transports import nixl_engine as ne
+
+    ch = object.__new__(ne.EngineChannel)  # what pump() and notify() read
+    ch.initiator, ch.is_sender, ch.op, ch.cid, ch.h, ch.in_handoff = initiator, not initiator, "read", 1, 1, True
+    ch.units, ch.queue, ch.got, ch.hs_ready, ch.done = [[0]], deque(), set(), True, [False]
+    ch.xc = _FakeXc(box)
+    ch.t = Namespace(announce=announce, poll_notifs=lambda: calls.append("getNotifs" if initiator else "prefill"),
+                     stale=0)
+    ch.agent, ch.remote = Namespace(send_notif=lambda remote, msg: calls.append("send_notif")), "peer"
+    ch._issue = lambda u: calls.append(("post", u))
+    return ch
+
+
+def check_announced_outside_nixl(announce: str) -> None:
+    """Prefill's announcement reaches decode without a NIXL call on decode's side before its
+    post: vLLM's decode learns of a request from its engine core, not from NIXL."""
+    box, calls = [], []
+    prefill, decode = _side(False, announce, box, calls), _side(True, announce, box, calls)
+    decode.pump(from_test=True)  # nothing announced yet
+    assert calls == [] and box == []
+    prefill.queue.append(0)
+    prefill.pump(from_test=False)
+    assert "send_notif" not in calls and len(box) == 1
+    decode.pump(from_test=True)
+    assert calls[-1] == ("post", 0) and "getNotifs" not in calls
+
+
+def test_the_engine_shape_announces_requests_outside_nixl():
+    check_announced_outside_nixl("mpi")
+
+
+def test_a_planted_nixl_announcement_fails_the_check():
+    with pytest.raises(AssertionError):
+        check_announced_outside_nixl("nixl")

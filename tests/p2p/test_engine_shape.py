@@ -308,7 +308,8 @@ RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl
         "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed",
         "paced": "--nixl-waits engine --nixl-spin-window-ms 2 --nixl-gaps exp --nixl-gap-ms 5 "
-                 "--nixl-gap-seed 3 --nixl-busy-ms 1"}
+                 "--nixl-gap-seed 3 --nixl-busy-ms 1",
+        "notif": "--nixl-announce nixl"}
 
 
 @pytest.fixture(scope="module")
@@ -340,6 +341,10 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     assert rcs.get("busy") == 0
     (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
     assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
+    assert opts["announce"] == "mpi"  # the request reaches decode outside NIXL, as vLLM's does
+    assert rcs.get("notif") == 0
+    (notif,) = recs["notif"]  # the link shape's NIXL notification instead: a spec of its own
+    assert notif["wrong"] == 0 and notif["spec"]["transport_options"]["announce"] == "nixl"
     tel = rec["nixl_telemetry"]
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))

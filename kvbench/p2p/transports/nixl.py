@@ -66,6 +66,7 @@ from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_in
 # MPI tags on the transport's private communicator, per channel id (see _tag)
 _TAG_BASE, _TAG_SPAN = 1000, 4000
 _SETUP, _SYNC, _MD = 0, 1, 2
+_ANNOUNCE = 3  # the engine shape's request announcement (--nixl-announce mpi)
 
 # unit states on the initiator
 _IDLE, _PROC, _DONE = 0, 1, 2
@@ -133,6 +134,7 @@ class _Exchange:
             if now() > deadline:
                 raise TransferTimeout(f"nixl: rank {self.peer} did not take this rank's "
                                       "set-up messages before the --timeout")
+        self.sends.clear()
         self.sends = []
 
     def cancel_sends(self) -> None:
@@ -599,6 +601,11 @@ class NIXLTransport(Transport):
                             "vLLM 0.32's worker does: yield-spin for --nixl-spin-window-ms "
                             "after its last work, sleep after that; the gap before a handoff "
                             "is waited the same way; docs/nixl.md)")
+        e.add_argument("--nixl-announce", choices=("mpi", "nixl"), default=None,
+                       help="engine shape: how prefill tells decode a request is ready: mpi "
+                            "(default: outside NIXL, as vLLM's proxy and engine core do) or a "
+                            "NIXL notification (the link shape's way; its arrival is handled by "
+                            "NIXL's progress thread right before the post)")
         e.add_argument("--nixl-spin-window-ms", type=arg_float(0, 60_000), default=None,
                        metavar="MS",
                        help="--nixl-waits engine: how long a thread yield-spins after its last "
@@ -670,6 +677,7 @@ class NIXLTransport(Transport):
         if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
             self.between_tests = self.waits.pause
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.announce = getattr(o, "nixl_announce", None) or ("mpi" if engine else "nixl")
         self.progress_delay_us = o.nixl_progress_delay_us
         self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
                          getattr(o, "nixl_gap_seed", 0))
@@ -741,7 +749,7 @@ class NIXLTransport(Transport):
                        nixl_blocks=block_ids_label(self.blocks),
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
-                       **self.waits.label())
+                       nixl_announce=self.announce, **self.waits.label())
             if self.region_order != "natural":
                 out["nixl_region_order"] = self.region_order
         return out

@@ -7,7 +7,9 @@ Per channel, once (as the connector does at registration and at the handshake):
   - each side's descriptor ids for the request (region * pool_blocks + block) exchanged.
 Per handoff (one request):
   - prefill announces the request (the control plane of the engine: the proxy's
-    kv_transfer_params; not part of the engine's NIXL metrics);
+    kv_transfer_params; not part of the engine's NIXL metrics), over MPI as the engine's
+    comes over HTTP, outside NIXL (--nixl-announce mpi, default), or as a NIXL notification
+    (--nixl-announce nixl, the link shape's way);
   - decode makes a prepped READ over the request's ids with the notification attached
     (make_prepped_xfer(..., notif_msg)), posts it without a message (NX/pull_worker.py:546-559),
     looks at it once in the same step and then once per engine step (PollSchedule); on DONE
@@ -36,6 +38,7 @@ from kvbench.p2p.engine_shape import (
 )
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl import (
+    _ANNOUNCE,
     _PROC,
     _SETUP,
     _SYNC,
@@ -134,6 +137,29 @@ class EngineChannel(NIXLChannel):
                 self.t.backend_used = "unknown"
 
     # -- the handoff ---------------------------------------------------------------
+
+    def pump(self, from_test: bool) -> None:
+        """Drive the handoff; never blocks. With --nixl-announce mpi (default) the request
+        reaches decode outside NIXL, as vLLM's does (the proxy's kv_transfer_params over
+        HTTP, then the engine core's step), so decode's NIXL is left alone between its last
+        step and the post; with nixl the announcement is a NIXL notification, whose arrival
+        NIXL's progress thread handles right before the post (it makes posts slower: the
+        post then more often loses the core, docs/nixl.md)."""
+        if self.t.announce != "mpi":
+            super().pump(from_test)
+            return
+        if self.initiator:
+            while True:
+                ok, msg = self.xc.try_recv(self._tag(_ANNOUNCE))
+                if not ok:
+                    break
+                self.notify("r", *msg)
+            while self.queue:
+                self._issue(self.queue.popleft())
+            return
+        while self.queue:  # prefill: announce, then look for the READ's notification
+            self.xc.send((self.h, self.queue.popleft()), self._tag(_ANNOUNCE))
+        self.t.poll_notifs()
 
     def _issue(self, u: int) -> None:
         notif = _notif(self.cid, "d", self.h, u)
