@@ -49,6 +49,8 @@ VARIANTS = {
                     "(vLLM's worker loop between steps), not sleep"),
     "waits-spin": ("--nixl-waits spin", "threads spin while they wait, never yielding (the "
                    "harness before this was found)"),
+    "announce-nixl": ("--nixl-announce nixl", "the request announced to decode as a NIXL "
+                      "notification, not outside NIXL as vLLM's proxy and engine core do"),
 }
 
 
