@@ -12,8 +12,10 @@
    (kvbench.lab.agree_p2p) on the lab model's geometry, the engine's block size and the
    engine's block count per transfer, on the instances' cores, with the lab's UCX
    environment and progress-thread delay: the engine configuration, every on/off
-   combination of its features (a 2^4 factorial), a few what-ifs, and the engine polled at
-   decode's measured step times of each rate.
+   combination of its features (a 2^4 factorial), a few what-ifs, the engine polled at
+   decode's measured step times of each rate, and decode as it runs at each rate
+   (`replica@R`: Poisson gaps, its work per request, vLLM's worker waits, the traced look
+   cadence; replica_inputs, kvbench.lab.agree_p2p.replica_flags).
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
    and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
