@@ -12,8 +12,10 @@
    (kvbench.lab.agree_p2p) on the lab model's geometry, the engine's block size and the
    engine's block count per transfer, on the instances' cores, with the lab's UCX
    environment and progress-thread delay: the engine configuration, every on/off
-   combination of its features (a 2^4 factorial), a few what-ifs, and the engine polled at
-   decode's measured step times of each rate.
+   combination of its features (a 2^4 factorial), a few what-ifs, the engine polled at
+   decode's measured step times of each rate, and decode as it runs at each rate
+   (`replica@R`: Poisson gaps, its work per request, vLLM's worker waits, the traced look
+   cadence; replica_inputs, kvbench.lab.agree_p2p.replica_flags).
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
    and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
@@ -94,7 +96,8 @@ def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: in
                      "load_before": res["load_before"], "load_after": res["load_after"],
                      "metrics": agree_engine.delta(before, after),
                      "trace_lines": [first, first + len(recs)],
-                     "transfers": agree_engine.trace_transfers(recs)})
+                     "transfers": agree_engine.trace_transfers(recs),
+                     "look_intervals_ms": agree_engine.look_intervals(recs)})
         proxy = next((s for s in st.by_role("proxy")), None)
         events = (proxy.extra or {}).get("events") if proxy else None
         for runs in (v for k, v in got.items() if k != "warmup"):
@@ -148,7 +151,8 @@ def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: 
             path.write_text(json.dumps(d) + "\n")
             draws[rate] = path
     base = agree_p2p.base_flags(cfg, bs, tokens, iters, lab.workarounds.nixl_poll_delay_us)
-    cfgs = agree_p2p.configs(draws, factorial)
+    replicas, replica_why = replica_inputs(engine, draws, out, lab.load.output_len)
+    cfgs = agree_p2p.configs(draws, factorial, replicas)
     ucx = {k: v for k, v in deploy.nixl_env(lab, 0).items() if k.startswith("UCX_")}
     cores = (lab.cores[0], lab.cores[1] if len(lab.cores) > 1 else lab.cores[0])
     unpinned = {n: "" for n in agree_p2p.UNPINNED} if factorial else {}
@@ -156,8 +160,8 @@ def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: 
     for k in range(1, repeats + 1):
         print(f"agree: p2p repeat {k} ({len(cfgs)} configurations)", file=sys.stderr, flush=True)
         load = os.getloadavg()[0]
-        recs = agree_p2p.run_job(out / "p2p" / f"rep{k}", base, cfgs, cores, ucx,
-                                 out / "p2p.log", 600 + 60 * len(cfgs))
+        recs = agree_p2p.run_job(out / "p2p" / f"rep{k}", base, agree_p2p.seeded(cfgs, k), cores,
+                                 ucx, out / "p2p.log", 600 + 60 * len(cfgs) + 300 * len(replicas))
         if unpinned:  # the engine configuration again, its ranks not pinned one core each
             recs |= agree_p2p.run_job(out / "p2p" / f"rep{k}", base, unpinned, None, ucx,
                                       out / "p2p.log", 660)
@@ -165,8 +169,44 @@ def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: 
                      "configs": {n: agree_p2p.summary(r) for n, r in recs.items()}})
     return {"tokens": tokens, "tokens_why": why, "block_size": bs, "mean_bytes_engine": mean_bytes,
             "base_flags": base, "ucx_env": ucx, "cores": list(cores),
-            "configs": cfgs | unpinned,
+            "configs": cfgs | unpinned, "replica_inputs": replica_why,
             "repeats": reps}
+
+
+MIN_LOOKS = 10  # look intervals a rate needs for its own poll draws (else all rates', else ITL)
+
+
+def replica_inputs(engine: dict, draws: dict[str, Path], out: Path,
+                   output_len: int) -> tuple[dict[str, tuple[Path, float]], dict]:
+    """Per rate what `replica@R` takes from the engine's runs at that rate: the poll draws
+    (decode's look intervals from the trace: the rate's own when it has MIN_LOOKS, else all
+    rates' pooled, else the inter-token-latency draws) and decode's work per request
+    ((output_len - 1) x the runs' mean inter-token latency, ms). Returns ({rate: (poll file,
+    busy ms)}, {rate: what was used}) for the rates with an ITL mean."""
+    looks = {rate: [x for r in runs for x in r.get("look_intervals_ms") or []]
+             for rate, runs in engine.items()}
+    pooled = [x for xs in looks.values() for x in xs]
+    got, why = {}, {}
+    for rate, runs in engine.items():
+        itl = [r["metrics"]["itl"]["mean"] for r in runs if (r["metrics"].get("itl") or {}).get("mean")]
+        if not itl:
+            continue
+        busy = (output_len - 1) * sum(itl) / len(itl)
+        src = looks[rate] if len(looks[rate]) >= MIN_LOOKS else pooled
+        if len(src) >= MIN_LOOKS:
+            path = out / "p2p" / f"looks-{rate}rps.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(src) + "\n")
+            kind = f"{len(src)} look intervals of the engine's trace" + (
+                "" if src is looks[rate] else " (all rates pooled)")
+        elif rate in draws:
+            path, kind = draws[rate], "decode's inter-token-latency draws (too few traced looks)"
+        else:
+            continue
+        got[rate] = (path, busy)
+        why[rate] = {"poll": kind, "busy_ms": busy, "itl_mean_ms": sum(itl) / len(itl),
+                     "output_len": output_len}
+    return got, why
 
 
 def plain_fit(lab, out: Path) -> str | None:
@@ -207,7 +247,7 @@ def main(argv=None) -> int:
            "loadavg_end": os.getloadavg(), "engine_warmup": warmup, "engine": engine, "p2p": p2p,
            "plain_fit": fit}
     doc["agreement"] = analyse(doc)
-    write_new_file(out / "agreement.json", json.dumps(doc, indent=2) + "\n")
+    write_new_file(out / "agreement.json", json.dumps(doc) + "\n")  # compact: ~1 MB indented
     write_new_file(out / "agreement.md", markdown(doc))
     print(markdown(doc))
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import pairwise
 
 from kvbench.slo.engine_metrics import histogram
 from kvbench.slo.engines import Metric
@@ -159,4 +160,17 @@ def decode_idle(unix: list[float], events_path) -> list[float | None]:
             continue
         before = [b for _, b in spans if b < t]
         out.append(t - max(before) if before else None)
+    return out
+
+
+def look_intervals(recs: list[dict]) -> list[float]:
+    """Decode's step cadence while a READ is in flight, from its trace: the time between two
+    successive looks at one transfer (ms). An idle decode steps every ~2 ms (vLLM sleeps 1 ms
+    between steps that run no model, vllm/v1/engine/core.py:1614-1617), a busy one after its
+    next forward pass; this is the cadence a late READ actually waits on, which the
+    inter-token-latency histogram (a first bucket of 0-10 ms) cannot resolve."""
+    out = []
+    for r in recs:
+        looks = r.get("looks") or []
+        out += [round((b[0] - a[0]) / 1e3, 4) for a, b in pairwise(looks) if b[0] >= a[0]]
     return out

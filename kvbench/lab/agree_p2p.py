@@ -49,6 +49,8 @@ VARIANTS = {
                     "(vLLM's worker loop between steps), not sleep"),
     "waits-spin": ("--nixl-waits spin", "threads spin while they wait, never yielding (the "
                    "harness before this was found)"),
+    "announce-nixl": ("--nixl-announce nixl", "the request announced to decode as a NIXL "
+                      "notification, not outside NIXL as vLLM's proxy and engine core do"),
 }
 
 
@@ -87,10 +89,12 @@ def base_flags(model_config: Path, block_size: int, tokens: int, iters: int,
             f"--seconds-per-point 30 --quiet --nixl-threads 4 --nixl-progress-delay-us {delay_us}")
 
 
-def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
+def configs(draws: dict[str, Path], factorial: bool,
+            replicas: dict[str, tuple[Path, float]] | None = None) -> dict[str, str]:
     """name -> extra flags: the engine; with `factorial` every cell of the feature factorial
     and the what-if variants; per rate the engine polled at the decode instance's own
-    measured step times, back to back (`poll-drawn@R`) and paced at the rate (`paced@R`)."""
+    measured step times, back to back (`poll-drawn@R`) and paced at the rate (`paced@R`);
+    per rate in `replicas` (poll file, decode's work per request in ms) `replica@R`."""
     out = {"engine": ""}
     if factorial:
         for name, off in factorial_cells().items():
@@ -100,7 +104,25 @@ def configs(draws: dict[str, Path], factorial: bool) -> dict[str, str]:
         out[f"poll-drawn@{rate}"] = f"--nixl-poll draw:{path}"
         # the engine as it runs at that rate: a transfer every 1000/R ms, polled at its steps
         out[f"paced@{rate}"] = f"--nixl-poll draw:{path} --nixl-gap-ms {1000.0 / float(rate):g}"
+    for rate, (path, busy_ms) in (replicas or {}).items():
+        out[f"replica@{rate}"] = replica_flags(float(rate), path, busy_ms)
     return out
+
+
+def replica_flags(rate: float, poll: Path, busy_ms: float) -> str:
+    """The engine's decode as it runs at `rate` under the lab's client: requests Poisson at
+    the rate (gaps drawn exponentially with mean 1000/R ms, as `vllm bench serve` spaces
+    them), decode busy for its work on each request (`busy_ms`) inside the gap, its threads
+    waiting as vLLM's worker does (yield-spinning for 1 s after the last work, asleep after
+    that), completion looked at on the cadence decode's looks had in the engine's trace."""
+    return (f"--nixl-waits engine --nixl-gaps exp --nixl-gap-ms {1000.0 / rate:g} "
+            f"--nixl-busy-ms {busy_ms:.3f} --nixl-poll draw:{poll}")
+
+
+def seeded(cfgs: dict[str, str], repeat: int) -> dict[str, str]:
+    """Each p2p job draws its own gaps (a seed per repeat), so repeats are independent."""
+    return {name: flags + (f" --nixl-gap-seed {repeat}" if "--nixl-gaps exp" in flags else "")
+            for name, flags in cfgs.items()}
 
 
 # Run in a job of their own, the ranks not pinned to a core each: name -> what it changes.
@@ -152,6 +174,10 @@ def summary(rec: dict | None) -> dict | None:
     if tel.get("looks") and tel.get("post_done"):
         transfers = {"post_ms": tel["post_ms"], "xfer_ms": tel["xfer_ms"],
                      "post_done": tel["post_done"], "late": [int(n > 0) for n in tel["looks"]]}
+        if tel.get("idle_ms"):
+            # decode's idle time at each post, as the engine's comes from the proxy's events
+            transfers["decode_idle_s"] = [i / 1e3 for i in tel["idle_ms"]]
+            transfers["gap_ms"] = tel["gap_ms"]
     return {"post_mean_ms": rec["nixl_post_mean_ms"], "xfer_mean_ms": rec["nixl_xfer_mean_ms"],
             "kvbench_p50_ms": rec["p50_ms"], "n": rec["n_samples"], "bytes": rec["bytes"],
             "desc_count": rec.get("descriptors_merged", rec.get("nixl_desc_count")),

@@ -25,6 +25,8 @@ import statistics
 FAST_POST_MS = 0.5  # a post that did not lose the core (the slow mode is one 4 ms tick)
 BUSY_LOOP_S = 1.0  # vLLM's worker yield-spins this long after its last step, then sleeps
 # (vllm/distributed/device_communicators/shm_broadcast.py:138, :195-208)
+DECODING_S = 0.01  # a post this soon after decode's work followed it (engine: another
+# request was decoding, idle 0; kvbench: the post came right after --nixl-busy-ms)
 
 
 def decompose(runs: list[dict | None]) -> dict | None:
@@ -63,9 +65,11 @@ def remainder(doc: dict, rate: str, config: str) -> dict:
     eng = decompose([r.get("transfers") for r in doc["engine"].get(rate, [])])
     kvb = decompose([(rep["configs"].get(config) or {}).get("transfers")
                      for rep in doc["p2p"]["repeats"]])
+    kvb_runs = [(rep["configs"].get(config) or {}).get("transfers") for rep in doc["p2p"]["repeats"]]
     out = {"config": config, "engine": eng, "kvbench": kvb, "cold": _cold(doc),
            "engine_posts_by_worker_state": posts_by_worker_state(
-               [r.get("transfers") for r in doc["engine"].get(rate, [])])}
+               [r.get("transfers") for r in doc["engine"].get(rate, [])]),
+           "kvbench_posts_by_worker_state": posts_by_worker_state(kvb_runs)}
     if eng and kvb:
         out["remainder_gap_ms"] = eng["remainder_ms"] - kvb["remainder_ms"]
         # kvbench's post with the engine's remainder, and the engine's post with kvbench's:
@@ -78,15 +82,19 @@ def remainder(doc: dict, rate: str, config: str) -> dict:
 
 
 def posts_by_worker_state(runs: list[dict | None]) -> dict | None:
-    """The engine's posts split by what vLLM's worker was doing before them: within
-    BUSY_LOOP_S of decode's last work (it yield-spins on its step queue, and a post then
-    tends to lose the core to NIXL's progress thread) or after longer idle (it slept)."""
+    """Posts split by what decode's worker was doing before them: within BUSY_LOOP_S of
+    decode's last work (vLLM's worker yield-spins on its step queue, and a post then tends to
+    lose the core to NIXL's progress thread), of those the ones right after decode's work
+    (`decoding`, idle < DECODING_S), or after longer idle (it slept). The engine's idle time
+    comes from the P/D proxy's events, kvbench's from its telemetry (idle_ms, --nixl-waits
+    engine runs)."""
     pairs = [(p, i) for r in runs if r and r.get("decode_idle_s")
              for p, i in zip(r["post_ms"], r["decode_idle_s"], strict=True) if i is not None]
     if not pairs:
         return None
     out = {}
     for name, keep in (("within_busy_loop", lambda i: i < BUSY_LOOP_S),
+                       ("decoding", lambda i: i < DECODING_S),
                        ("after_idle", lambda i: i >= BUSY_LOOP_S)):
         posts = [p for p, i in pairs if keep(i)]
         out[name] = ({"n": len(posts), "post_mean_ms": statistics.fmean(posts),

@@ -165,29 +165,109 @@ class PollSchedule:
         return f"draw#{file_digest(self.text[5:], 'poll file')}"
 
 
-# How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
-# spinning, vLLM 0.32's worker loop between steps: shm_broadcast.py:195-208) or spin.
+# How an engine's threads wait (--nixl-waits): sleep, yield (sched_yield spinning), spin, or
+# engine: what vLLM 0.32's worker does on its step queue, yield-spinning for a window after its
+# last step and sleeping after it (vllm/distributed/device_communicators/shm_broadcast.py:138,
+# :195-208: SpinCondition.wait, busy_loop_s = 1).
+WAITS = ("sleep", "yield", "spin", "engine")
 REQUEST_WAIT_S = 100e-6  # one nap of a sleeping wait (an idle engine wakes within ~0.1 ms)
+ENGINE_SPIN_WINDOW_MS = 1000.0  # vLLM 0.32's busy_loop_s
 
 
-def pause(waits: str) -> None:
-    """One pause between two tests, in the given wait mode (spin: none)."""
-    if waits == "yield":
-        os.sched_yield()
-    elif waits == "sleep":
-        time.sleep(REQUEST_WAIT_S)
+class Waits:
+    """How one rank's engine-shaped threads wait between two pieces of work. `engine` yields
+    while the last work (`worked()`: a post, a look at NIXL, an engine step) is less than
+    `window_ms` old and sleeps after that, so a post after a short idle comes from a
+    yield-spinning thread and one after a long idle from a sleeping one, as in vLLM's worker
+    (which of the two a post comes from decides whether it tends to lose the core to NIXL's
+    progress thread: docs/nixl.md, "Why the waits matter")."""
 
+    def __init__(self, mode: str, window_ms: float = ENGINE_SPIN_WINDOW_MS):
+        if mode not in WAITS:
+            raise UsageError(f"--nixl-waits {mode!r}: one of {', '.join(WAITS)}")
+        self.mode, self.window_s = mode, window_ms / 1e3
+        self.last_work = time.perf_counter()
 
-def wait_until(t: float, waits: str) -> None:
-    """Wait until perf_counter time `t` in the given mode."""
-    if waits == "sleep":
+    def worked(self) -> None:
+        """The thread just did engine work (its spin window starts again)."""
+        self.last_work = time.perf_counter()
+
+    def idle_s(self) -> float:
+        """Seconds since the last work."""
+        return time.perf_counter() - self.last_work
+
+    def _now(self) -> str:
+        """The mode this wait uses now (engine: yield inside the window, sleep after it)."""
+        if self.mode != "engine":
+            return self.mode
+        return "yield" if time.perf_counter() < self.last_work + self.window_s else "sleep"
+
+    def pause(self) -> None:
+        """One pause between two tests (spin: none)."""
+        mode = self._now()
+        if mode == "yield":
+            os.sched_yield()
+        elif mode == "sleep":
+            time.sleep(REQUEST_WAIT_S)
+
+    def until(self, t: float) -> None:
+        """Wait until perf_counter time `t` (engine: yield to the window's end, then sleep)."""
+        if self.mode in ("spin", "yield"):
+            self._spin(t, yielding=self.mode == "yield")
+            return
+        if self.mode == "engine":
+            self._spin(min(t, self.last_work + self.window_s), yielding=True)
         left = t - time.perf_counter()
         if left > 0:
             time.sleep(left)
-        return
-    while time.perf_counter() < t:
-        if waits == "yield":
-            os.sched_yield()
+
+    def busy(self, t: float) -> None:
+        """Engine work until perf_counter time `t`: the core kept busy without a yield or a
+        sleep (a forward pass on this core), its spin window starting again at the end."""
+        self._spin(t, yielding=False)
+        self.worked()
+
+    @staticmethod
+    def _spin(t: float, yielding: bool) -> None:
+        while time.perf_counter() < t:
+            if yielding:
+                os.sched_yield()
+
+    def label(self) -> dict:
+        """What goes into the spec: the mode, and the window when it has one."""
+        out: dict = {"nixl_waits": self.mode}
+        if self.mode == "engine":
+            out["nixl_spin_window_ms"] = round(self.window_s * 1e3, 6)
+        return out
+
+
+class Gaps:
+    """Idle time before each handoff (--nixl-gap-ms MEAN, --nixl-gaps fixed|exp, --nixl-gap-seed):
+    a fixed gap, or gaps drawn exponentially with that mean from a seeded generator, as an
+    open-loop client with Poisson arrivals at 1000/MEAN requests/s spaces them (vLLM's `bench
+    serve` at --burstiness 1, the lab's client). Every rank draws the same sequence."""
+
+    KINDS = ("fixed", "exp")
+
+    def __init__(self, mean_ms: float, kind: str = "fixed", seed: int = 0):
+        if kind not in self.KINDS:
+            raise UsageError(f"--nixl-gaps {kind!r}: fixed or exp")
+        self.mean_s, self.kind, self.seed = mean_ms / 1e3, kind, seed
+        self.rng = random.Random(seed)
+
+    def next_s(self) -> float:
+        if self.kind == "fixed" or self.mean_s <= 0:
+            return self.mean_s
+        return self.rng.expovariate(1.0 / self.mean_s)
+
+    def label(self) -> dict:
+        """For the spec: the mean, and for drawn gaps the distribution and the seed."""
+        if self.mean_s <= 0:
+            return {}
+        out: dict = {"nixl_gap_ms": round(self.mean_s * 1e3, 6)}
+        if self.kind != "fixed":
+            out.update(nixl_gaps=self.kind, nixl_gap_seed=self.seed)
+        return out
 
 
 def usage_error(args) -> str | None:
@@ -197,10 +277,9 @@ def usage_error(args) -> str | None:
     try:
         if getattr(args, "nixl_poll", None):
             PollSchedule(args.nixl_poll)
-        if shape != "engine":
-            if getattr(args, "nixl_waits", None) not in (None, "spin"):
-                return "--nixl-waits models an engine's threads: it needs --nixl-shape engine"
-            return None
+        why = _pacing_error(args)
+        if why or shape != "engine":
+            return why
         if args.transport != "nixl":
             return "--nixl-shape engine needs --transport nixl"
         if args.layout != "paged" or args.granularity != "block":
@@ -216,4 +295,25 @@ def usage_error(args) -> str | None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
     except (ValueError, UsageError) as exc:
         return str(exc)
+    return None
+
+
+def _pacing_error(args) -> str | None:
+    """Why the waits and gap flags do not go together, else None."""
+    waits = getattr(args, "nixl_waits", None)
+    if getattr(args, "nixl_shape", "link") != "engine":
+        if waits not in (None, "spin"):
+            return "--nixl-waits models an engine's threads: it needs --nixl-shape engine"
+        if getattr(args, "nixl_gaps", "fixed") != "fixed":
+            return "--nixl-gaps models an engine's load: it needs --nixl-shape engine"
+        if getattr(args, "nixl_announce", None) is not None:
+            return "--nixl-announce is the engine shape's control plane: it needs --nixl-shape engine"
+    if getattr(args, "nixl_spin_window_ms", None) is not None and waits != "engine":
+        return "--nixl-spin-window-ms is the window of --nixl-waits engine: add it"
+    if getattr(args, "nixl_gaps", "fixed") != "fixed" and not getattr(args, "nixl_gap_ms", 0.0):
+        return "--nixl-gaps exp draws gaps with the mean --nixl-gap-ms: give it (> 0)"
+    if getattr(args, "nixl_busy_ms", 0.0) and not getattr(args, "nixl_gap_ms", 0.0):
+        return "--nixl-busy-ms is decode's work inside the gap between requests: give --nixl-gap-ms"
+    if getattr(args, "nixl_busy_ms", 0.0) and getattr(args, "nixl_shape", "link") != "engine":
+        return "--nixl-busy-ms models an engine's decode: it needs --nixl-shape engine"
     return None

@@ -3,6 +3,8 @@ step-time draws, and the agreement table from a synthetic document."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvbench.lab import agree_engine as ae
@@ -240,3 +242,68 @@ def test_the_target_says_whether_the_xfer_remainder_is_reproduced():
         run["transfers"] = late
     t = ar.analyse(doc)["target_at_lowest_rate"]["xfer"]
     assert t["remainder_only_ratio"] > 1.15 and not t["remainder_reproduced"]
+
+
+def test_the_target_is_judged_on_the_replica_when_there_is_one():
+    doc = _doc([2.0, 2.2], [4.0, 4.0])
+    for rep in doc["p2p"]["repeats"]:
+        rep["configs"]["paced@1"] = {"post_mean_ms": 1.0, "xfer_mean_ms": 2.0}
+        rep["configs"]["replica@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.2}
+    doc["p2p"]["configs"] |= {"paced@1": "--nixl-gap-ms 1000", "replica@1": "--nixl-waits engine"}
+    a = ar.analyse(doc)
+    t = a["target_at_lowest_rate"]
+    assert t["post"]["prediction"] == "replica" and t["post"]["ratio"] == pytest.approx(1.05)
+    assert a["rates"][0]["judged_on"] == "replica" and a["rates"][0]["remainder"]["config"] == "replica@1"
+    del doc["p2p"]["repeats"][0]["configs"]["replica@1"], doc["p2p"]["repeats"][1]["configs"]["replica@1"]
+    assert ar.analyse(doc)["target_at_lowest_rate"]["post"]["prediction"] == "paced"
+
+
+def test_look_intervals_come_from_the_trace():
+    recs = [{"looks": [[200.0, "PROC"], [2200.0, "PROC"], [4700.0, "DONE"]]},
+            {"looks": [[150.0, "DONE"]]}, {}]
+    assert ae.look_intervals(recs) == [2.0, 2.5]
+
+
+def test_the_replica_takes_its_inputs_from_the_engines_runs(tmp_path):
+    from kvbench.lab.agree import MIN_LOOKS, replica_inputs
+    from kvbench.lab.agree_p2p import configs, replica_flags, seeded
+
+    def run(itl, looks):
+        return {"metrics": {"itl": {"mean": itl}}, "look_intervals_ms": looks}
+
+    engine = {"1": [run(3.0, [2.0] * 4), run(5.0, [2.0] * 4)],  # 8 looks: too few alone
+              "4": [run(6.0, [4.0] * MIN_LOOKS)], "8": [run(8.0, [])]}
+    draws = {"8": tmp_path / "steps-8rps.json"}
+    got, why = replica_inputs(engine, draws, tmp_path, output_len=32)
+    assert got["1"][1] == pytest.approx(31 * 4.0)  # (output_len - 1) x the mean ITL
+    assert "pooled" in why["1"]["poll"]  # 8 of its own: all rates' looks instead
+    assert len(json.loads(got["1"][0].read_text())) == 8 + MIN_LOOKS
+    assert "pooled" not in why["4"]["poll"] and got["4"][1] == pytest.approx(31 * 6.0)
+    engine["4"][0]["look_intervals_ms"] = []
+    got, why = replica_inputs(engine, draws, tmp_path, output_len=32)
+    assert got["8"][0] == draws["8"] and "inter-token" in why["8"]["poll"]
+    assert "4" not in got  # neither traced looks nor ITL draws: no replica at that rate
+    flags = replica_flags(4.0, tmp_path / "l.json", 186.0)
+    assert "--nixl-waits engine --nixl-gaps exp --nixl-gap-ms 250 --nixl-busy-ms 186.000" in flags
+    cfgs = configs({}, False, {"4": (tmp_path / "l.json", 186.0)})
+    s1, s2 = seeded(cfgs, 1), seeded(cfgs, 2)
+    assert s1["replica@4"].endswith("--nixl-gap-seed 1") and s2["replica@4"].endswith("--nixl-gap-seed 2")
+    assert s1["engine"] == cfgs["engine"] == ""  # fixed configurations are not reseeded
+
+
+def test_kvbench_posts_are_split_by_decodes_idle_time_as_the_engines_are():
+    from kvbench.lab.agree_p2p import summary
+    from kvbench.lab.agree_remainder import posts_by_worker_state
+
+    tel = {"post_ms": [4.0, 2.0, 0.2, 0.3], "xfer_ms": [4.0, 2.0, 0.2, 0.3],
+           "post_done": [1, 1, 1, 1], "looks": [0, 0, 0, 0],
+           "idle_ms": [0.5, 400.0, 1500.0, 2500.0], "gap_ms": [50.0, 500.0, 1600.0, 2600.0]}
+    rec = {"nixl_post_mean_ms": 1.625, "nixl_xfer_mean_ms": 1.625, "p50_ms": 1.0, "n_samples": 4,
+           "bytes": 1, "nixl_desc_count": 4, "spec_id": "x", "nixl_telemetry": tel,
+           "spec": {"transport_options": {"waits": "engine"}}}
+    tr = summary(rec)["transfers"]
+    assert tr["decode_idle_s"] == [0.0005, 0.4, 1.5, 2.5] and tr["gap_ms"] == tel["gap_ms"]
+    ws = posts_by_worker_state([tr])
+    assert ws["within_busy_loop"] == {"n": 2, "post_mean_ms": 3.0, "fast_share": 0.0}
+    assert ws["decoding"] == {"n": 1, "post_mean_ms": 4.0, "fast_share": 0.0}
+    assert ws["after_idle"]["n"] == 2 and ws["after_idle"]["fast_share"] == 1.0

@@ -1,7 +1,7 @@
 """`kvbench lab agree` against the real lab (lab group): one rate, one repeat, few iterations.
 
 Checks the document, not the agreement: every field there, every number finite, both
-predictions (engine-shaped and the plain fit) present. The agreement itself is a benchmark
+predictions (engine-shaped, the replica of decode at the rate, the plain fit) present. The agreement itself is a benchmark
 result (docs/lab.md, results/lab/agree-*), never a test threshold.
 """
 
@@ -52,6 +52,7 @@ def test_agree_writes_both_predictions(tmp_path):
         assert row["engine_mean_ms"][q] > 0
         assert row["engine_shaped"]["predicted_mean_ms"][q] > 0
         assert row["engine_shaped"]["ratio"][q]["mean"] > 0
+        assert row["replica"]["predicted_mean_ms"][q] > 0  # decode at the rate: judged on it
     assert row["plain"]["predicted_mean_ms"] > 0 and row["plain"]["ratio"]["xfer"]["mean"] > 0
     costs = {c["config"] for c in doc["agreement"]["factor_costs"]}
     assert {"engine", "off:threads", "off:step-poll", "off:per-request", "kv-split",
@@ -61,7 +62,8 @@ def test_agree_writes_both_predictions(tmp_path):
                                                         "per-request", "step-poll"}
     assert len(effects["interactions"]) == 6
     md = (out / "agreement.md").read_text()
-    assert "engine-shaped" in md and "plain fit" in md
+    assert "engine-shaped" in md and "plain fit" in md and "replica@1" in md
+    assert doc["agreement"]["target_at_lowest_rate"]["post"]["prediction"] == "replica"
     # the engine's per-transfer trace sees exactly the transfers its own histograms count
     (run,) = doc["engine"]["1"]
     tr = run["transfers"]

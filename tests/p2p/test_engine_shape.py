@@ -147,7 +147,7 @@ def _waiting_channel(monkeypatch, initiator: bool, poll: str, state: int, waits:
     clock = _Clock(monkeypatch)
     ch = object.__new__(ne.EngineChannel)  # only what idle() reads
     ch.poll, ch.initiator, ch.state, ch.next_poll = es.PollSchedule(poll), initiator, [state], 0.0
-    ch.waits = waits
+    ch.waits = es.Waits(waits)
     return ch, clock
 
 
@@ -306,7 +306,10 @@ for line in open(sys.argv[1]):
 """
 RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl-waits spin",
         "corrupt": "--debug-corrupt-elements 5",
-        "reversed": "--debug-region-order reversed"}
+        "reversed": "--debug-region-order reversed",
+        "paced": "--nixl-waits engine --nixl-spin-window-ms 2 --nixl-gaps exp --nixl-gap-ms 5 "
+                 "--nixl-gap-seed 3 --nixl-busy-ms 1",
+        "notif": "--nixl-announce nixl"}
 
 
 @pytest.fixture(scope="module")
@@ -339,6 +342,10 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     assert rcs.get("busy") == 0
     (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
     assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
+    assert opts["announce"] == "mpi"  # the request reaches decode outside NIXL, as vLLM's does
+    assert rcs.get("notif") == 0
+    (notif,) = recs["notif"]  # the link shape's NIXL notification instead: a spec of its own
+    assert notif["wrong"] == 0 and notif["spec"]["transport_options"]["announce"] == "nixl"
     tel = rec["nixl_telemetry"]
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))
@@ -354,6 +361,29 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     per = 1 + len(rec["warmup_ms"]) + rec["iters"] + 1
     for key in ("nixl_make_xfer_ms", "nixl_post_ms", "nixl_release_ms", "nixl_transfer_ms"):
         assert len(rec["breakdown_ms"][key]) == per, key
+
+
+@pytest.mark.mpi
+@needs_nixl
+def test_paced_run_records_its_gaps_and_waits(engine_job):
+    """--nixl-waits engine with drawn gaps: the spec names the mode, window, distribution,
+    seed and work (records of different pacing never merge), and the record holds each timed
+    handoff's drawn gap (the seed's own draws, in order) and decode's idle time at its post."""
+    rcs, recs, res = engine_job
+    assert rcs.get("paced") == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (rec,) = recs["paced"]
+    opts = rec["spec"]["transport_options"]
+    assert (opts["waits"], opts["spin_window_ms"], opts["gap_ms"], opts["gaps"], opts["gap_seed"],
+            opts["busy_ms"]) == ("engine", 2.0, 5.0, "exp", 3, 1.0)
+    (plain,) = recs["telemetry"]
+    assert "gaps" not in plain["spec"]["transport_options"] and rec["spec_id"] != plain["spec_id"]
+    tel, n, warm = rec["nixl_telemetry"], rec["n_samples"], len(rec["warmup_ms"])
+    g = es.Gaps(5.0, "exp", 3)
+    drawn = [g.next_s() * 1e3 for _ in range(1 + warm + n)][1 + warm:]  # cold, warm-ups first
+    assert tel["gap_ms"] == pytest.approx(drawn)
+    assert len(tel["idle_ms"]) == n and all(i >= 0 for i in tel["idle_ms"])
+    # a gap longer than the work leaves decode idle for about the rest before it posts
+    assert all(i >= gp - 1.0 - 0.5 for i, gp in zip(tel["idle_ms"], tel["gap_ms"], strict=True))
 
 
 @pytest.mark.mpi

@@ -35,7 +35,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from functools import partial
 
 from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
@@ -67,6 +66,7 @@ from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_in
 # MPI tags on the transport's private communicator, per channel id (see _tag)
 _TAG_BASE, _TAG_SPAN = 1000, 4000
 _SETUP, _SYNC, _MD = 0, 1, 2
+_ANNOUNCE = 3  # the engine shape's request announcement (--nixl-announce mpi)
 
 # unit states on the initiator
 _IDLE, _PROC, _DONE = 0, 1, 2
@@ -134,6 +134,7 @@ class _Exchange:
             if now() > deadline:
                 raise TransferTimeout(f"nixl: rank {self.peer} did not take this rank's "
                                       "set-up messages before the --timeout")
+        self.sends.clear()
         self.sends = []
 
     def cancel_sends(self) -> None:
@@ -349,8 +350,7 @@ class NIXLChannel(Channel):
     # -- the handoff -----------------------------------------------------------
 
     def begin_handoff(self) -> None:
-        if self.t.gap_s:  # idle as an engine between requests (both sides; the start barrier follows)
-            time.sleep(self.t.gap_s)
+        self.idle_before()
         self.h += 1
         self.in_handoff = True
         self.cur = {}
@@ -363,6 +363,13 @@ class NIXLChannel(Channel):
         self.got = {k for k in self.got if k[1] > self.h}
         for kind, h, u in early:
             self.notify(kind, h, u)
+
+    def idle_before(self) -> None:
+        """Idle as an engine between requests (--nixl-gap-ms; both sides, the start barrier
+        follows): sleep the gap."""
+        gap = self.t.gaps.next_s()
+        if gap:
+            time.sleep(gap)
 
     def post(self, i: int, ready=None) -> Request:
         u = self.unit_of[i]
@@ -583,12 +590,22 @@ class NIXLTransport(Transport):
                             "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
                             "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
                             "--nixl-shape engine")
-        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin"), default=None,
+        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin", "engine"), default=None,
                        help="engine shape: how its threads wait between looks at NIXL and in "
-                            "the harness's own waits: sleep (default; reproduces vLLM's post "
-                            "histogram on a shared core, docs/nixl.md), yield (sched_yield "
-                            "spinning, vLLM's worker loop between steps), or spin (the link "
-                            "harness's busy loop)")
+                            "the harness's own waits: sleep (default), yield (sched_yield "
+                            "spinning), spin (the link harness's busy loop), or engine (what "
+                            "vLLM 0.32's worker does: yield-spin for --nixl-spin-window-ms "
+                            "after its last work, sleep after that; the gap before a handoff "
+                            "is waited the same way; docs/nixl.md)")
+        e.add_argument("--nixl-announce", choices=("mpi", "nixl"), default=None,
+                       help="engine shape: how prefill tells decode a request is ready: mpi "
+                            "(default: outside NIXL, as vLLM's proxy and engine core do) or a "
+                            "NIXL notification (the link shape's way; its arrival is handled by "
+                            "NIXL's progress thread right before the post)")
+        e.add_argument("--nixl-spin-window-ms", type=arg_float(0, 60_000), default=None,
+                       metavar="MS",
+                       help="--nixl-waits engine: how long a thread yield-spins after its last "
+                            "work before it sleeps (default 1000, vLLM 0.32's busy_loop_s)")
         e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
                        help="UCX worker threads of the agent (nixl_agent_config num_threads; "
                             f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
@@ -605,6 +622,18 @@ class NIXLTransport(Transport):
                             "at R requests/s moves a request's KV about every 1000/R ms, and "
                             "its progress thread idles in between; default 0: back to back; "
                             "not counted in --seconds-per-point)")
+        e.add_argument("--nixl-gaps", choices=("fixed", "exp"), default="fixed",
+                       help="engine shape: every gap --nixl-gap-ms long (fixed, default), or "
+                            "drawn exponentially with that mean (exp: the gaps of Poisson "
+                            "arrivals, as the lab's `vllm bench serve` sends requests), seeded "
+                            "by --nixl-gap-seed; the drawn gaps are in the record")
+        e.add_argument("--nixl-busy-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
+                       help="engine shape with --nixl-gap-ms: decode works this long after each "
+                            "handoff (decoding the request: its core busy, no yield), inside the "
+                            "gap; a shorter gap makes the next post follow that work (default 0)")
+        e.add_argument("--nixl-gap-seed", type=arg_int(0, 2**31 - 1), default=0, metavar="N",
+                       help="--nixl-gaps exp: the generator's seed (default 0; every rank draws "
+                            "the same gaps)")
         e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
                        help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
@@ -636,15 +665,20 @@ class NIXLTransport(Transport):
         self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
         self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
-        self.waits = getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin")
-        if self.waits != "spin":  # the harness's own waits (barrier, notice) wait the same way
-            from kvbench.p2p.engine_shape import pause
+        from kvbench.p2p.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
 
-            self.between_tests = partial(pause, self.waits)
+        window = getattr(o, "nixl_spin_window_ms", None)
+        self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
+                           ENGINE_SPIN_WINDOW_MS if window is None else window)
+        if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
+            self.between_tests = self.waits.pause
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
         self.uses_regions = engine
+        self.announce = getattr(o, "nixl_announce", None) or ("mpi" if engine else "nixl")
         self.progress_delay_us = o.nixl_progress_delay_us
-        self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
+        self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
+                         getattr(o, "nixl_gap_seed", 0))
+        self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
         # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
@@ -701,13 +735,14 @@ class NIXLTransport(Transport):
                        nixl_poll=self._poll_label())
         if self.progress_delay_us:
             out["nixl_progress_delay_us"] = self.progress_delay_us
-        if self.gap_s:
-            out["nixl_gap_ms"] = round(self.gap_s * 1e3, 6)
+        out.update(self.gaps.label())
+        if self.busy_s:
+            out["nixl_busy_ms"] = round(self.busy_s * 1e3, 6)
         if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.p2p.cut)
             out.update(nixl_shape="engine",
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
-                       nixl_waits=self.waits)
+                       nixl_announce=self.announce, **self.waits.label())
             if self.region_order != "natural":
                 out["nixl_region_order"] = self.region_order
         return out

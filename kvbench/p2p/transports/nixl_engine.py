@@ -7,7 +7,9 @@ Per channel, once (as the connector does at registration and at the handshake):
   - each side's descriptor ids for the request (region * pool_blocks + block) exchanged.
 Per handoff (one request):
   - prefill announces the request (the control plane of the engine: the proxy's
-    kv_transfer_params; not part of the engine's NIXL metrics);
+    kv_transfer_params; not part of the engine's NIXL metrics), over MPI as the engine's
+    comes over HTTP, outside NIXL (--nixl-announce mpi, default), or as a NIXL notification
+    (--nixl-announce nixl, the link shape's way);
   - decode makes a prepped READ over the request's ids with the notification attached
     (make_prepped_xfer(..., notif_msg)), posts it without a message (NX/pull_worker.py:546-559),
     looks at it once in the same step and then once per engine step (PollSchedule); on DONE
@@ -21,6 +23,7 @@ recorded in ms), totalBytes and descCount after merging, beside kvbench's own ti
 
 from __future__ import annotations
 
+import time
 from dataclasses import astuple
 
 import numpy as np
@@ -32,11 +35,10 @@ from kvbench.p2p.engine_shape import (
     desc_ids,
     dlist_rows,
     merged_count,
-    pause,
-    wait_until,
 )
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl import (
+    _ANNOUNCE,
     _PROC,
     _SETUP,
     _SYNC,
@@ -48,9 +50,12 @@ from kvbench.p2p.transports.nixl import (
 
 # `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE
 # (0: the look in the posting step already saw it done); `post_done`: 1 when the post itself
-# returned DONE (the READ and its notification finished inside the call).
+# returned DONE (the READ and its notification finished inside the call); `idle_ms`: how long
+# decode had been without work when it posted (its last look or post; --nixl-waits engine
+# yield-spins for the window after it, then sleeps); `gap_ms`: the idle time drawn before the
+# handoff (--nixl-gap-ms, --nixl-gaps).
 TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count", "looks",
-                  "post_done")
+                  "post_done", "idle_ms", "gap_ms")
 
 
 def _rows(regions: list[Region]) -> np.ndarray:
@@ -77,6 +82,7 @@ class EngineChannel(NIXLChannel):
         self.per_request, self.waits = transport.per_request, transport.waits
         self.next_poll = 0.0
         self.looks = self.post_done = 0
+        self.idle_ms = self.gap_ms = 0.0
         self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
         self.remote_ids: list[int] = []
         self.expected = None
@@ -133,8 +139,32 @@ class EngineChannel(NIXLChannel):
 
     # -- the handoff ---------------------------------------------------------------
 
+    def pump(self, from_test: bool) -> None:
+        """Drive the handoff; never blocks. With --nixl-announce mpi (default) the request
+        reaches decode outside NIXL, as vLLM's does (the proxy's kv_transfer_params over
+        HTTP, then the engine core's step), so decode's NIXL is left alone between its last
+        step and the post; with nixl the announcement is a NIXL notification, whose arrival
+        NIXL's progress thread handles right before the post (it makes posts slower: the
+        post then more often loses the core, docs/nixl.md)."""
+        if self.t.announce != "mpi":
+            super().pump(from_test)
+            return
+        if self.initiator:
+            while True:
+                ok, msg = self.xc.try_recv(self._tag(_ANNOUNCE))
+                if not ok:
+                    break
+                self.notify("r", *msg)
+            while self.queue:
+                self._issue(self.queue.popleft())
+            return
+        while self.queue:  # prefill: announce, then look for the READ's notification
+            self.xc.send((self.h, self.queue.popleft()), self._tag(_ANNOUNCE))
+        self.t.poll_notifs()
+
     def _issue(self, u: int) -> None:
         notif = _notif(self.cid, "d", self.h, u)
+        self.idle_ms = self.waits.idle_s() * 1e3
         if self.per_request:  # the notification rides on the READ from its creation
             self._make(u, notif)
         t0 = now()
@@ -145,6 +175,7 @@ class EngineChannel(NIXLChannel):
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
         self.count_posted(self.list_len[u])
+        self.waits.worked()
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
         self.looks, self.post_done = 0, int(st == "DONE")
@@ -157,12 +188,13 @@ class EngineChannel(NIXLChannel):
         """One engine step's look at the transfer: not before the step comes (waiting as the
         engine's threads do, --nixl-waits), then NIXL's state; on DONE its telemetry, then the release."""
         if not self.poll.busy:
-            wait_until(self.next_poll, self.waits)
+            self.waits.until(self.next_poll)
         try:
             st = self.agent.check_xfer_state(self.xfers[u])
         except Exception as exc:  # noqa: BLE001
             self._failed(u, f"{type(exc).__name__}: {exc}")
         t = now()
+        self.waits.worked()
         if st == "PROC":
             self.looks += 1
             if not self.poll.busy:
@@ -186,10 +218,31 @@ class EngineChannel(NIXLChannel):
         if self.initiator and self.state[u] == _PROC:
             return
         if self.initiator or self.poll.busy:
-            pause(self.waits)
+            self.waits.pause()
             return
-        wait_until(self.next_poll, self.waits)
+        self.waits.until(self.next_poll)
+        self.waits.worked()  # prefill's engine step: it looks for the READ's notification
         self.next_poll = now() + self.poll.next_ms() / 1e3
+
+    def idle_before(self) -> None:
+        """The time between two requests (--nixl-gap-ms, drawn by --nixl-gaps): decode first
+        works for up to --nixl-busy-ms (decoding the last request: forward passes that keep
+        its core busy), then idles for the rest, waiting as the engine's threads wait
+        (--nixl-waits engine: yield-spinning through the window after the last work, then
+        asleep; other waits sleep it). A gap shorter than the work leaves no idle: the post
+        follows the work, as when a request arrives while another decodes. Prefill idles the
+        whole gap. Recorded per handoff (gap_ms; idle_ms at the post)."""
+        gap = self.t.gaps.next_s()
+        self.gap_ms = gap * 1e3
+        if not gap:
+            return
+        t_end = now() + gap
+        if self.initiator and self.t.busy_s:
+            self.waits.busy(min(t_end, now() + self.t.busy_s))
+        if self.waits.mode == "engine":
+            self.waits.until(t_end)
+        else:
+            time.sleep(max(0.0, t_end - now()))
 
     def _telemetry(self, u: int) -> None:
         if not self.t.telemetry:
@@ -206,6 +259,8 @@ class EngineChannel(NIXLChannel):
         self.tel["expected_desc_count"].append(self.expected)
         self.tel["looks"].append(self.looks)
         self.tel["post_done"].append(self.post_done)
+        self.tel["idle_ms"].append(self.idle_ms)
+        self.tel["gap_ms"].append(self.gap_ms)
 
     def end_handoff(self) -> None:
         """Handles were released on DONE (per request); nothing else is per handoff."""
