@@ -56,17 +56,9 @@ HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps
 SHAPED, ODD = (1, 0), (0, 2)  # n2 -> n1, n1 -> n3 (ranks: one per node, in node order)
 
 sys.path.insert(0, str(ROOT))
+from benchmarks.shaped_link import rate_bits  # noqa: E402  (tc's rate syntax)
 from kvbench.cli import ArgumentParser, UsageError  # noqa: E402
 from kvbench.units import parse_bytes  # noqa: E402
-
-_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
-def rate_bits(text: str) -> float:
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)(kbit|mbit|gbit)", text.strip().lower())
-    if not m or float(m.group(1)) <= 0:
-        raise UsageError(f"--rate must look like 400mbit or 1gbit, got {text!r}")
-    return float(m.group(1)) * _RATE_UNITS[m.group(2)]
 
 
 def payload_gb_s(bits: float, mtu: int) -> float:
@@ -82,7 +74,7 @@ def build_parser() -> ArgumentParser:
                    "default 3)")
     p.add_argument("--rate", default="400mbit", help="tbf rate of the shaped pair, tc syntax "
                    "(default 400mbit = 0.05 GB/s)")
-    p.add_argument("--bytes", default="1M,2M,4M,8M", help="payload sizes (default 1M,2M,4M,8M)")
+    p.add_argument("--bytes", default="2M,4M,8M,16M", help="payload sizes (default 2M,4M,8M,16M)")
     p.add_argument("--iters", type=int, default=12, help="timed rounds (default 12)")
     p.add_argument("--mtu", type=int, default=9000, help="MTU of every link (default 9000)")
     p.add_argument("--tolerance", type=float, default=0.10,
@@ -99,7 +91,36 @@ def skip_reason() -> str | None:
     for tool in ("ip", "tc", "nsenter", "unshare"):
         if shutil.which(tool) is None:
             return f"'{tool}' not found (iproute2, util-linux)"
-    return None
+    return netns_support()
+
+
+def netns_support() -> str | None:
+    """Why this kernel cannot build the test network (namespaces, a bridge, veth, an HTB root
+    with a u32 filter and a tbf leaf), tried on two throwaway namespaces; None: it can."""
+    a, b = f"kvbm-probe-{os.getpid()}-a", f"kvbm-probe-{os.getpid()}-b"
+    steps = [("ip", "netns", "add", a), ("ip", "netns", "add", b),
+             ("ip", "-n", a, "link", "add", "br0", "type", "bridge"),
+             ("ip", "link", "add", "v0", "netns", a, "type", "veth", "peer", "name", "v0",
+              "netns", b),
+             ("ip", "netns", "exec", b, "tc", "qdisc", "add", "dev", "v0", "root", "handle", "1:",
+              "htb"),
+             ("ip", "netns", "exec", b, "tc", "class", "add", "dev", "v0", "parent", "1:",
+              "classid", "1:10", "htb", "rate", "1gbit"),
+             ("ip", "netns", "exec", b, "tc", "qdisc", "add", "dev", "v0", "parent", "1:10",
+              "tbf", "rate", "400mbit", "burst", "32kb", "latency", "200ms"),
+             ("ip", "netns", "exec", b, "tc", "filter", "add", "dev", "v0", "parent", "1:",
+              "protocol", "ip", "prio", "1", "u32", "match", "ip", "dst", "10.0.0.1/32",
+              "flowid", "1:10")]
+    try:
+        for cmd in steps:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if r.returncode != 0:
+                return f"this kernel cannot build the test network: {' '.join(cmd[:6])} ...: " \
+                       f"{r.stderr.strip()}"
+        return None
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
 
 
 def sh(*cmd: str, check: bool = True, env=None, timeout: float = 120) -> subprocess.CompletedProcess:

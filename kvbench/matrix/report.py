@@ -135,6 +135,8 @@ def heatmap_png(doc: MatrixDocument) -> bytes:
     ax.set_xlabel("receiver rank (host)")
     ax.set_ylabel("sender rank (host)")
     top = np.nanmax(grid) if np.isfinite(grid).any() else 1.0
+    for r in range(n if n <= MAX_ANNOTATED else 0):
+        ax.text(r, r, "—", ha="center", va="center", fontsize=8, color="black")
     for p in doc.pairs:
         i, j = p.pair
         if p.findings:
@@ -145,7 +147,7 @@ def heatmap_png(doc: MatrixDocument) -> bytes:
             if p.findings:
                 text += "\n" + _codes(p)
             ax.text(j, i, text, ha="center", va="center", fontsize=8,
-                    color="white" if np.isnan(v) or v < 0.5 * top else "black")
+                    color="black" if np.isnan(v) or v >= 0.5 * top else "white")
     ax.set_title(f"kvbench matrix: {doc.transport}, {n} ranks\n"
                  f"{sum(1 for p in doc.pairs if p.findings)} pair(s) named (red)", fontsize=10)
     fig.tight_layout()

@@ -371,3 +371,73 @@ def test_pair_choice_parses():
     assert parse_pair_choice("3,0") == (3, 0)
     with pytest.raises(UsageError):
         parse_pair_choice("3")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--baseline"], "--baseline times ranks 0 and 1 only"),
+    (["--transport", "nixl", "--nixl-shape", "engine"], "--nixl-shape engine"),
+])
+def test_the_pattern_refuses_what_it_cannot_measure(flags, needle):
+    from kvbench.p2p import args as p2p
+    from kvbench.p2p.patterns.matrix import Matrix
+
+    ns = p2p.build_parser().parse_args(["--pattern", "matrix", *flags])
+    assert needle in Matrix.layout_error(ns, 3, None)
+    assert Matrix.layout_error(p2p.build_parser().parse_args([]), 1, None) is not None
+
+
+# ---------------------------------------------------------------------------
+# each pair's own path: UCX tables tied to a peer, NCCL connections of a pair
+
+
+def _row(cfg: str, op: str, transport: str) -> dict:
+    return {"endpoint": f"kv-0 inter-node cfg#{cfg}", "operation": op, "range": "0..inf",
+            "protocol": "zero-copy", "transport": transport}
+
+
+PUT = "remote memory write by ucp_put* from host memory to host"
+AM = "active message by ucp_am_send* from host memory"
+
+
+def test_a_peers_path_is_its_configurations_rows_whenever_printed():
+    from kvbench.p2p.transports.ucx_info import peer_rows, summarize_path
+
+    cfg1 = [_row("1", PUT, "tcp/eth0")]
+    cfg2 = [_row("2", PUT, "tcp/eth1")]
+    late_am = [_row("2", AM, "tcp/eth1")]  # printed later, at the first notification
+    every = cfg1 + cfg2 + late_am
+    rows, how = peer_rows(cfg2, every, "write")
+    assert how == "printed while connecting to the peer"
+    assert summarize_path(rows, "write") == ("RMA write: tcp/eth1 (zero-copy); notifications "
+                                             "(AM): tcp/eth1")
+    # nothing printed with this peer: known only when the rank used one configuration
+    assert peer_rows([], cfg1, "write")[1] == "the only endpoint configuration this rank used"
+    rows, how = peer_rows([], every, "write")
+    assert rows == [] and how.startswith("ambiguous: the endpoint reused one of 2")
+    assert peer_rows([], [], "write") == ([], "UCX reported no protocol selection")
+    # a read-mode run's tables do not answer a write question
+    assert peer_rows([_row("3", "remote memory read by ucp_get*", "tcp/eth0")], [], "write")[0] == []
+
+
+def test_read_complete_lines_leaves_a_line_being_written(tmp_path):
+    from kvbench.p2p.transports.ucx_info import read_complete_lines
+
+    f = tmp_path / "ucx.log"
+    f.write_bytes(b"one\ntwo\npart")
+    text, at = read_complete_lines(f, 0)
+    assert text == "one\ntwo\n" and at == 8
+    f.write_bytes(b"one\ntwo\npartial\n")
+    assert read_complete_lines(f, at) == ("partial\n", 16)
+    assert read_complete_lines(tmp_path / "none", 5) == ("", 5)
+
+
+def test_nccl_connections_of_one_pair():
+    from kvbench.p2p import nccl_log
+    from tests.conftest import ROOT
+
+    log = nccl_log.parse((ROOT / "tests/data/nccl/nccl-2.21-net-ib-gdrdma.log").read_text())
+    there, back = log.for_pair(0, 1), log.for_pair(1, 0)
+    assert {(c.src, c.dst) for c in there.connections} == {(0, 1)}
+    assert {(c.src, c.dst) for c in back.connections} == {(1, 0)}
+    assert there.path().startswith("NET/IB/0/GDRDMA") and there.version == log.version
+    assert log.for_pair(0, 2).path() is None  # no connection logged: no path claimed

@@ -159,6 +159,9 @@ class Matrix(Pattern):
             return "pattern matrix needs at least 2 ranks"
         if getattr(args, "nixl_shape", "link") == "engine":
             return "pattern matrix measures links: --nixl-shape engine is not supported with it"
+        if getattr(args, "baseline", False):
+            return ("pattern matrix: --baseline times ranks 0 and 1 only, a yardstick for no "
+                    "other pair; leave it out")
         return None
 
     def pairs(self) -> list[Pair]:
