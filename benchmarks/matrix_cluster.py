@@ -17,10 +17,11 @@ a namespace of its own. Then, in the nodes' namespaces only:
                  headers per segment; the ACKs go the other way, through no shaper).
   odd-path pair  n1 -> n3: a second veth links n1 and n3 (eth1; n1 has 10.214.0.1/24 on it,
                  n3 no address) and n1 routes n3's address over it (`10.213.0.3 dev eth1`), a
-                 stale host route. UCX's TCP transport (UCX_TLS=tcp) picks the interface the
-                 route leaves by, so n1's endpoint to n3 runs on tcp/eth1 while every other
-                 endpoint runs on tcp/eth0; n3 answers over eth0 (its route back to n1's eth1
-                 address is a host route), so n3 -> n1 is not odd.
+                 stale host route. UCX's TCP transport (UCX_TLS=tcp) checks which interface
+                 the route leaves by, so n1's endpoint to n3 runs on tcp/eth1 while every other
+                 endpoint runs on tcp/eth0. n3 reaches n1's eth1 address through n1's eth0
+                 (`10.214.0.1 via 10.213.0.1 dev eth0`), so n3 -> n1 stays on eth0: one
+                 ordered pair is odd, not the pair of nodes.
 
 It submits jobs/matrix.sbatch (`sbatch -N nodes`, one rank per node, `srun --mpi=pmix`,
 kvbench matrix with --transport nixl on CPU memory, --expect-link tcp), waits for it, and
@@ -74,8 +75,9 @@ def build_parser() -> ArgumentParser:
                    "default 3)")
     p.add_argument("--rate", default="400mbit", help="tbf rate of the shaped pair, tc syntax "
                    "(default 400mbit = 0.05 GB/s)")
-    p.add_argument("--bytes", default="2M,4M,8M,16M", help="payload sizes (default 2M,4M,8M,16M)")
-    p.add_argument("--iters", type=int, default=12, help="timed rounds (default 12)")
+    p.add_argument("--bytes", default="1M,2M,4M,8M,16M,32M",
+                   help="payload sizes (default 1M,2M,4M,8M,16M,32M)")
+    p.add_argument("--iters", type=int, default=10, help="timed rounds (default 10)")
     p.add_argument("--mtu", type=int, default=9000, help="MTU of every link (default 9000)")
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="allowed relative error of the shaped pair's rate (default 0.10)")
@@ -191,11 +193,15 @@ def plant(c: Cluster, bits: float) -> dict:
             sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.conf.{conf}.rp_filter=0")
     sh("ip", "-n", n1, "addr", "add", "10.214.0.1/24", "dev", "eth1")
     sh("ip", "-n", n1, "route", "add", "10.213.0.3/32", "dev", "eth1")
-    sh("ip", "-n", n3, "route", "add", "10.214.0.1/32", "dev", "eth1")
+    # n3 reaches n1's eth1 address over its own eth0, through n1: whichever of n1's addresses
+    # UCX gives n3 (a wire-up request carries the lane's own), n3 has a route from its one
+    # device to it, and n3 -> n1 stays on eth0
+    sh("ip", "-n", n3, "route", "add", "10.214.0.1/32", "via", "10.213.0.1", "dev", "eth0")
     return {"qdisc_n2": sh("ip", "netns", "exec", n2, "tc", "qdisc", "show", "dev", "eth0").stdout,
             "filter_n2": sh("ip", "netns", "exec", n2, "tc", "filter", "show", "dev", "eth0").stdout,
             "route_n1_to_n3": sh("ip", "-n", n1, "route", "get", "10.213.0.3").stdout.strip(),
-            "route_n3_to_n1": sh("ip", "-n", n3, "route", "get", "10.213.0.1").stdout.strip()}
+            "route_n3_to_n1": sh("ip", "-n", n3, "route", "get", "10.213.0.1").stdout.strip(),
+            "route_n3_to_n1_eth1": sh("ip", "-n", n3, "route", "get", "10.214.0.1").stdout.strip()}
 
 
 def submit(c: Cluster, args, out_root: Path, log: Path) -> str:
