@@ -22,6 +22,7 @@ The verdict's rules (every setting is written into the document):
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import Counter
@@ -72,8 +73,6 @@ class Run:
 
 
 def _matrix_key(spec: dict) -> str:
-    import json
-
     return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR}, sort_keys=True)
 
 
