@@ -28,7 +28,7 @@ from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_
 from kvbench.matrix.analyze import DEFAULT_SLOW_FRACTION, analyze
 from kvbench.p2p import linkpath
 from kvbench.records.schema.matrix import MatrixDocument
-from kvbench.records.write import check_destination, dumps_json, fresh_stem, write_files
+from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
 SUFFIXES = (".json", ".png", ".md", ".csv")
@@ -112,11 +112,12 @@ def report_parser() -> ArgumentParser:
 
 def render(doc: MatrixDocument) -> list[tuple[str, str | bytes]]:
     """(suffix, content) of every file, rendered before anything is written."""
+    from kvbench.fit.fitting import dumps  # indented, each pair's draws on one line
     from kvbench.fit.plots import require_matplotlib
     from kvbench.matrix import report
 
     require_matplotlib()
-    return [(".json", dumps_json(doc.model_dump(by_alias=True, exclude_none=False)) + "\n"),
+    return [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
             (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
             (".csv", report.csv_table(doc))]
 
