@@ -441,3 +441,15 @@ def test_nccl_connections_of_one_pair():
     assert {(c.src, c.dst) for c in back.connections} == {(1, 0)}
     assert there.path().startswith("NET/IB/0/GDRDMA") and there.version == log.version
     assert log.for_pair(0, 2).path() is None  # no connection logged: no path claimed
+
+
+def test_the_committed_cluster_run_judged_again(tmp_path):
+    """results/matrix-20261206: the records of a real Slurm run over three nodes in network
+    namespaces (benchmarks/matrix_cluster.py); judged again, the same two pairs, and no other."""
+    from tests.conftest import committed
+
+    src = sorted(committed("results/matrix-20261206").glob("kvbench-p2p-*.jsonl"))
+    doc = az.analyze([str(p) for p in src], expect_link="tcp", n_boot=1000)
+    assert named(doc) == {(1, 0): ["slow"], (0, 2): ["path_differs"]}
+    assert doc.pair(1, 0).effective_gb_s == pytest.approx(0.4e9 / 8 / 1e9 * 8948 / 9014, rel=0.10)
+    assert "tcp/eth1" in doc.pair(0, 2).path and doc.pair(0, 2).sender.host == "n1"
