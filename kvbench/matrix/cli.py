@@ -166,7 +166,15 @@ def report_main(argv: Sequence[str] | None) -> int:
 # under MPI
 
 
+def _under_launcher() -> bool:
+    return any(os.environ.get(v, "").strip() for v in RANK_VARIABLES)
+
+
 def _p2p_argv(rest: list[str]) -> list[str]:
+    if not _under_launcher() and not {"-h", "--help"} & set(rest):
+        raise UsageError("run it under MPI with 2 or more ranks: mpirun -n N kvbench matrix ... "
+                         "or srun --mpi=pmix kvbench matrix ...; `kvbench matrix report` judges "
+                         "records already written")
     for flag in ("--pattern", "--no-write"):
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise UsageError(f"{flag}: kvbench matrix runs the matrix pattern and writes its "
@@ -177,8 +185,6 @@ def _p2p_argv(rest: list[str]) -> list[str]:
 def measure_main(argv: Sequence[str]) -> int:
     """Every rank: the matrix measured by kvbench p2p; then rank 0 alone, after MPI is down,
     fits and writes the report (a slow analysis keeps no rank waiting in MPI)."""
-    from kvbench.p2p import cli as p2p
-
     try:
         args, rest = measure_parser().parse_known_args(list(argv))
         rules = _rules(args)
@@ -189,6 +195,8 @@ def measure_main(argv: Sequence[str]) -> int:
         if _speaker():
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    from kvbench.p2p import cli as p2p  # (torch, MPI: after the flags are known to be good)
+
     written: dict = {}
     code = p2p.cli(p2p_argv, written)
     if "records" not in written:  # not rank 0, or nothing was written

@@ -299,10 +299,18 @@ def test_bad_report_input_is_one_line_and_exit_2(planted_doc, tmp_path, args, ne
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
 
 
-def test_measure_mode_refuses_pattern_and_no_write_before_mpi():
+def test_measure_mode_refuses_before_mpi_starts():
+    import os
+
+    r = run_cli("kvbench.matrix", "--bytes", "1M")  # no launcher: no MPI singleton started
+    assert r.returncode == 2 and "run it under MPI with 2 or more ranks" in r.stderr
+    launched = {**os.environ, "OMPI_COMM_WORLD_RANK": "0"}  # what mpirun sets (not started)
     for bad_flag in (["--pattern", "sequential"], ["--no-write"]):
-        r = run_cli("kvbench.matrix", *bad_flag)
+        r = run_cli("kvbench.matrix", *bad_flag, env=launched)
         assert r.returncode == 2 and "kvbench matrix runs the matrix pattern" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("kvbench.matrix", "--slow-fraction", "0", env={**launched, "OMPI_COMM_WORLD_RANK": "1"})
+    assert r.returncode == 2 and r.stderr == ""  # rank 1 is silent: rank 0 says it
 
 
 # ---------------------------------------------------------------------------
