@@ -57,7 +57,7 @@ HEADER_BYTES = 14 + 20 + 32  # Ethernet, IPv4, TCP with timestamps
 SHAPED, ODD = (1, 0), (0, 2)  # n2 -> n1, n1 -> n3 (ranks: one per node, in node order)
 
 sys.path.insert(0, str(ROOT))
-from benchmarks.shaped_link import rate_bits  # noqa: E402  (tc's rate syntax)
+from benchmarks.shaped_link import rate_bits, script_cli  # noqa: E402  (tc's rate syntax)
 from kvbench.cli import ArgumentParser, UsageError  # noqa: E402
 from kvbench.units import parse_bytes  # noqa: E402
 
@@ -328,14 +328,7 @@ def main(argv=None) -> int:
 
 
 def cli(argv=None) -> int:
-    try:
-        return main(argv)
-    except UsageError as exc:
-        print(f"matrix_cluster.py: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"FAIL: {exc}", file=sys.stderr)
-        return 1
+    return script_cli("matrix_cluster.py", main, argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ slow or on an odd path; 2 for bad input; the benchmark's own status when it fail
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_main
 from kvbench.matrix.analyze import DEFAULT_SLOW_FRACTION, analyze
 from kvbench.p2p import linkpath
+from kvbench.p2p.watchdog import env_rank
 from kvbench.records.schema.matrix import MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
@@ -34,7 +34,6 @@ PROG = "kvbench matrix"
 SUFFIXES = (".json", ".png", ".md", ".csv")
 FAILING = ("expect_link", "wrong_data")
 OUTLIERS = ("slow", "path_differs")
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK")
 
 _EPILOG = """\
 Every other flag is kvbench p2p's (python -m kvbench.p2p --help): the sizes (--bytes,
@@ -81,10 +80,8 @@ class _RankParser(ArgumentParser):
 
 
 def _speaker() -> bool:
-    for v in RANK_VARIABLES:
-        if os.environ.get(v, "").strip():
-            return os.environ[v].strip() == "0"
-    return True
+    """Rank 0 by the launcher's variables, or no launcher at all."""
+    return env_rank() in (None, 0)
 
 
 def measure_parser() -> ArgumentParser:
@@ -166,15 +163,7 @@ def report_main(argv: Sequence[str] | None) -> int:
 # under MPI
 
 
-def _under_launcher() -> bool:
-    return any(os.environ.get(v, "").strip() for v in RANK_VARIABLES)
-
-
 def _p2p_argv(rest: list[str]) -> list[str]:
-    if not _under_launcher() and not {"-h", "--help"} & set(rest):
-        raise UsageError("run it under MPI with 2 or more ranks: mpirun -n N kvbench matrix ... "
-                         "or srun --mpi=pmix kvbench matrix ...; `kvbench matrix report` judges "
-                         "records already written")
     for flag in ("--pattern", "--no-write"):
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise UsageError(f"{flag}: kvbench matrix runs the matrix pattern and writes its "
@@ -189,12 +178,16 @@ def measure_main(argv: Sequence[str]) -> int:
         args, rest = measure_parser().parse_known_args(list(argv))
         rules = _rules(args)
         p2p_argv = _p2p_argv(rest)
+        if env_rank() is None:
+            raise UsageError("run it under MPI with 2 or more ranks: mpirun -n N kvbench matrix "
+                             "... or srun --mpi=pmix kvbench matrix ...; `kvbench matrix report` "
+                             "judges records already written")
     except SystemExit as exc:
-        return int(exc.code or 0)
+        return _leave_together(int(exc.code or 0))
     except UsageError as exc:
         if _speaker():
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+            print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return _leave_together(exc.exit_code)
     from kvbench.p2p import cli as p2p  # (torch, MPI: after the flags are known to be good)
 
     written: dict = {}
@@ -208,6 +201,21 @@ def measure_main(argv: Sequence[str]) -> int:
                         args.fail_on_outliers)
 
     return max(code, run_main(PROG, finish, []))
+
+
+def _leave_together(code: int) -> int:
+    """Every rank refused the same flags before MPI: meet once in MPI_Finalize (a fence,
+    bounded by the watchdog) so no rank exits, and has the launcher kill the job, before
+    rank 0's line is out. Without a launcher there is no one to wait for."""
+    if env_rank() is None or code == 0:
+        return code
+    from kvbench.p2p import world
+    from kvbench.p2p.watchdog import WATCHDOG
+
+    WATCHDOG.start(PROG, 60.0)
+    if world.init():
+        world.finalize()
+    return code
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
