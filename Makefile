@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,mpi,nixl,plot]"
+	$(PY) -m pip install -q -e ".[test,p2p,mpi,nixl,plot]"
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -66,13 +66,13 @@ BENCH_SELF = KVBENCH_BENCH_SHORT=1 $(PY) -m pytest benchmarks --benchmark-only -
 	--benchmark-min-rounds=2 --benchmark-max-time=0.2
 bench-self: $(STAMP)
 	$(BENCH_SELF) --benchmark-json=$(BENCH_JSON)
-	$(PY) benchmarks/compare.py results/benchmarks/baseline-1.json \
-		results/benchmarks/baseline-2.json $(BENCH_JSON)
+	$(PY) benchmarks/compare.py benchmarks/baseline/baseline-1.json \
+		benchmarks/baseline/baseline-2.json $(BENCH_JSON)
 
 # A new baseline: two runs in the same (short) mode as bench-self, on a quiet machine.
 bench-self-baseline: $(STAMP)
-	$(BENCH_SELF) --benchmark-json=results/benchmarks/baseline-1.json
-	$(BENCH_SELF) --benchmark-json=results/benchmarks/baseline-2.json
+	$(BENCH_SELF) --benchmark-json=benchmarks/baseline/baseline-1.json
+	$(BENCH_SELF) --benchmark-json=benchmarks/baseline/baseline-2.json
 
 # On a GPU machine (docs/gpu.md): needs a CUDA torch in the venv (make clean-venv; make venv
 # TORCH=torch), installs the CuPy that matches torch's CUDA major, then runs scripts/gpu-check.
@@ -82,7 +82,7 @@ gpu-check: $(STAMP)
 	@major=$$($(PY) -c 'import torch; print((torch.version.cuda or "").split(".")[0])'); \
 	if [ -z "$$major" ]; then echo "make gpu-check: error: the venv's torch has no CUDA ($(TORCH)); make clean-venv, then make venv TORCH=torch" >&2; exit 2; fi; \
 	$(PY) -c 'import cupy' 2>/dev/null || $(PY) -m pip install -q "cupy-cuda$${major}x"
-	scripts/gpu-check $(GPU_CHECK_ARGS)
+	$(PY) scripts/gpu-check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks

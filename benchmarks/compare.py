@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compare a pytest-benchmark run of kvbench's hot paths with the committed baseline.
 
-    .venv/bin/python benchmarks/compare.py results/benchmarks/baseline-1.json \\
-        results/benchmarks/baseline-2.json NEW.json
+    .venv/bin/python benchmarks/compare.py benchmarks/baseline/baseline-1.json \\
+        benchmarks/baseline/baseline-2.json NEW.json
 
 The last file is the run to judge; the ones before it are baseline runs of the same suite.
 Per benchmark it prints the medians, the ratio new / baseline and, where the benchmark names

@@ -4,7 +4,7 @@ Only the test_*.py files here are the suite; the other scripts in benchmarks/ (s
 fit_coverage.py, slo_analyze_big.py, fit_big.py, compare.py) are run by hand and are never
 collected. KVBENCH_BENCH_SHORT=1 (what CI uses, `make bench-self`) times each heavy benchmark
 once instead of three times; the workloads are the same, so a short run compares with the
-committed baseline (results/benchmarks/).
+committed baseline (benchmarks/baseline/).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 
 COMMANDS = {
     "model": ("kvbench.model", "KV-cache size and handoff floors for a model and links"),
-    "p2p": ("kvbench.p2p.cli", "measure prefill->decode KV handoff between MPI ranks (run under mpirun)"),
+    "p2p": ("kvbench.p2p.__main__", "measure prefill->decode KV handoff between MPI ranks (run under mpirun)"),
     "fit": ("kvbench.fit.cli", "fit setup_ms and effective GB/s to measured samples"),
     "matrix": ("kvbench.matrix.cli", "every ordered pair of ranks measured and fitted; slow and odd-path pairs named (under MPI)"),
     "plan": ("kvbench.plan.cli", "handoff floors, budget verdicts and routing from fitted numbers"),

@@ -216,7 +216,8 @@ def run_main(prog: str, fn: Callable[[Sequence[str] | None], int], argv=None) ->
         print(f"{prog}: {_INTERRUPTED_LINE}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:
-        err = path_error(exc.filename or "?", exc, "use")
+        err = (path_error(exc.filename, exc, "use") if exc.filename else
+               path_error("the output (standard output or a stream with no name)", exc, "write"))
         print(f"{prog}: error: {one_line(err)}", file=sys.stderr)
         return err.exit_code
 
@@ -257,7 +258,7 @@ def bounded_float(text: str, what: str, lo: float | None = 0.0, hi: float | None
     expected = _range_text(lo, hi, lo_open, False, plural)
     s = str(text).strip()
     try:
-        if len(s) > 64 or not s.isascii():  # float() also reads '１２' and other scripts' digits
+        if len(s) > 64 or not s.isascii() or "_" in s:  # float() also reads '１２' and '1_0'
             raise ValueError
         value = float(s)
     except ValueError:
@@ -275,7 +276,7 @@ def bounded_int(text: str, what: str, lo: int | None = 1, hi: int | None = 10**1
     """An integer within [lo, hi]; at most 20 digits are read (no 310-digit int() calls)."""
     expected = _range_text(lo, hi, False, True, plural)
     s = str(text).strip()
-    digits = s.lstrip("+-")
+    digits = s[1:] if s[:1] in ("+", "-") else s  # one sign at most: int('--1') raises
     if not digits.isdigit() or len(digits) > MAX_INT_DIGITS or not digits.isascii():
         raise UsageError(f"{what} must be {expected}, got {_short(text)}")
     value = int(s)
@@ -324,6 +325,20 @@ def arg_int(lo: int | None = 1, hi: int | None = 10**12):
         except UsageError as exc:
             raise argparse.ArgumentTypeError(str(exc).removeprefix("value ")) from None
     return parse
+
+
+FORMAT_HELP = "table or json (default: table on a terminal, JSON when piped or redirected)"
+
+
+def output_format(given: str | None) -> str:
+    """--format, or by where stdout goes: a person at a terminal reads the table; a pipe, a
+    file or another program gets the JSON."""
+    if given:
+        return given
+    try:
+        return "table" if sys.stdout.isatty() else "json"
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        return "json"
 
 
 def read_text(path, missing: str = "no such file") -> str:

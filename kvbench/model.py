@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvbench.cli import (
+    FORMAT_HELP,
     ArgumentParser,
     UsageError,
     arg_int,
     non_negative_float,
+    output_format,
     parse_positive_floats,
     parse_positive_ints,
     run_main,
@@ -469,7 +471,7 @@ def build_parser() -> ArgumentParser:
                    help="paged block size in tokens: allocation is rounded up to whole blocks")
     p.add_argument("--tp", type=arg_int(1, MAX_TP), default=1,
                    help="tensor-parallel size: report bytes per rank")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
 
@@ -525,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = dumps_json(payload)
     if args.out:
         write_new_file(Path(args.out), text + "\n")
-    print(format_table(results) if args.format == "table" else text)
+    print(format_table(results) if output_format(args.format) == "table" else text)
     return 0
 
 

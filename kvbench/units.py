@@ -11,11 +11,17 @@ import re
 MIN_TIME_MS = 1e-9  # a femtosecond: a time below it (zero, denormal) is no time a timer measured,
 # and dividing by it overflows; rates from such times are "none", never infinite
 GB = 1_000_000_000
+
+
+def rate_gbps(nbytes: float, ms: float | None) -> float | None:
+    """Decimal GB/s of `nbytes` moved in `ms`; None for no time a timer measured (None, zero,
+    denormal: below MIN_TIME_MS), never infinite and never a division by zero."""
+    return nbytes / GB / (ms / 1e3) if ms is not None and ms >= MIN_TIME_MS else None
 MiB = 1 << 20
 GiB = 1 << 30
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,20})\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE | re.ASCII)  # ASCII digits
 
 
 def parse_bytes(text: str) -> int:
@@ -45,3 +51,14 @@ def gb_per_s(nbytes: int, ms: float) -> float | None:
 def transfer_ms(nbytes: int, gb_s: float) -> float:
     """Milliseconds to move nbytes at a sustained gb_s (decimal GB/s), no setup."""
     return nbytes / (gb_s * GB) * 1000.0
+
+
+def handoff_ms(setup_ms: float, nbytes: float, gbps: float, descriptors: float = 0,
+               us_per_desc: float = 0) -> float:
+    """One handoff by the model every plan and export uses (ms):
+
+        setup_ms + descriptors x us_per_desc / 1000 + bytes / (GB/s x 1e9) x 1000
+
+    gbps is a sustained rate without setup (decimal GB/s); descriptors are the pieces one
+    handoff posts, each costing us_per_desc microseconds (0: a model without that term)."""
+    return setup_ms + descriptors * us_per_desc / 1000.0 + nbytes / (gbps * GB) * 1000.0

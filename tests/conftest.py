@@ -1,6 +1,6 @@
 """Shared test helpers: run the CLI as a user would, launch real mpirun jobs, wait on readiness
-(never on a clock), free ports from the OS, and a copy of the committed results/ (never the
-user's own). docs/testing.md says which rules they serve."""
+(never on a clock), free ports from the OS, and a copy of the committed fixtures (tests/data;
+never results/, where a user's own runs land). docs/testing.md says which rules they serve."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def mpi_env() -> dict[str, str]:
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
     env["PATH"] = f"{Path(PY).parent}:{env.get('PATH', '')}"
     return env
+
+
+# pip's words (via urllib3/requests) for "could not reach the index", not "no such package"
+UNREACHABLE = ("NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProxyError",
+               "Network is unreachable", "Temporary failure in name resolution",
+               "Name or service not known", "No route to host", "Connection refused",
+               "Could not fetch URL")
+
+
+def pip_failure(stderr: str) -> str:
+    """'unreachable' when pip could not talk to the index, else 'error'."""
+    return "unreachable" if any(m in stderr for m in UNREACHABLE) else "error"
 
 
 def free_port() -> int:
@@ -116,14 +128,13 @@ def gpu_share_args(transport: str, ranks: int = 2) -> tuple[str, ...]:
     return ("--allow-shared-gpu",)
 
 
-# --- the committed results/, never the user's own ------------------------------------------
+# --- committed fixtures, copied: a test never writes beside them ----------------------------
 
 _COPY: dict[str, Path] = {}
 
 
 def _tracked(rel: str) -> list[str]:
-    """The files git tracks under rel; without git (a tarball), every file there except
-    results/scratch (where the benchmarks' scripts write)."""
+    """The files git tracks under rel; without git (a tarball), every file there."""
     try:
         out = subprocess.run(["git", "ls-files", "-z", "--", rel], cwd=ROOT, capture_output=True,
                              check=True, timeout=60).stdout.decode()
@@ -134,14 +145,13 @@ def _tracked(rel: str) -> list[str]:
         pass
     base = ROOT / rel
     found = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
-    return [str(p.relative_to(ROOT)) for p in found
-            if not str(p.relative_to(ROOT)).startswith("results/scratch/")]
+    return [str(p.relative_to(ROOT)) for p in found]
 
 
 def committed(rel: str) -> Path:
-    """rel (a file or folder under results/) in a temporary copy holding only what the commit
-    holds: `make bench` and the benchmark scripts write into results/, and a test reading the
-    real folder would see a user's own runs. Copied once per test process, on first use."""
+    """rel (a tracked file or folder, e.g. under tests/data) in a temporary copy holding only
+    what the commit holds, so that nothing a test or a user writes there is read back and no
+    test writes beside a fixture. Copied once per test process, on first use."""
     if "root" not in _COPY:
         _COPY["root"] = Path(tempfile.mkdtemp(prefix="kvbench-committed-"))
         atexit.register(shutil.rmtree, _COPY["root"], ignore_errors=True)

@@ -248,8 +248,8 @@ def test_fuzz_fit_document_and_p2p_record(data):
     from kvbench.records.schema.p2p import iter_p2p_records
 
     d = workdir()
-    fit = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json").read_text())
-    rec = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
+    fit = json.loads((ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json").read_text())
+    rec = json.loads((ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
     for name, doc, read in (("f.json", fit, load_fit_document),
                             ("r.jsonl", rec, lambda p: list(iter_p2p_records([p])))):
         text, must = mutate(doc, data.draw(mutation(doc)), "json")
@@ -290,7 +290,7 @@ def _valid_runs() -> dict:
         return run(kvbench.slo.cli.cli, "analyze", "--metrics", d / "s.jsonl", "--out", d / "o.json")
 
     def fit_and_p2p(d):
-        src = ROOT / "results/kvbench-p2p-20261202T175443Z"
+        src = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z"
         return run(kvbench.plan.cli.cli, "--fit", f"{src}.fit.json", "--prompt-tokens", "1000") if \
             run(kvbench.fit.cli.cli, f"{src}.jsonl", "--out", d / "f.json", "--bootstrap", "100")[0] == 0 \
             else (2, "", "fit refused its valid input")
@@ -346,7 +346,7 @@ FLAGS = [
     (kvbench.report.cli.cli, ("/nonexistent-kvbench-folder",), "--bootstrap"),
     (kvbench.lab.sweep.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
     (kvbench.lab.faults.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
-    (kvbench.fit.cli.cli, (str(ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
+    (kvbench.fit.cli.cli, (str(ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
 ]
 
 
@@ -398,7 +398,7 @@ def test_fuzz_fit_document_through_plan_and_report(data, bare_draws):
     import kvbench.report.cli
 
     d = workdir()
-    doc = json.loads((ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json").read_text())
+    doc = json.loads((ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json").read_text())
     if bare_draws:
         doc["groups"][0]["draws"] = doc["groups"][0]["draws"]["values"]
     doc["groups"][0]["draws"] = {"columns": ["setup_ms", "ms_per_gb"], "values": [

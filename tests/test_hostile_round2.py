@@ -16,8 +16,8 @@ import kvbench.slo.cli
 from tests.conftest import ROOT
 from tests.test_robust import run
 
-P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
-FIT = ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json"
+P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
+FIT = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json"
 
 
 def records_with(path, value: float, sizes=(1000, 2000, 4000, 8000, 16000, 32000), blocks=12):
@@ -72,7 +72,7 @@ def test_plan_rates_closer_than_the_matching_tolerance_are_refused(tmp_path):
     assert "is the same rate as 1.0" in err
 
 
-FIT2 = ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
+FIT2 = ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
 ROUTE = ("--prompt-tokens", "1000,8000", "--local-interference-ms", "5", "--itl-p95-ms", "20",
          "--itl-target-ms", "50")
 

@@ -37,7 +37,7 @@ def peak_rss(*argv: str) -> tuple[int, int]:
 
 def p2p_sizes_file(path, n_sizes: int, samples: int = 5):
     """n_sizes distinct payload sizes, a few samples each (a 1,000-size file is ~1.2 MB)."""
-    rec = json.loads((ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
+    rec = json.loads((ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
     for k in ("env", "transport_info"):
         rec.pop(k)
     rng = random.Random(1)

@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import ROOT, default_signals
 from tests.test_robust import ANALYZE, LLAMA, cohort_lines
 
-P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
-FIT = ROOT / "results/kvbench-p2p-20261202T175443Z.fit.json"
+P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
+FIT = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json"
 
 
 def _non_root_prefix() -> list[str] | None:

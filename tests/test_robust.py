@@ -221,7 +221,7 @@ def test_p2p_record_and_fit_document_models():
     from kvbench.records.schema.p2p import P2PRecord
     from kvbench.records.schema.types import parse
 
-    rec = json.loads(committed("results/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
+    rec = json.loads(committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl").read_text().splitlines()[0])
     parse(P2PRecord, rec, "r.jsonl:1")
     for patch, fragment in [({"bytes": 1e20}, "bytes: must be an integer"),
                             ({"bytes": 2**60}, "bytes: must be <= 9007199254740991"),
@@ -232,7 +232,7 @@ def test_p2p_record_and_fit_document_models():
         with pytest.raises(UsageError, match=None) as exc:
             parse(P2PRecord, {**rec, **patch}, "r.jsonl:1")
         assert fragment in str(exc.value)
-    fit = json.loads(committed("results/kvbench-p2p-20261202T175443Z.fit.json").read_text())
+    fit = json.loads(committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json").read_text())
     parse(FitDocument, fit, "f.json")
     g = fit["groups"][0]
     for gpatch, fragment in [(None, "groups[0]: must be an object, got 1"),

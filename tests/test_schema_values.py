@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kvbench.report.cli
@@ -28,8 +28,8 @@ from kvbench.records.schema.p2p import P2PRecord
 from tests.conftest import ROOT
 from tests.test_robust import run
 
-P2P = ROOT / "results/kvbench-p2p-20261202T175443Z.jsonl"
-FIT = ROOT / "results/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
+P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
+FIT = ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 
@@ -167,6 +167,9 @@ def test_fit_documents_the_schema_lets_through_are_read_or_refused_in_one_line(d
 
 @SETTINGS
 @given(documents(P2PRecord))
+@example({"transport": "0", "pattern": "0", "granularity": "0", "layout": "contiguous",
+          "device": "cpu", "world_size": 1, "hosts": [], "bytes": 0, "iters": 0,
+          "samples_ms": [], "p50_ms": 5e-324})  # a denormal p50: its rate is none, not 1/0
 def test_p2p_records_the_schema_lets_through_are_read_or_refused_in_one_line(rec):
     from kvbench.results import load
 

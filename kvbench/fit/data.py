@@ -169,9 +169,14 @@ class Group:
     orders: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)  # bytes -> {"prompt_tokens": set, "models": set}
     paths: Counter = field(default_factory=Counter)  # LinkPath -> records (with keep_paths)
+    cuts: list[dict] | None = None  # a link's cuts fitted together (merge_cuts), else None
+    n_without_desc: int = 0  # records with samples but no `descriptors`
     _bytes: array = field(default_factory=lambda: array("q"))
     _ms: array = field(default_factory=lambda: array("d"))
     _unit: array = field(default_factory=lambda: array("q"))  # >= 0 a round, < 0 a block
+    _desc: array = field(default_factory=lambda: array("q"))  # descriptors (-1: not recorded)
+    _desc_merged: array = field(default_factory=lambda: array("q"))  # the transport's merged count
+    _member: array = field(default_factory=lambda: array("q"))  # merged groups: each sample's cut
     _runs: dict = field(default_factory=dict)  # run_id -> index, in first-seen order
 
     @property
@@ -213,6 +218,11 @@ class Group:
         self._ms.extend(samples)
         self._bytes.extend([nbytes] * len(samples))
         self._unit.extend(self._units(rec, index, len(samples)))
+        desc, merged = _count(rec.get("descriptors")), _count(rec.get("descriptors_merged",
+                                                                      rec.get("nixl_desc_count")))
+        self.n_without_desc += desc < 0
+        self._desc.extend([desc] * len(samples))
+        self._desc_merged.extend([merged] * len(samples))
         order = rec.get("order") or "blocks (no order recorded)"
         if order not in self.orders:
             self.orders.append(order)
@@ -242,12 +252,106 @@ class Group:
         return [-(index + 1)] * n
 
     def collected(self) -> Collected:
-        """The group's usable samples with their units; a deferred record error is raised here."""
+        """The group's usable samples with their units; a deferred record error is raised here.
+        A link's cuts fitted together (`cuts`) carry each sample's descriptors (what the
+        transport was given), and where every record has it and some differ, the count the
+        transport was left with after joining adjacent ones (NIXL's descriptors_merged)."""
         if self.error:
             raise UsageError(self.error)
-        samples = _group_samples(self._bytes, self._ms, self._unit) if len(self._ms) else None
+        desc, which = None, None
+        if self.cuts is not None and len(self._ms):
+            desc = np.frombuffer(self._desc, dtype=np.int64)
+            merged = np.frombuffer(self._desc_merged, dtype=np.int64)
+            which = "descriptors"
+            if np.all(merged >= 0) and np.any(merged != desc):  # the transport joined some
+                desc, which = np.column_stack([desc, merged]), "descriptors, descriptors_merged"
+        samples = (_group_samples(self._bytes, self._ms, self._unit, desc) if len(self._ms)
+                   else None)
+        member = np.frombuffer(self._member, dtype=np.int64).copy() if which else None
         return Collected(samples, self.n_wrong, self.n_empty, self.meta, self.sources,
-                         self.orders)
+                         self.orders, which, member)
+
+
+def _count(v) -> int:
+    """A record's descriptor count as an int, -1 when it has none."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else -1
+
+
+# ---------------------------------------------------------------------------
+# one link, several cuts: fitted together (the three-term fit)
+
+# spec keys (flattened) that say how the KV was cut, not what link moved it
+CUT_KEYS = ("block_size", "cut.kv", "cut.blocks", "cut.tp", "transport_options.kv",
+            "transport_options.blocks")
+
+
+def _link_key(group: Group) -> tuple | None:
+    """The spec without its cut, for groups whose every record says how many descriptors it
+    posted; None for groups that fit alone (legacy, not a link, no descriptors)."""
+    if group.spec is None or group.not_link or group.n_without_desc or not len(group._ms):
+        return None
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in group.fields.items()
+                        if k not in CUT_KEYS))
+
+
+def cut_label(fields: dict) -> str:
+    """'bs 16 joint scattered tp 2:1' from a spec's cut keys."""
+    f = {k.split(".")[-1]: v for k, v in fields.items() if k in CUT_KEYS and v is not None}
+    parts = [f"bs {f['block_size']}"] if "block_size" in f else []
+    parts += [str(f[k]) for k in ("kv", "blocks") if k in f]
+    if f.get("tp") not in (None, "1:1"):
+        parts.append(f"tp {f['tp']}")
+    return " ".join(parts) or "-"
+
+
+def merge_cuts(groups: list[Group]) -> list[Group]:
+    """Groups of one link that differ only in how the KV was cut (block size, K/V pages,
+    block ids, TP pair) and carry descriptors become one group, fitted with the
+    per-descriptor term; every other group stays as it is. First-seen order is kept."""
+    by_link: dict = {}
+    for g in groups:
+        key = _link_key(g)
+        by_link.setdefault(("alone", id(g)) if key is None else key, []).append(g)
+    return [members[0] if len(members) == 1 else _merged(members) for members in by_link.values()]
+
+
+def _merged(members: list[Group]) -> Group:
+    """One group holding every member's samples: a run's rounds stay one unit across cuts
+    (they shared that moment's load), blocks stay their record's."""
+    first = members[0]
+    fields = {k: v for k, v in first.fields.items() if k not in CUT_KEYS}
+    out = Group(fields, None, cuts=[])
+    offset = 0
+    for k, g in enumerate(members):
+        out._member.extend([k] * len(g._ms))
+        out.cuts.append({"spec_id": g.spec_id, "label": cut_label(g.fields),
+                         "n_records": g.n_records,
+                         **{k: g.fields[k] for k in CUT_KEYS if k in g.fields}})
+        out.n_records += g.n_records
+        out.sources += [src for src in g.sources if src not in out.sources]
+        out.orders += [o for o in g.orders if o not in out.orders]
+        out.n_wrong, out.n_empty = out.n_wrong + g.n_wrong, out.n_empty + g.n_empty
+        out.paths.update(g.paths)
+        out.error = out.error or g.error
+        for nbytes, m in g.meta.items():
+            have = out.meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})
+            have["prompt_tokens"] |= m["prompt_tokens"]
+            have["models"] |= m["models"]
+        run_ids = {i: rid for rid, i in g._runs.items()}
+        remap = {i: out._runs.setdefault(rid, len(out._runs)) for i, rid in run_ids.items()}
+        units = np.frombuffer(g._unit, dtype=np.int64)
+        rounds = units >= 0
+        new = units.copy()
+        if rounds.any():
+            runs = units[rounds] >> _ROUND_BITS
+            new[rounds] = ((np.vectorize(remap.__getitem__, otypes=[np.int64])(runs) << _ROUND_BITS)
+                           | (units[rounds] & ((1 << _ROUND_BITS) - 1)))
+        new[~rounds] = units[~rounds] - offset  # -(record index + 1), records numbered on
+        offset += g.n_records
+        out._unit.extend(new.tolist())
+        for a in ("_bytes", "_ms", "_desc", "_desc_merged"):
+            getattr(out, a).extend(getattr(g, a))
+    return out
 
 
 def samples_of(rec) -> tuple[int, list[float]]:
@@ -358,6 +462,8 @@ class Collected:
     meta: dict  # bytes -> {"prompt_tokens": set, "models": set}
     sources: list[str]
     orders: list[str]
+    descriptor_field: str | None = None  # the count the three-term fit uses (None: no term)
+    member: np.ndarray | None = None  # per sample: the index of its cut in Group.cuts
 
 
 def collect(group: Group) -> Collected:
@@ -373,11 +479,15 @@ def _first_seen_ids(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rank[inverse.reshape(-1)], first[order]
 
 
-def _group_samples(b: array, ms: array, unit_code: array) -> GroupSamples:
+def _group_samples(b: array, ms: array, unit_code: array,
+                   desc: np.ndarray | None = None) -> GroupSamples:
     nbytes = np.frombuffer(b, dtype=np.int64)
     codes = np.frombuffer(unit_code, dtype=np.int64)
-    # stratum: all rounds together (-1); the blocks of one size together (its byte count)
-    stratum_code = np.where(codes >= 0, -1, nbytes)
+    # stratum: all rounds together (-1); the blocks of one size (or point: bytes and
+    # descriptors) together
+    point = nbytes if desc is None else np.unique(np.column_stack([nbytes, desc]), axis=0,
+                                                  return_inverse=True)[1].reshape(-1)
+    stratum_code = np.where(codes >= 0, -1, point)
     units, unit_first = _first_seen_ids(codes)
     strata, stratum_first = _first_seen_ids(stratum_code)
     unit_stratum = strata[unit_first]
@@ -386,7 +496,7 @@ def _group_samples(b: array, ms: array, unit_code: array) -> GroupSamples:
     if np.bincount(unit_stratum).max() > MAX_UNITS:
         units, unit_stratum, merged = _merge_units(units, unit_stratum)
     return GroupSamples(nbytes.copy(), np.frombuffer(ms, dtype=np.float64).copy(), units,
-                        unit_stratum, kinds, merged)
+                        unit_stratum, kinds, merged, None if desc is None else desc.copy())
 
 
 def _merge_units(units: np.ndarray, unit_stratum: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:

@@ -29,6 +29,14 @@ from kvbench.fit.data import (
     group_not_link,
     group_records,
     link_mismatch,
+    merge_cuts,
+)
+from kvbench.fit.descriptors import (
+    as_line,
+    descriptor_json,
+    descriptor_warnings,
+    fit_plane,
+    point_rows,
 )
 from kvbench.fit.regimes import TwoRegimes, find_two_regimes
 from kvbench.fit.stats import (
@@ -106,8 +114,7 @@ def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
     return rows
 
 
-def _lof_json(line: LineFit) -> dict | None:
-    lof = line.lof
+def _lof_json(lof) -> dict | None:
     if lof is None:
         return None
     return {"q": _r(lof.q, 5), "df": lof.df, "p_value": _r(lof.p_value, 4),
@@ -126,7 +133,7 @@ def line_json(line: LineFit, sizes: np.ndarray) -> dict:
         "effective_gb_s_ci95": _pair(line.rate_ci()),
         "ms_per_gb": _r(line.ms_per_gb),
         "no_interval": line.no_interval,
-        "lack_of_fit": _lof_json(line),
+        "lack_of_fit": _lof_json(line.lof),
         "bytes_min": int(sizes[0]),
         "bytes_max": int(sizes[-1]),
         "n_sizes": len(sizes),
@@ -154,6 +161,7 @@ class GroupFit:
     samples: GroupSamples
     line: LineFit | None = None
     regimes: TwoRegimes | None = None
+    plane: object = None  # kvbench.fit.descriptors.Plane: a link's cuts fitted together
 
 
 def _resampling(s: GroupSamples, why_not: str | None, n_draws: int) -> dict:
@@ -250,6 +258,45 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
     else:
         warnings += poor_fit_warnings(out["sizes"], se)
     return gf
+
+
+def fit_cut_group(group: Group, n_boot: int, seed: int, line_rate: float | None):
+    """A link's cuts fitted together (kvbench.fit.descriptors); a GroupFit like the line's."""
+    c = collect(group)
+    if c.samples is None:
+        raise _empty_group_error(group, c)
+    s = c.samples
+    warnings = _exclusion_warnings(c)
+    out = _base_record(group, c, warnings)
+    out.update(cuts=group.cuts)
+    plane, med, _w, why_not, lof = fit_plane(s, n_boot, np.random.default_rng(seed))
+    line = as_line(plane, s, med, why_not, lof)
+    if line is not None:
+        out.update({k: v for k, v in line_json(line, s.sizes).items() if k in out})
+    else:  # one size: the intercept is setup plus that size's bytes, no setup on its own
+        out["time_without_descriptors_ms"] = _r(plane.get("setup_ms"))
+    out["no_interval"], out["lack_of_fit"] = why_not, _lof_json(lof)
+    out["resampling"] = _resampling(s, why_not, 0 if plane.draws is None else len(plane.draws))
+    extra = descriptor_json(plane, c.descriptor_field)
+    out.update(extra)
+    point_rows(out["sizes"], s, c, group, plane, med)
+    if line is not None:
+        warnings += line_warnings(line, line_rate)
+    elif why_not:
+        warnings.append({"code": "no_interval", "message": f"no interval: {why_not}"})
+    if lof is None:
+        warnings.append({"code": "lack_of_fit_untestable", "message": f"{len(med)} points for "
+                         f"{len(plane.columns)} coefficients: a bad fit cannot be seen; measure "
+                         "more sizes or cuts"})
+    elif line is not None:
+        warnings += lof_warnings(line, out["sizes"])
+    warnings += descriptor_warnings(plane, extra)
+    if "blocks" in s.stratum_kind and plane.draws is not None:
+        warnings.append(_warn("cuts_in_blocks_order", "measured in blocks order: a drift within "
+                              "a run moves every cut of one size alike, which resampling blocks "
+                              "does not see (setup and rate intervals covered the truth in 80-89% "
+                              "of simulated runs: docs/descriptors.md); measure in rounds"))
+    return GroupFit(out, s, line, plane=plane)
 
 
 def regimes_json(tr: TwoRegimes, sizes: np.ndarray) -> dict:
@@ -406,7 +453,7 @@ def fit_groups(groups: list[Group], *, where: dict[str, str] | None = None,
                n_boot: int = 1000, seed: int = 0, line_rate: float | None = None,
                expect_link: str | None = None) -> tuple[list[GroupFit], list[dict]]:
     """Fit every link group (kvbench.fit.data); return the fits and the groups skipped."""
-    chosen = _check_where(groups, where or {})
+    chosen = merge_cuts(_check_where(groups, where or {}))
     fits, skipped = [], []
     for g in chosen:
         why = group_not_link(g)
@@ -414,7 +461,8 @@ def fit_groups(groups: list[Group], *, where: dict[str, str] | None = None,
             skipped.append({"label": g.label, "group": dict(g.fields), "spec_id": g.spec_id,
                             "reason": why, "n_records": g.n_records})
             continue
-        fits.append(fit_group(g, n_boot, seed, line_rate))
+        fits.append(fit_group(g, n_boot, seed, line_rate) if g.cuts is None else
+                    fit_cut_group(g, n_boot, seed, line_rate))
         mismatch = link_mismatch(g, expect_link) if expect_link else None
         if mismatch:  # the path the transport reported is not the declared link
             fits[-1].record["warnings"].append(_warn("link_mismatch", mismatch))
@@ -508,13 +556,19 @@ def _group_lines(g: dict) -> list[str]:
     rs = g["resampling"] or {}
     units = (f"{rs.get('n_rounds', 0)} rounds" if rs.get("n_rounds") else
              f"{rs.get('n_blocks', 0)} blocks")
-    lines = [f"    {g['n_sizes']} size(s) {fmt_bytes(g['bytes_min'])} .. "
+    what = "point(s) (bytes, descriptors)" if "descriptor_term" in g else "size(s)"
+    lines = [f"    {g['n_sizes']} {what} {fmt_bytes(g['bytes_min'])} .. "
              f"{fmt_bytes(g['bytes_max'])}, {g['n_samples']} samples in {units}"
              + (f", spec {g['spec_id']}" if g.get("spec_id") else ""),
              f"    setup_ms         {_fmt(g['setup_ms'], '>10.4g')}  {_ci(g['setup_ms_ci95'], '.4g')}",
              f"    effective GB/s   {_fmt(g['effective_gb_s'], '>10.5g')}  "
              f"{_ci(g['effective_gb_s_ci95'])}"]
-    if g["setup_ms_ci95"] is not None:  # (no interval: the no_interval warning says why)
+    if "descriptor_term" in g:
+        lines += _descriptor_lines(g)
+    if g.get("time_without_descriptors_ms") is not None:
+        lines.append(f"    no descriptors   {g['time_without_descriptors_ms']:>10.4g}  ms at this "
+                     "one size (setup and bytes together)")
+    if rs.get("n_draws"):  # (no interval: the no_interval warning says why)
         lines.append(f"    interval: {rs['n_draws']} draws resampling {rs['unit']}s, plus "
                      "size-level scatter")
     lof = g.get("lack_of_fit")
@@ -531,16 +585,41 @@ def _group_lines(g: dict) -> list[str]:
     return lines
 
 
+def _descriptor_lines(g: dict) -> list[str]:
+    """The per-descriptor term: its estimate and interval, or why there is none."""
+    term, us = g["descriptor_term"], g.get("us_per_desc")
+    cuts = f"{len(g.get('cuts') or [])} cuts fitted together, counts: {g['descriptor_field']}"
+    if not term["separable"]:
+        return [f"    us/descriptor    cannot separate: {term['reason']}", f"    ({cuts})"]
+    out = [f"    us/descriptor    {_fmt(us, '>10.4g')}  {_ci(g.get('us_per_desc_ci95'), '.4g')}"]
+    merged = term.get("merged")
+    if merged is not None and merged["separable"]:
+        out.append(f"    us/merged desc   {_fmt(g.get('us_per_merged_desc'), '>10.4g')}  "
+                   f"{_ci(g.get('us_per_merged_desc_ci95'), '.4g')}  (per descriptor left "
+                   "after the transport joined adjacent ones)")
+    elif merged is not None:
+        out.append(f"    us/merged desc   cannot separate: {merged['reason']}")
+    return out + [f"    ({cuts}; R^2 of the count on bytes "
+                  f"{_fmt(term['r2_descriptors_on_bytes'], '.3g')})"]
+
+
 def _size_lines(g: dict) -> list[str]:
-    lines = [f"    {'bytes':>14} {'n':>5} {'p50 ms':>10} {'p95 ms':>10} {'p99 ms':>10} "
-             f"{'fitted ms':>10} {'resid %':>8} {'p50 GB/s':>10}"]
+    desc = "descriptor_term" in g
+    merged = any("descriptors_merged" in row for row in g["sizes"])
+    lines = [f"    {'bytes':>14} " + (f"{'descr':>8} " if desc else "")
+             + (f"{'merged':>8} " if merged else "") + f"{'n':>5} {'p50 ms':>10} "
+             f"{'p95 ms':>10} {'p99 ms':>10} {'fitted ms':>10} {'resid %':>8} {'p50 GB/s':>10}"
+             + ("  cuts" if desc else "")]
     for row in g["sizes"]:
         rel = row.get("residual_rel")
-        lines.append(f"    {row['bytes']:>14,} {row['n']:>5} {_fmt(row['p50_ms'], '>10.4f')} "
+        lines.append(f"    {row['bytes']:>14,} " + (f"{row['descriptors']:>8,} " if desc else "")
+                     + (f"{row['descriptors_merged']:>8,} " if merged else "")
+                     + f"{row['n']:>5} {_fmt(row['p50_ms'], '>10.4f')} "
                      f"{_pct(row, 'p95_ms', 0.95):>10} {_pct(row, 'p99_ms', 0.99):>10} "
                      f"{_fmt(row.get('fitted_ms'), '>10.4f')} "
                      f"{'n/a' if rel is None else format(100 * rel, '>8.2f')} "
-                     f"{_fmt(row['end_to_end_gb_s'], '>10.4g')}")
+                     f"{_fmt(row['end_to_end_gb_s'], '>10.4g')}"
+                     + (f"  {'; '.join(row['cuts'])}" if desc else ""))
     return lines
 
 
@@ -548,6 +627,10 @@ def format_table(doc: dict) -> str:
     lines = [f"kvbench fit: {len(doc['groups'])} group(s); time_ms = setup_ms + bytes / "
              "(GB/s x 1e9) x 1000 through the per-size medians; percentiles need n >= "
              f"{min_samples_for(0.95)} (p95), {min_samples_for(0.99)} (p99)"]
+    if any("descriptor_term" in g for g in doc["groups"]):
+        lines.append("  a link's cuts fitted together: time_ms = setup_ms + descriptors x "
+                     "us_per_desc / 1000 [+ descriptors_merged x us_per_merged_desc / 1000] + bytes / "
+                     "(GB/s x 1e9) x 1000 through each point's median")
     for i, g in enumerate(doc["groups"], 1):
         lines += ["", f"[{i}] {g['label']}"] + _group_lines(g) + _size_lines(g)
         lines += [f"    warning ({w['code']}): {w['message']}" for w in g["warnings"]]

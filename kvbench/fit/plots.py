@@ -3,7 +3,8 @@
 One row per group: time against bytes with every raw sample, each size's median, the fitted
 line and its 95% band from the joint draws (and two regimes with the break's interval when
 found); and the end-to-end GB/s of each sample against payload size, with the curve the fitted
-model implies and its asymptote (the effective rate).
+model implies and its asymptote (the effective rate). A link's cuts fitted together (the
+three-term fit) get time against descriptors at each payload size instead.
 """
 
 from __future__ import annotations
@@ -141,6 +142,65 @@ def _dress(ax_t, ax_r, gf) -> None:
                    f"{rec['n_sizes']} sizes{fit_q}", fontsize=9, loc="left")
 
 
+def _desc_panels(ax_t, ax_r, gf) -> None:
+    """A link's cuts fitted together: time against descriptors at each payload size (every
+    sample, each point's median, the fitted plane and its 95% band), and the part of each
+    median beyond setup and bytes against the per-descriptor line."""
+    from kvbench.fit.descriptors import counts
+
+    s, plane, rec = gf.samples, gf.plane, gf.record
+    posted, joined = counts(s)
+    colors = ["tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:red", "tab:olive"]
+    p50 = np.array([np.median(s.of_size(k)) for k in range(len(s.sizes))])
+    us, draws = plane.get("us_per_desc"), plane.draws
+    for i, nbytes in enumerate(np.unique(s.sizes)[:len(colors)]):
+        c, on = colors[i], s.sizes == nbytes
+        pts = np.flatnonzero(on)
+        idx = np.flatnonzero(np.isin(s.size_of, pts))[:MAX_POINTS]
+        ax_t.scatter(posted[s.size_of[idx]], s.ms[idx], s=10, alpha=0.35, color=c)
+        kinds = [pts] if joined is None else [pts[joined[pts] == posted[pts]],
+                                              pts[joined[pts] != posted[pts]]]
+        for kind, sub in zip(("", " (the transport joined them)"), kinds, strict=False):
+            if not len(sub):
+                continue
+            sub = sub[np.argsort(posted[sub])]
+            ax_t.plot(posted[sub], p50[sub], "o" if not kind else "s", mfc="none", mec=c, ms=7,
+                      label=f"{fmt_bytes(int(nbytes))}: median per cut{kind}")
+            fitted = plane.predict(np.full(len(sub), nbytes), posted[sub],
+                                   None if joined is None else joined[sub])
+            ax_t.plot(posted[sub], fitted, "-", color=c, lw=1.2, alpha=0.8)
+        grid = np.linspace(posted[pts].min(), posted[pts].max(), 100)
+        if draws is not None and us is not None and joined is None:
+            cols = plane.columns
+            t = draws[:, [cols.index("setup_ms")]] + draws[:, [cols.index("us_per_desc")]] * grid / 1e3
+            if "ms_per_gb" in cols:
+                t = t + draws[:, [cols.index("ms_per_gb")]] * nbytes / 1e9
+            lo, hi = np.percentile(t, [2.5, 97.5], axis=0)
+            ax_t.fill_between(grid, lo, hi, color=c, alpha=0.15)
+        base = plane.predict(np.full(len(pts), nbytes), np.zeros(len(pts)),
+                             None if joined is None else joined[pts])
+        ax_r.plot(posted[pts], p50[pts] - base, "o", mfc="none", mec=c, ms=7,
+                  label=f"{fmt_bytes(int(nbytes))}: median - (setup + bytes / rate"
+                        + (" + joined descriptors)" if joined is not None else ")"))
+    if us is not None:
+        grid = np.linspace(0, posted.max(), 100)
+        ci = rec.get("us_per_desc_ci95") or [None, None]
+        ax_r.plot(grid, us * grid / 1e3, color="tab:orange", lw=2,
+                  label=f"{us:.3g} us per descriptor, 95% CI [{ci[0]}, {ci[1]}]")
+    for ax in (ax_t, ax_r):  # linear: the model is a straight line in descriptors
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_xlabel("descriptors per handoff (posted)")
+        ax.legend(fontsize=7, loc="upper left")
+    ax_t.set_ylim(0, 1.5 * float(p50.max()))  # (stalled samples above it are not drawn)
+    ax_t.set_ylabel("handoff time (ms)")
+    ax_r.set_ylabel("time beyond setup and bytes (ms)")
+    term = rec["descriptor_term"]
+    head = ("cannot separate: " + term["reason"]) if not term["separable"] else \
+        f"{len(rec.get('cuts') or [])} cuts, {rec['n_samples']} samples"
+    ax_t.set_title(f"{textwrap.fill(rec['label'], 95)}\n{textwrap.fill(head, 95)}", fontsize=9,
+                   loc="left")
+
+
 def plot_fits(fits, title: str | None = None, fmt: str = "png") -> bytes:
     """The plot of up to MAX_GROUPS GroupFit objects (kvbench.fit) as bytes in matplotlib's
     `fmt` (png, svg or pdf: kvbench.results.plot_format picks it from the file's suffix)."""
@@ -163,6 +223,9 @@ def figure(fits, title: str | None = None):
     fits = list(fits)[:MAX_GROUPS]
     fig, axes = plt.subplots(len(fits), 2, figsize=(12, 4.4 * len(fits)), squeeze=False)
     for (ax_t, ax_r), gf in zip(axes, fits, strict=True):
+        if gf.plane is not None:
+            _desc_panels(ax_t, ax_r, gf)
+            continue
         _samples_panels(ax_t, ax_r, gf.samples)
         if gf.line is not None:
             sizes = gf.samples.sizes

@@ -48,11 +48,12 @@ class Load:
     round_stall: float = 0.05
 
 
-def _record(nbytes: int, samples: list[float], rounds: list[int], run_id: str, order: str) -> dict:
-    return {"schema": "kvbench.p2p/1", "spec": SPEC, "spec_id": spec_id(SPEC), "run_id": run_id,
+def _record(nbytes: int, samples: list[float], rounds: list[int], run_id: str, order: str,
+            spec: dict = SPEC, **extra) -> dict:
+    return {"schema": "kvbench.p2p/1", "spec": spec, "spec_id": spec_id(spec), "run_id": run_id,
             "order": order, "bytes": int(nbytes), "samples_ms": samples, "sample_rounds": rounds,
             "n_samples": len(samples), "fit_as_link": True, "not_link_reason": None,
-            "wrong": 0, "_source": "simulated"}
+            "wrong": 0, "_source": "simulated", **extra}
 
 
 def _stalls(rng: np.random.Generator, n: int, p: float, lo: float, hi: float) -> np.ndarray:
@@ -60,12 +61,10 @@ def _stalls(rng: np.random.Generator, n: int, p: float, lo: float, hi: float) ->
     return np.where(hit, np.log(rng.uniform(lo, hi, n)), 0.0)
 
 
-def simulate_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float, rounds: int,
-                 order: str = "rounds", load: Load = Load(), sizes=SIZES,
-                 run_id: str = "sim-0") -> list[dict]:
-    """One p2p run: a record per size, samples_ms and sample_rounds as p2p writes them."""
-    K = len(sizes)
-    true_ms = setup_ms + np.asarray(sizes, dtype=float) / (gb_s * 1e9) * 1e3
+def loaded_ms(rng: np.random.Generator, true_ms: np.ndarray, rounds: int, order: str,
+              load: Load) -> np.ndarray:
+    """(K, rounds) samples of K points with the given true times under the load terms."""
+    K = len(true_ms)
     size_shift = rng.normal(0, load.size_shift, K)
     n = rounds * K
     # the time slot of (size k, round r): rotating order within each round, or size blocks
@@ -80,9 +79,57 @@ def simulate_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float, roun
     log_t = (size_shift[:, None] + ramp[slot] + shift[period]
              + rng.normal(0, load.noise, (K, rounds)) + _stalls(rng, K * rounds, load.stall,
                                                                 1.5, 5.0).reshape(K, rounds))
-    ms = true_ms[:, None] * np.exp(log_t)
+    return true_ms[:, None] * np.exp(log_t)
+
+
+def simulate_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float, rounds: int,
+                 order: str = "rounds", load: Load = Load(), sizes=SIZES,
+                 run_id: str = "sim-0") -> list[dict]:
+    """One p2p run: a record per size, samples_ms and sample_rounds as p2p writes them."""
+    true_ms = setup_ms + np.asarray(sizes, dtype=float) / (gb_s * 1e9) * 1e3
+    ms = loaded_ms(rng, true_ms, rounds, order, load)
     return [_record(b, [float(v) for v in ms[k]], list(range(rounds)), run_id, order)
             for k, b in enumerate(sizes)]
+
+
+# A descriptor sweep: llama-3.1-8b's 32 layers at 131,072 B/token, 64 and 256 tokens, block
+# sizes 1..16 tokens, one joint page per layer and block: (bytes, block size, descriptors)
+CUT_POINTS = tuple((t * 131_072, bs, 32 * t // bs) for t in (64, 256) for bs in (1, 2, 4, 8, 16))
+
+
+def cut_spec(block_size: int) -> dict:
+    """The spec of one cut of the simulated link: only the block size differs."""
+    return {**SPEC, "layout": "paged", "granularity": "block", "block_size": block_size}
+
+
+# The same as a transport that joins adjacent descriptors sees it (NIXL): every block size
+# with scattered ids (nothing joins) and contiguous ones (one run per layer is left), each a cut
+JOINED_POINTS = tuple((b, (bs, ids), d, d if ids == "scattered" else 32)
+                      for b, bs, d in CUT_POINTS for ids in ("scattered", "contiguous"))
+
+
+def simulate_cut_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float,
+                     us_per_desc: float, rounds: int, points=CUT_POINTS, order: str = "rounds",
+                     load: Load = Load(), run_id: str = "sim-0",
+                     us_per_merged_desc: float = 0.0) -> list[dict]:
+    """One p2p run of a descriptor sweep: every (bytes, cut, descriptors[, descriptors left
+    after joining]) point timed in the same interleaved rounds, time = setup + bytes / rate +
+    descriptors x us / 1000 (+ joined x us_merged / 1000), under the same load terms; a record
+    per point with its cut's spec (a block size, or (block size, block ids)) and the counts."""
+    b = np.array([p[0] for p in points], dtype=float)
+    d = np.array([p[2] for p in points], dtype=float)
+    m = np.array([p[3] if len(p) > 3 else p[2] for p in points], dtype=float)
+    true_ms = (setup_ms + b / (gb_s * 1e9) * 1e3 + d * us_per_desc / 1e3
+               + m * us_per_merged_desc / 1e3)
+    ms = loaded_ms(rng, true_ms, rounds, order, load)
+    out = []
+    for k, p in enumerate(points):
+        spec = cut_spec(p[1]) if isinstance(p[1], int) else {
+            **cut_spec(p[1][0]), "cut": {"kv": "joint", "blocks": p[1][1], "tp": "1:1"}}
+        extra = {"descriptors_merged": int(p[3])} if len(p) > 3 else {}
+        out.append(_record(p[0], [float(v) for v in ms[k]], list(range(rounds)), run_id, order,
+                           spec, descriptors=int(p[2]), block_size=spec["block_size"], **extra))
+    return out
 
 
 def simulate(rng: np.random.Generator, *, runs: int = 1, **kw) -> list[dict]:

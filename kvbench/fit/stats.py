@@ -52,6 +52,10 @@ class GroupSamples:
     unit[i] indexes the unit (a round, or a (record, size) block) of sample i;
     stratum[u] is the stratum of unit u: units are resampled within their stratum
     (all rounds together; the blocks of one size together).
+
+    With `desc` (the descriptors each sample's handoff posted: (n,), or (n, 2) with the
+    transport's count after joining adjacent ones) a "size" is a point (bytes, descriptors):
+    `sizes[k]` its bytes, `descs[k]` its count(s).
     """
 
     bytes: np.ndarray  # (n,) int
@@ -60,9 +64,17 @@ class GroupSamples:
     stratum: np.ndarray  # (U,) int
     stratum_kind: list[str]  # per stratum: "rounds" or "blocks"
     merged: dict | None = None  # when adjacent units were merged (kvbench.fit.data.MAX_UNITS)
+    desc: np.ndarray | None = None  # (n,) int: descriptors per sample (the three-term fit)
 
     def __post_init__(self):
-        self.sizes, self.size_of = np.unique(self.bytes, return_inverse=True)
+        if self.desc is None:
+            self.sizes, self.size_of = np.unique(self.bytes, return_inverse=True)
+            self.descs = None
+            return
+        cols = np.column_stack([self.bytes, self.desc])
+        pts, inv = np.unique(cols, axis=0, return_inverse=True)
+        self.sizes, self.size_of = pts[:, 0], inv.reshape(-1)
+        self.descs = pts[:, 1] if self.desc.ndim == 1 else pts[:, 1:]
 
     @property
     def x(self) -> np.ndarray:
@@ -246,9 +258,17 @@ def bootstrap_medians(g: GroupSamples, med: np.ndarray, n_draws: int,
 # the line, its lack of fit, and its joint draws
 
 
+def design(x: np.ndarray) -> np.ndarray:
+    """The design matrix: sizes (K,) give [1, x] (setup, slope); a (K, p) matrix is itself
+    (the three-term fit: [1, GB, thousands of descriptors])."""
+    x = np.asarray(x, dtype=float)
+    return np.stack([np.ones_like(x), x], axis=1) if x.ndim == 1 else x
+
+
 def wls_operator(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """H (2, K) with (setup, slope) = H @ medians for weighted least squares."""
-    X = np.stack([np.ones_like(x), x], axis=1)
+    """H (p, K) with coefficients = H @ medians for weighted least squares ((setup, slope)
+    for sizes (K,), or a design matrix's coefficients)."""
+    X = design(x)
     return np.linalg.solve(X.T @ (w[:, None] * X), (X * w[:, None]).T)
 
 
@@ -275,12 +295,12 @@ class ResidualSpace:
     """
 
     def __init__(self, x, med, w, S):
-        K = len(x)
-        X = np.stack([np.ones_like(x), x], axis=1)
+        X = design(x)
+        K, p = X.shape
         # the residuals e = M m satisfy X' W e = 0: the residual space is the orthogonal
         # complement of W X, an orthonormal basis of which ends a complete QR of W X
         q_full, _ = np.linalg.qr(w[:, None] * X, mode="complete")
-        zm = q_full[:, 2:].T  # (K - 2, K)
+        zm = q_full[:, p:].T  # (K - p, K)
         del q_full
         zm = zm @ (np.eye(K) - X @ wls_operator(x, w))  # Z' M
         c = zm @ med
@@ -292,7 +312,7 @@ class ResidualSpace:
         lam, vecs = scipy.linalg.eigh(b_mat, a_mat, overwrite_a=True, overwrite_b=True)
         self.lam = np.maximum(lam, 0.0)  # B is positive semi-definite: below 0 is rounding
         self.d2 = (vecs.T @ c) ** 2
-        self.df = K - 2
+        self.df = K - p
 
     def q(self, tau2: np.ndarray) -> np.ndarray:
         tau2 = np.asarray(tau2, dtype=float)
@@ -367,30 +387,43 @@ class LineFit:
 
 def size_scatter_draws(space: ResidualSpace, H: np.ndarray, med: np.ndarray, n_draws: int,
                        rng: np.random.Generator) -> np.ndarray:
-    """(B, 2) line shifts from per-size effects: each draw's tau^2 solves Q(tau^2) = chi^2_df."""
+    """(B, p) coefficient shifts from per-size effects: each draw's tau^2 solves
+    Q(tau^2) = chi^2_df."""
     if space.df < 1:
-        return np.zeros((n_draws, 2))
+        return np.zeros((n_draws, H.shape[0]))
     tau2 = space.tau2_for(rng.chisquare(space.df, size=n_draws))
     shifts = rng.standard_normal((n_draws, len(med))) * np.sqrt(tau2)[:, None] * med
     return shifts @ H.T
 
 
-def fit_line(x: np.ndarray, med: np.ndarray, w: np.ndarray, *, mdraws: np.ndarray | None,
-             iid_var: np.ndarray, no_interval: str | None, scatter_from: str,
-             rng: np.random.Generator) -> LineFit:
-    """The WLS line through the medians; joint draws from median draws plus size-level scatter.
+def fit_design(x: np.ndarray, med: np.ndarray, w: np.ndarray, *, mdraws: np.ndarray | None,
+               iid_var: np.ndarray, scatter_from: str, rng: np.random.Generator
+               ) -> tuple[np.ndarray, np.ndarray | None, LackOfFit | None]:
+    """WLS coefficients through the medians for a design (sizes, or a (K, p) matrix), their
+    joint draws (median draws plus size-level scatter; None without median draws) and the
+    lack of fit.
 
     mdraws: (B, K) bootstrap medians, or None when the units cannot support an interval (then
     the lack-of-fit test uses iid_var, each size's samples taken as independent).
     """
-    H = wls_operator(x, w)
-    setup, slope = H @ med
+    X = design(x)
+    H = wls_operator(X, w)
+    coef = H @ med
     S = np.cov(mdraws.T) if mdraws is not None else np.diag(iid_var)
-    space = ResidualSpace(x, med, w, np.atleast_2d(S)) if len(x) > 2 else None
+    space = ResidualSpace(X, med, w, np.atleast_2d(S)) if len(X) > X.shape[1] else None
     lof = lack_of_fit(space, scatter_from) if space is not None else None
     draws = None
     if mdraws is not None:
-        draws = np.array([setup, slope]) + (mdraws - med) @ H.T
+        draws = coef + (mdraws - med) @ H.T
         if space is not None:
             draws = draws + size_scatter_draws(space, H, med, len(draws), rng)
-    return LineFit(float(setup), float(slope), x, med, draws, no_interval, lof)
+    return coef, draws, lof
+
+
+def fit_line(x: np.ndarray, med: np.ndarray, w: np.ndarray, *, mdraws: np.ndarray | None,
+             iid_var: np.ndarray, no_interval: str | None, scatter_from: str,
+             rng: np.random.Generator) -> LineFit:
+    """The WLS line through the medians; joint draws from median draws plus size-level scatter."""
+    coef, draws, lof = fit_design(x, med, w, mdraws=mdraws, iid_var=iid_var,
+                                  scatter_from=scatter_from, rng=rng)
+    return LineFit(float(coef[0]), float(coef[1]), x, med, draws, no_interval, lof)

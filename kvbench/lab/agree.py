@@ -2,7 +2,8 @@
 
     kvbench lab agree examples/lab-plan.yaml --rates 1,4 --repeats 3 --out results/lab/agree
 
-1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running);
+1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running),
+   decode's NIXL READs traced (kvbench.lab.nixltrace), and is warmed up (warm_up);
    per rate and repeat one bounded `vllm bench serve` run with the plan's workload, prefix
    cache reset first (every request pulls its whole KV), the decode instance's NIXL
    histograms read before and after (kvbench.lab.agree_engine: exact means from
@@ -15,8 +16,9 @@
    decode's measured step times of each rate.
 3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
-   and transfer time, ratio with a 95% interval over repeats, the feature costs, and the
-   plain fit's ratio beside it.
+   and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
+   xfer goes beyond post on each side (kvbench.lab.agree_remainder), the feature costs, and
+   the plain fit's ratio beside it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError
-from kvbench.lab import agree_engine, agree_p2p, bench, deploy
+from kvbench.cli import ArgumentParser, UsageError, arg_int, parse_positive_floats
+from kvbench.lab import agree_engine, agree_p2p, bench, deploy, nixltrace
 from kvbench.lab import env as labenv
 from kvbench.lab.agree_report import analyse, markdown
 from kvbench.lab.handoff import ENGINE_BLOCK_TOKENS
@@ -37,6 +39,7 @@ from kvbench.lab.sweep import Point, Sweep, lab_target, running_lab
 from kvbench.records.write import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.agree/1"
+ENGINE_TRACE = "engine-trace.jsonl"  # decode's per-transfer NIXL trace (kvbench.lab.nixltrace)
 
 
 def build_parser() -> ArgumentParser:
@@ -44,10 +47,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("plan", metavar="PLAN.yaml")
     p.add_argument("--rates", default=None, help="offered rates in rps, comma-separated "
                    "(default: the plan's offered_rates_rps)")
-    p.add_argument("--repeats", type=int, default=3, help="engine runs and p2p jobs per rate "
+    p.add_argument("--repeats", type=arg_int(1, 50), default=3, help="engine runs and p2p jobs per rate "
                    "(default 3; the ratio's 95%% interval needs at least 2)")
     p.add_argument("--out", default=None, help="a new folder (default lab-agree-<UTC stamp>)")
-    p.add_argument("--p2p-iters", type=int, default=60, help="timed handoffs per p2p configuration")
+    p.add_argument("--p2p-iters", type=arg_int(1, 10_000), default=60,
+                   help="timed handoffs per p2p configuration")
     p.add_argument("--no-factorial", action="store_true",
                    help="only the engine configuration (no feature factorial, no what-ifs)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain p2p fit")
@@ -57,40 +61,69 @@ def build_parser() -> ArgumentParser:
 def parse_rates(text: str | None, plan) -> list[float]:
     if text is None:
         return sorted(float(r) for r in plan.criteria.offered_rates_rps)
-    try:
-        rates = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(f"--rates: numbers in rps, comma-separated, got {text!r}") from None
-    if not rates or not all(0 < r <= 1000 for r in rates):
-        raise UsageError("--rates: every rate must be in (0, 1000] rps")
-    return sorted(rates)
+    return sorted(parse_positive_floats(text, "--rates (rps)", 1e-6, 1000.0))
 
 
 def engine_runs(plan, lab, out: Path, vllm: str, rates: list[float], repeats: int) -> dict:
     """Every (rate, repeat) run on the disaggregated deployment; rate -> [per repeat: deltas]."""
     sweep = Sweep(plan, lab, out, vllm)
     sweep.start_grace_s = 180.0  # `vllm bench serve` alone can take a minute to start here
-    got: dict[str, list] = {}
+    got: dict = {}
     started: list = []
     with stop_on_exit(started):
         model = deploy.model_for(lab)
         st = running_lab("disaggregated", lab)
-        if st is None:
-            st = deploy.bring_up(lab, "disaggregated", model, out / "logs" / "disaggregated", started)
+        trace = out / ENGINE_TRACE
+        if st is None:  # our own deployment: decode traces every NIXL transfer
+            st = deploy.bring_up(lab, "disaggregated", model, out / "logs" / "disaggregated",
+                                 started, {"decode": {nixltrace.ENV: str(trace.resolve())}})
         target = lab_target(st, model)
         decode = target.metrics.get("decode", [None])[0]
+        got["warmup"] = warm_up(target.endpoint, lab.load.input_len, trace)
         for rate in rates:
             for k in range(1, repeats + 1):
                 print(f"agree: engine {rate:g} rps repeat {k}", file=sys.stderr, flush=True)
                 before = agree_engine.read(decode) if decode else None
+                first = len(agree_engine.read_trace(trace))
                 res = sweep.run_point(Point("cold", "disaggregated", rate, k), target)
                 time.sleep(2.0)  # the engine logs its stats every step; one more scrape interval
                 after = agree_engine.read(decode) if decode else None
+                recs = agree_engine.read_trace(trace, first)
                 got.setdefault(f"{rate:g}", []).append(
                     {"status": res["status"], "reason": res["reason"], "wall_s": res["wall_s"],
                      "load_before": res["load_before"], "load_after": res["load_after"],
-                     "metrics": agree_engine.delta(before, after)})
+                     "metrics": agree_engine.delta(before, after),
+                     "trace_lines": [first, first + len(recs)],
+                     "transfers": agree_engine.trace_transfers(recs)})
+        proxy = next((s for s in st.by_role("proxy")), None)
+        events = (proxy.extra or {}).get("events") if proxy else None
+        for runs in (v for k, v in got.items() if k != "warmup"):
+            for r in runs:
+                if r["transfers"]:
+                    r["transfers"]["decode_idle_s"] = (agree_engine.decode_idle(
+                        r["transfers"]["unix"], events) if events else None)
     return got
+
+
+WARMUP_REQUESTS = 3  # as kvbench's --warmup 3: the first transfer pays the lazy wire-up
+
+
+def warm_up(endpoint: str, input_len: int, trace: Path) -> dict:
+    """Requests through the deployment before any measured run, so that the engine's runs are
+    warm as kvbench's timed handoffs are: the deployment's first READ pays UCX's lazy
+    connection set-up (10-45 ms measured here, against ~2 ms warm), which would otherwise
+    land in the first run's mean. Its trace is kept and reported apart, like kvbench's cold."""
+    from kvbench.lab.capture import post_json, prompt
+
+    first = len(agree_engine.read_trace(trace))
+    for i in range(WARMUP_REQUESTS):
+        post_json(endpoint + "/v1/completions",
+                  {"model": deploy.SERVED_NAME, "prompt": prompt(1000 + i, input_len),
+                   "max_tokens": 2, "temperature": 0, "ignore_eos": True})
+    time.sleep(0.5)  # the trace line is written when the handle is released
+    recs = agree_engine.read_trace(trace, first)
+    return {"requests": WARMUP_REQUESTS, "trace_lines": [first, first + len(recs)],
+            "transfers": agree_engine.trace_transfers(recs)}
 
 
 def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: bool) -> dict:
@@ -152,14 +185,12 @@ def main(argv=None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if not 1 <= args.repeats <= 50 or not 1 <= args.p2p_iters <= 10_000:
-        raise UsageError("--repeats must be 1..50 and --p2p-iters 1..10000")
     plan, lab = load_lab_plan(args.plan)
+    rates = parse_rates(args.rates, plan)
     if lab is None:
         raise UsageError(f"{args.plan}: kvbench lab agree needs the plan's lab: section")
     if labenv.missing_reason():
         raise UsageError(labenv.missing_reason())
-    rates = parse_rates(args.rates, plan)
     out = Path(args.out or f"lab-agree-{utc_stamp()}")
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} exists and is not empty: give a new --out folder")
@@ -167,12 +198,14 @@ def main(argv=None) -> int:
     started = utc_stamp()
     vllm = bench.find_vllm(labenv.lab_bin("vllm"))
     engine = engine_runs(plan, lab, out, vllm, rates, args.repeats)
+    warmup = engine.pop("warmup", None)
     p2p = p2p_runs(lab, out, engine, args.repeats, args.p2p_iters, not args.no_factorial)
     fit = None if args.no_plain else plain_fit(lab, out)
     doc = {"schema": SCHEMA, "command": ["kvbench", "lab", "agree", *argv], "started": started,
            "finished": utc_stamp(), "plan": args.plan, "rates_rps": rates,
            "repeats": args.repeats, "host": os.uname().nodename, "cpu_count": os.cpu_count(),
-           "loadavg_end": os.getloadavg(), "engine": engine, "p2p": p2p, "plain_fit": fit}
+           "loadavg_end": os.getloadavg(), "engine_warmup": warmup, "engine": engine, "p2p": p2p,
+           "plain_fit": fit}
     doc["agreement"] = analyse(doc)
     write_new_file(out / "agreement.json", json.dumps(doc, indent=2) + "\n")
     write_new_file(out / "agreement.md", markdown(doc))

@@ -96,3 +96,67 @@ def step_draws(itl: dict | None) -> dict | None:
         return None
     return {"le_ms": le, "count": count,
             "source": "decode vllm:inter_token_latency_seconds over the run"}
+
+
+def read_trace(path, start: int = 0) -> list[dict]:
+    """The engine's per-transfer trace lines (kvbench.lab.nixltrace) from line `start` on;
+    [] when there is no file. A torn last line (the engine still writing) is left out."""
+    import json
+    from pathlib import Path
+
+    try:
+        lines = Path(path).read_text().splitlines()[start:]
+    except OSError:
+        return []
+    out = []
+    for ln in lines:
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            continue
+    return out
+
+
+def trace_transfers(recs: list[dict]) -> dict | None:
+    """The traced transfers as agree's remainder reads them (kvbench.lab.agree_remainder), in
+    the same form as kvbench's per-handoff telemetry: post and xfer (NIXL's, ms), whether the
+    post itself returned DONE, whether the look in the posting step still saw it in flight
+    (`late`), and whether a notification (a lease heartbeat) went out between post and look."""
+    done = [r for r in recs if r.get("tel") and r.get("looks")]
+    if not done:
+        return None
+    return {"post_ms": [r["tel"]["post_us"] / 1e3 for r in done],
+            "xfer_ms": [r["tel"]["xfer_us"] / 1e3 for r in done],
+            "post_done": [int(r.get("post_state") == "DONE") for r in done],
+            "late": [int(r["looks"][0][1] == "PROC") for r in done],
+            "notif_between": [int(bool(r.get("notifs"))) for r in done],
+            "unix": [r["unix"] for r in done]}
+
+
+def decode_idle(unix: list[float], events_path) -> list[float | None]:
+    """Per post (wall time): how long decode had been without work, from the P/D proxy's
+    events: 0 while another request was decoding, else the time since the last request
+    finished on decode (None before the first). vLLM's worker yield-spins on its step queue
+    for 1 s after its last step, then sleeps (vllm/distributed/device_communicators/
+    shm_broadcast.py:195-208): this says which of the two a post came from."""
+    import json
+    from pathlib import Path
+
+    try:
+        events = [json.loads(ln) for ln in Path(events_path).read_text().splitlines() if ln]
+    except (OSError, ValueError):
+        return [None] * len(unix)
+    sent, done = {}, {}
+    for e in events:
+        if e.get("step") in ("decode_sent", "decode_done"):
+            (sent if e["step"] == "decode_sent" else done)[e["id"]] = e["t"]
+    spans = [(sent[k], done[k]) for k in sent if k in done]
+    out = []
+    for t in unix:
+        # another request decoding (its own decode starts just before its post: 50 ms apart)
+        if any(a < t - 0.05 < t < b for a, b in spans):
+            out.append(0.0)
+            continue
+        before = [b for _, b in spans if b < t]
+        out.append(t - max(before) if before else None)
+    return out

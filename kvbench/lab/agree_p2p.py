@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from kvbench.lab.handoff import mpirun
@@ -114,16 +115,19 @@ def run_job(folder: Path, base: str, cfgs: dict[str, str], cores: tuple[int, int
     cases = folder / f"cases-{'pinned' if cores else 'free'}.txt"
     lines = [f"{base} {extra} --out {folder / name}" for name, extra in cfgs.items()]
     cases.write_text("\n".join(lines) + "\n")
-    (folder / "driver.py").write_text(DRIVER)
-    py = [sys.executable, str(folder / "driver.py"), str(cases)]
-    if cores is None:
-        cmd = [mpirun(), "--bind-to", "none", "-n", "2", *py]
-    else:
-        cmd = [mpirun(), "--bind-to", "none", "-n", "1", "taskset", "-c", str(cores[0]), *py,
-               ":", "-n", "1", "taskset", "-c", str(cores[1]), *py]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", **ucx_env)
-    with open(log, "ab") as fh:
+    # The driver is code, not a result: it lives in a temporary folder for the job's length,
+    # and the run folder keeps only the cases (the exact p2p lines) and the records.
+    with tempfile.TemporaryDirectory(prefix="kvbench-agree-") as tmp, open(log, "ab") as fh:
+        driver = Path(tmp) / "driver.py"
+        driver.write_text(DRIVER)
+        py = [sys.executable, str(driver), str(cases)]
+        if cores is None:
+            cmd = [mpirun(), "--bind-to", "none", "-n", "2", *py]
+        else:
+            cmd = [mpirun(), "--bind-to", "none", "-n", "1", "taskset", "-c", str(cores[0]), *py,
+                   ":", "-n", "1", "taskset", "-c", str(cores[1]), *py]
         fh.write((" ".join(cmd) + "\n").encode())
         subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
                        check=False)
@@ -139,10 +143,17 @@ def _record(folder: Path) -> dict | None:
 
 
 def summary(rec: dict | None) -> dict | None:
-    """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count."""
+    """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count, and
+    per timed handoff what the xfer remainder is made of (kvbench.lab.agree_remainder)."""
     if rec is None:
         return None
+    tel = rec.get("nixl_telemetry") or {}
+    transfers = None
+    if tel.get("looks") and tel.get("post_done"):
+        transfers = {"post_ms": tel["post_ms"], "xfer_ms": tel["xfer_ms"],
+                     "post_done": tel["post_done"], "late": [int(n > 0) for n in tel["looks"]]}
     return {"post_mean_ms": rec["nixl_post_mean_ms"], "xfer_mean_ms": rec["nixl_xfer_mean_ms"],
             "kvbench_p50_ms": rec["p50_ms"], "n": rec["n_samples"], "bytes": rec["bytes"],
-            "desc_count": rec["nixl_desc_count"], "spec_id": rec["spec_id"],
-            "transport_options": rec["spec"]["transport_options"]}
+            "desc_count": rec.get("descriptors_merged", rec.get("nixl_desc_count")),
+            "spec_id": rec["spec_id"],
+            "transport_options": rec["spec"]["transport_options"], "transfers": transfers}

@@ -1,8 +1,9 @@
 """The agreement of `kvbench lab agree`: engine means vs kvbench's predictions, as JSON and Markdown.
 
-Per rate and repeat k the engine's exact mean (from its histogram's _sum/_count over the
-run) is divided by the prediction of p2p repeat k; the ratio's mean over repeats gets a
-Student-t 95% interval (none from one repeat). Predictions:
+Per rate the engine's mean (each run's exact mean from its histogram's _sum/_count; the mean
+over runs) is divided by kvbench's (each p2p job's NIXL telemetry mean; the mean over jobs),
+with a 95% interval built for a positive ratio (kvbench.lab.agree_stats: log scale, the run
+as the unit, none from fewer than 3 runs a side, the reason printed instead). Predictions:
 
     engine-shaped  NIXL telemetry means of `kvbench p2p --nixl-shape engine` (postDuration,
                    xferDuration), the engine as deployed (poll every 1 ms, idle engine)
@@ -11,57 +12,46 @@ Student-t 95% interval (none from one repeat). Predictions:
                    runs at rate R, progress thread idle between requests; the targets are
                    judged on it when present (else on engine-shaped)
     plain          the sweep's plain p2p fit (link shape), setup + bytes/rate at the engine's
-                   mean bytes; it predicts a transfer time, so only the xfer ratio
-Targets (issue 19, judged on a quiet machine only): post within 10 %, xfer within 15 % at
-the lowest rate. Feature costs: the main effect of each engine feature in the 2^k factorial
-(per repeat: mean over the cells with it on minus mean over those with it off; 95% t interval
-over repeats), two-feature interactions the same way (cells where the pair agree minus cells
-where they differ, halved: the usual +-1 coding), and beside them the plain one-step
-differences (engine minus a variant).
+                   mean bytes, with the fit's band; it predicts a transfer time, so only xfer
+Targets (judged on a quiet machine only): post within 10 %, xfer within 15 % at the lowest
+rate. The xfer remainder (kvbench.lab.agree_remainder): where xfer - post goes on each side,
+from the engine's per-transfer trace and kvbench's per-handoff telemetry. Feature costs: the
+main effect of each engine feature in the 2^k factorial (per repeat: mean over the cells with
+it on minus mean over those with it off; paired t interval over repeats), two-feature
+interactions the same way (cells where the pair agree minus cells where they differ, halved:
+the usual +-1 coding), and beside them the plain one-step differences (engine minus a variant).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 
 from kvbench.lab.agree_p2p import FEATURES, UNPINNED, VARIANTS, factorial_cells
+from kvbench.lab.agree_remainder import remainder
+from kvbench.lab.agree_stats import DIFF_METHOD, RATIO_METHOD, diff_interval, ratio_interval
 
-# two-sided 95% Student t quantiles by degrees of freedom (1..10), then the normal's
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228}
 TARGETS = {"post": 0.10, "xfer": 0.15}
 
 
-def interval(xs: list[float]) -> dict:
-    """Mean of per-repeat ratios and its 95% t interval (None with fewer than 2)."""
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    if not xs:
-        return {"mean": None, "ci95": None, "n": 0}
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return {"mean": m, "ci95": None, "n": 1}
-    half = _T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": m, "ci95": [m - half, m + half], "n": len(xs)}
-
-
-def _cfg(doc: dict, k: int, name: str) -> dict | None:
-    reps = doc["p2p"]["repeats"]
-    return (reps[k % len(reps)]["configs"].get(name) if reps else None)
-
-
-def _plain_ms(doc: dict, nbytes: float | None) -> tuple[float | None, str | None]:
+def _plain_ms(doc: dict, nbytes: float | None) -> tuple[float | None, str | None, list | None]:
+    """The plain fit's handoff time at the engine's mean bytes, its label and 95% band."""
     if not doc.get("plain_fit") or not nbytes:
-        return None, None
+        return None, None, None
     from kvbench.plan.floors import links_from_fit
 
     try:
         link = links_from_fit(doc["plain_fit"], {})[0]
     except Exception as exc:  # noqa: BLE001 - said in the document instead
-        return None, f"plain fit unreadable: {exc}"
+        return None, f"plain fit unreadable: {exc}", None
     cost = link.for_payload(round(nbytes))[0]
-    return cost.handoff_floor(round(nbytes))[1], link.label
+    return cost.handoff_floor(round(nbytes))[1], link.label, link.band(round(nbytes))
+
+
+def _runs_of(doc: dict, name: str, q: str) -> list[float]:
+    """kvbench's run means (one per p2p job) of one configuration."""
+    return [x for x in ((rep["configs"].get(name) or {}).get(f"{q}_mean_ms")
+                        for rep in doc["p2p"]["repeats"]) if x is not None]
 
 
 def rate_row(doc: dict, rate: str) -> dict:
@@ -74,17 +64,16 @@ def rate_row(doc: dict, rate: str) -> dict:
     row["engine_descs_mean"] = _mean([r["metrics"].get("descs", {}).get("mean") for r in runs])
     for label, name in (("engine_shaped", "engine"), ("drawn_poll", f"poll-drawn@{rate}"),
                         ("paced", f"paced@{rate}")):
-        preds = {q: [(_cfg(doc, k, name) or {}).get(f"{q}_mean_ms") for k in range(len(runs))]
-                 for q in ("post", "xfer")}
-        row[label] = {
-            "config": name,
-            "predicted_mean_ms": {q: _mean(v) for q, v in preds.items()},
-            "ratio": {q: interval([a / b if b else None for a, b in zip(e[q], preds[q], strict=True)])
-                      for q in ("post", "xfer")}}
-    plain, label = _plain_ms(doc, row["engine_mean_bytes"])
-    row["plain"] = {"link": label, "predicted_mean_ms": plain,
-                    "ratio": {"xfer": interval([x / plain for x in e["xfer"]] if plain else [])}}
+        preds = {q: _runs_of(doc, name, q) for q in ("post", "xfer")}
+        row[label] = {"config": name,
+                      "predicted_mean_ms": {q: _mean(v) for q, v in preds.items()},
+                      "ratio": {q: ratio_interval(e[q], preds[q]) for q in ("post", "xfer")}}
+    plain, label, band = _plain_ms(doc, row["engine_mean_bytes"])
+    row["plain"] = {"link": label, "predicted_mean_ms": plain, "band95_ms": band,
+                    "ratio": {"xfer": ratio_interval(e["xfer"], plain, band)}}
     row["buckets"] = {q: _pooled(runs, q) for q in ("post", "xfer")}
+    paced = f"paced@{rate}" in doc["p2p"].get("configs", {})
+    row["remainder"] = remainder(doc, rate, f"paced@{rate}" if paced else "engine")
     return row
 
 
@@ -121,7 +110,7 @@ def _contrast(doc: dict, sign) -> dict:
             plus = [ys[n] for n, off in cells.items() if sign(off) > 0]
             minus = [ys[n] for n, off in cells.items() if sign(off) < 0]
             per_rep.append(statistics.fmean(plus) - statistics.fmean(minus))
-        out[q] = interval(per_rep)
+        out[q] = diff_interval(per_rep)
     return out
 
 
@@ -143,8 +132,8 @@ def _halved(iv: dict) -> dict:
     """An interaction in the usual +-1 coding is half the agree-minus-differ contrast."""
     if iv["mean"] is None:
         return iv
-    return {"mean": iv["mean"] / 2, "ci95": [x / 2 for x in iv["ci95"]] if iv["ci95"] else None,
-            "n": iv["n"]}
+    return {**iv, "mean": iv["mean"] / 2,
+            "ci95": [x / 2 for x in iv["ci95"]] if iv["ci95"] else None}
 
 
 def _what(name: str, one_step: dict[str, str]) -> str:
@@ -183,17 +172,24 @@ def factor_costs(doc: dict) -> list[dict]:
     return out
 
 
+def _target(iv: dict, judged: str, tol: float) -> dict:
+    """Met on the point estimate; `confident` when the whole interval lies within the band."""
+    ci = iv["ci95"]
+    return {"prediction": judged, "ratio": iv["mean"], "ci95": ci, "within": tol,
+            "met": iv["mean"] is not None and abs(iv["mean"] - 1) <= tol,
+            "confident": ci is not None and 1 - tol <= ci[0] and ci[1] <= 1 + tol}
+
+
 def analyse(doc: dict) -> dict:
     rows = [rate_row(doc, f"{r:g}") for r in doc["rates_rps"]]
     lowest = rows[0] if rows else None
     target = None
     if lowest:
         judged = "paced" if lowest["paced"]["ratio"]["post"]["mean"] is not None else "engine_shaped"
-        target = {q: {"prediction": judged, "ratio": lowest[judged]["ratio"][q]["mean"],
-                      "within": tol,
-                      "met": (lowest[judged]["ratio"][q]["mean"] is not None
-                              and abs(lowest[judged]["ratio"][q]["mean"] - 1) <= tol)}
-                  for q, tol in TARGETS.items()}
+        target = {q: _target(lowest[judged]["ratio"][q], judged, tol) for q, tol in TARGETS.items()}
+        rem = lowest["remainder"].get("xfer_ratio_with_engine_post")
+        target["xfer"]["remainder_only_ratio"] = rem  # xfer - post reproduced when near 1
+        target["xfer"]["remainder_reproduced"] = rem is not None and abs(rem - 1) <= TARGETS["xfer"]
     return {"rates": rows, "factor_costs": factor_costs(doc), "feature_effects": feature_effects(doc),
             "target_at_lowest_rate": target,
             "targets_note": "judged only on a quiet machine; see loadavg in engine and p2p runs"}
@@ -208,10 +204,41 @@ def _f(x, spec=".3f") -> str:
 
 
 def _ratio(r: dict) -> str:
+    """A ratio with its interval, or with "no interval" (the reason is listed below the table)."""
     if r["mean"] is None:
         return "-"
     ci = r["ci95"]
-    return f"{r['mean']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (1 repeat)")
+    return f"{r['mean']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (no interval)")
+
+
+def _ratio_table(a: dict) -> list[str]:
+    lines = ["## Engine mean vs prediction (ms; ratio = engine / prediction)", "",
+             f"Intervals: {RATIO_METHOD}. n = engine runs / p2p jobs (the plain fit is one "
+             "prediction with its own 95% band).", "",
+             "Predictions: engine-shaped (back to back, 1 ms polling), paced (a transfer every "
+             "1000/R ms, polled at decode's measured step times: the engine as it runs at that "
+             "rate), drawn poll (those step times, back to back), plain link fit.", "",
+             "| rps | n | quantity | engine | engine-shaped | ratio | paced | ratio | "
+             "drawn poll | ratio | plain fit | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    why: list[str] = []
+    for r in a["rates"]:
+        es, pc, dp, pl = r["engine_shaped"], r["paced"], r["drawn_poll"], r["plain"]
+        for q in ("post", "xfer"):
+            ivs = [es["ratio"][q], pc["ratio"][q], dp["ratio"][q]] + (
+                [pl["ratio"]["xfer"]] if q == "xfer" else [])
+            why += [iv["why"] for iv in ivs if iv["mean"] is not None and iv["why"]]
+            plain = (f"{_f(pl['predicted_mean_ms'])} | {_ratio(pl['ratio']['xfer'])}"
+                     if q == "xfer" else "- | -")
+            n = f"{es['ratio'][q]['n']}/{es['ratio'][q]['n_den']}"
+            lines.append(
+                f"| {r['rate_rps']:g} | {n} | {q} | {_f(r['engine_mean_ms'][q])} | "
+                f"{_f(es['predicted_mean_ms'][q])} | {_ratio(es['ratio'][q])} | "
+                f"{_f(pc['predicted_mean_ms'][q])} | {_ratio(pc['ratio'][q])} | "
+                f"{_f(dp['predicted_mean_ms'][q])} | {_ratio(dp['ratio'][q])} | {plain} |")
+    if why:
+        lines += ["", "No interval where marked: " + "; ".join(dict.fromkeys(why)) + "."]
+    return lines
 
 
 def markdown(doc: dict) -> str:
@@ -221,30 +248,25 @@ def markdown(doc: dict) -> str:
              f"`{' '.join(doc['command'])}` on {doc['host']} ({doc['cpu_count']} CPUs); load "
              f"average at the end {', '.join(f'{x:.2f}' for x in doc['loadavg_end'])}.",
              f"p2p: {p['tokens']} tokens per transfer ({p['tokens_why']}), block size "
-             f"{p['block_size']}, cores {p['cores']}, UCX {p['ucx_env']}.", "",
-             "## Engine mean vs prediction (ms; ratio = engine / prediction, 95% interval over repeats)",
-             "", "Predictions: engine-shaped (back to back, 1 ms polling), paced (a transfer every "
-             "1000/R ms, polled at decode's measured step times: the engine as it runs at that "
-             "rate), drawn poll (those step times, back to back), plain link fit.", "",
-             "| rps | runs | quantity | engine | engine-shaped | ratio | paced | ratio | "
-             "drawn poll | ratio | plain fit | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in a["rates"]:
-        es, pc, dp, pl = r["engine_shaped"], r["paced"], r["drawn_poll"], r["plain"]
-        for q in ("post", "xfer"):
-            plain = (f"{_f(pl['predicted_mean_ms'])} | {_ratio(pl['ratio']['xfer'])}"
-                     if q == "xfer" else "- | -")
-            lines.append(
-                f"| {r['rate_rps']:g} | {r['engine_runs']} | {q} | {_f(r['engine_mean_ms'][q])} | "
-                f"{_f(es['predicted_mean_ms'][q])} | {_ratio(es['ratio'][q])} | "
-                f"{_f(pc['predicted_mean_ms'][q])} | {_ratio(pc['ratio'][q])} | "
-                f"{_f(dp['predicted_mean_ms'][q])} | {_ratio(dp['ratio'][q])} | {plain} |")
+             f"{p['block_size']}, cores {p['cores']}, UCX {p['ucx_env']}.", ""]
+    lines += _ratio_table(a)
     t = a["target_at_lowest_rate"]
     if t:
         lines += ["", "Target at the lowest rate (quiet machine only; judged on the "
                   f"{next(iter(t.values()))['prediction'].replace('_', '-')} prediction): " + "; ".join(
             f"{q} ratio {_f(v['ratio'], '.2f')} (within ±{v['within']:.0%}: "
-            f"{'met' if v['met'] else 'not met'})" for q, v in t.items())]
+            f"{'met' if v['met'] else 'not met'}; the interval "
+            f"{'lies inside' if v['confident'] else 'does not lie inside'} the band)"
+            for q, v in t.items())]
+        rem = t["xfer"].get("remainder_only_ratio")
+        if rem is not None:
+            lines.append("")
+            lines.append(f"The xfer remainder beyond the post (engine xfer / (engine post + "
+                         f"kvbench's xfer - post) = {rem:.2f}) is "
+                         + ("reproduced within ±15 %: the xfer ratio's distance from 1 is the "
+                            "post's." if t["xfer"]["remainder_reproduced"] else
+                            "not reproduced within ±15 %: see where xfer goes beyond post."))
+    lines += _remainder_markdown(a)
     lines += ["", "## One step from the engine (kvbench p2p, NIXL telemetry means, ms)", "",
               "| configuration | what it changes | post | xfer | feature cost post | feature cost xfer |",
               "|---|---|---|---|---|---|"]
@@ -261,12 +283,68 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _remainder_markdown(a: dict) -> list[str]:
+    """Where xfer goes beyond post, per rate, engine against kvbench (agree_remainder)."""
+    rows = [(r["rate_rps"], r["remainder"]) for r in a["rates"] if r["remainder"]["engine"]]
+    if not rows:
+        return []
+    lines = ["", "## Where xfer goes beyond post (per transfer: NIXL telemetry; engine: "
+             "kvbench.lab.nixltrace in vLLM's decode worker)", "",
+             "xfer - post = in-flight share x wait: a READ still in flight at the look in its "
+             "posting step is seen a step later. Fast posts (<= 0.5 ms) that returned before "
+             "the READ was done are the READs that can be late.", "",
+             "| rps | side | transfers | post | xfer | xfer - post | in flight at the look | "
+             "late READs' wait | fast posts | fast posts not done |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for rate, rem in rows:
+        for side, d in (("engine", rem["engine"]), (rem["config"], rem["kvbench"])):
+            if not d:
+                continue
+            lines.append(
+                f"| {rate:g} | {side} | {d['n']} | {_f(d['post_mean_ms'])} | "
+                f"{_f(d['xfer_mean_ms'])} | {_f(d['remainder_ms'])} | "
+                f"{d['in_flight_share']:.1%} ({d['in_flight_n']}) | {_f(d['late_wait_mean_ms'], '.2f')} | "
+                f"{d['fast_post_share']:.0%} | {_pct(d['fast_posts_not_done_share'])} |")
+    lines.append("")
+    for rate, rem in rows:
+        lines += _remainder_lines(rate, rem)
+    cold = rows[0][1]["cold"]
+    if cold:
+        lines += ["", f"The deployment's first transfer (warm-up, before any measured run): "
+                  f"xfer {cold['first_xfer_ms']:.1f} ms (post {cold['first_post_ms']:.2f} ms), "
+                  "then " + ", ".join(f"{x:.2f}" for x in cold["then_xfer_ms"]) + " ms; kept "
+                  "out of the runs as kvbench keeps its cold handoff out of its means."]
+    return lines
+
+
+def _remainder_lines(rate: float, rem: dict) -> list[str]:
+    """Which term the xfer ratio's distance from 1 comes from, and the engine's posts by
+    what its worker did before them."""
+    out = []
+    if rem["kvbench"]:
+        out.append(f"- {rate:g} rps: engine xfer / (engine post + {rem['config']}'s xfer - post) "
+                   f"= {rem['xfer_ratio_with_engine_post']:.2f}; engine xfer / ({rem['config']}'s "
+                   f"post + engine's xfer - post) = {rem['xfer_ratio_with_engine_in_flight_term']:.2f}.")
+    ws = rem.get("engine_posts_by_worker_state")
+    if ws:
+        a, b = ws["within_busy_loop"], ws["after_idle"]
+        out.append(f"  Engine posts within 1 s of decode's last work (vLLM's worker yield-spins "
+                   f"then): {a['n']}, mean {_f(a['post_mean_ms'])} ms, {_pct(a['fast_share'])} "
+                   f"fast; after longer idle (it slept): {b['n']}, mean "
+                   f"{_f(b['post_mean_ms'])} ms, {_pct(b['fast_share'])} fast.")
+    return out
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 def _effects_markdown(fx: dict) -> list[str]:
     if not fx.get("main"):
         return []
     n = fx["main"][0]["post"]["n"]
     lines = ["", f"## What each engine feature costs: main effects of the 2^{len(FEATURES)} "
-             f"factorial (ms, 95% interval over {n} repeat(s))", "",
+             f"factorial (ms; {n} repeat(s); {DIFF_METHOD})", "",
              "Turning the feature on, averaged over every setting of the others.", "",
              "| feature | what | post | xfer |", "|---|---|---|---|"]
     for e in fx["main"]:
@@ -282,4 +360,4 @@ def _effect(iv: dict) -> str:
     if iv["mean"] is None:
         return "-"
     ci = iv["ci95"]
-    return f"{iv['mean']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (1 repeat)")
+    return f"{iv['mean']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval)")

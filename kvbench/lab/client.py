@@ -12,13 +12,14 @@ Bounded on purpose: loopback endpoints only, a per-request deadline, a fixed req
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 from urllib.parse import urlparse
 
 import aiohttp
+
+from kvbench.cli import ArgumentParser, arg_float, arg_int
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -98,12 +99,12 @@ async def run_all(endpoint: str, requests: list[dict], concurrency: int, deadlin
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvbench.lab.client")
+    p = ArgumentParser(prog="python -m kvbench.lab.client")
     p.add_argument("requests", help="JSON list of {id, model, prompt, max_tokens, send_at_s}")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--deadline-s", type=float, default=120.0)
+    p.add_argument("--concurrency", type=arg_int(1, 100_000), default=16)
+    p.add_argument("--deadline-s", type=arg_float(0, 1e7, lo_open=True), default=120.0)
     args = p.parse_args(argv)
     host = urlparse(args.endpoint).hostname
     if host not in LOOPBACK:

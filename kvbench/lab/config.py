@@ -31,6 +31,7 @@ from pydantic import AfterValidator, Field
 
 from kvbench.cli import UsageError
 from kvbench.lab.tinymodel import TinyModelSpec
+from kvbench.p2p.transports.nixl_import import MAX_PROGRESS_DELAY_US
 from kvbench.records.schema.types import (
     MAX_TOKENS,
     Heads,
@@ -43,7 +44,7 @@ from kvbench.records.schema.types import (
     refuse,
     show,
 )
-from kvbench.slo.plan import PLACEHOLDER
+from kvbench.slo.benchplan import PLACEHOLDER
 
 PORT_RANGE = (19000, 19999)
 PORTS_PER_LAB = 300
@@ -100,7 +101,7 @@ class LabConfig:
 # replaces the dataclass default, the rest keep it.
 
 MAX_CORES = 1024
-MAX_POLL_DELAY_US = 10**6  # a 1 s poll delay would already stall every transfer
+MAX_POLL_DELAY_US = MAX_PROGRESS_DELAY_US  # what kvbench p2p --nixl-progress-delay-us takes
 MAX_LEASE_S = 86_400
 MAX_START_S = 3_600
 Core = Annotated[int, Field(ge=0, le=MAX_CORES - 1)]

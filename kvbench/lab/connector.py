@@ -17,6 +17,10 @@ prefill bound to core 0 and a decode bound to core 1 both compute on core 1. We 
 the thread's affinity back as it was before the worker was built
 (`KVBENCH_KEEP_MODEL_THREAD_AFFINITY=1`, the default; 0 keeps vLLM's re-pinning).
 
+Measurement hook (no behaviour change): with `KVBENCH_NIXL_TRACE=FILE` the worker's NIXL
+agent calls are traced per transfer (kvbench.lab.nixltrace; `kvbench lab agree` sets it on
+the decode instance).
+
 Versions are pinned: the workarounds reach into private code of exactly these releases,
 so any other version refuses to start rather than silently doing something else.
 """
@@ -90,3 +94,9 @@ class NixlConnector(_VllmNixlConnector):
                 os.sched_setaffinity(0, before)
             print(f"kvbench.lab.connector: NIXL worker re-pinned the model thread from cores "
                   f"{sorted(before)} to {sorted(after)}; {action}", file=sys.stderr)
+        if self.connector_worker is not None:
+            from kvbench.lab import nixltrace
+
+            if nixltrace.install(self.connector_worker) is not None:
+                print(f"kvbench.lab.connector: tracing NIXL transfers to "
+                      f"{os.environ[nixltrace.ENV]}", file=sys.stderr)

@@ -101,12 +101,15 @@ def _instance_plan(cfg: LabConfig, deployment: str) -> list[tuple[str, str, int,
     return out
 
 
-def start_instances(cfg: LabConfig, deployment: str, model_dir: Path, logs: Path) -> list[Service]:
+def start_instances(cfg: LabConfig, deployment: str, model_dir: Path, logs: Path,
+                    role_env: dict[str, dict] | None = None) -> list[Service]:
+    """`role_env`: extra environment per role (e.g. a trace file for decode)."""
     services = []
     for name, role, port, core, side in _instance_plan(cfg, deployment):
         env = base_env(cfg, core)
         if side is not None:
             env.update(nixl_env(cfg, side))
+        env.update((role_env or {}).get(role, {}))
         svc = spawn(name, role, serve_cmd(cfg, model_dir, port, core, role), env, port,
                     logs / f"{name}.log", [core], {"side_channel_port": side} if side else {})
         services.append(svc)
@@ -170,13 +173,13 @@ def wait_ready(services: list[Service], timeout_s: float, progress=sys.stderr) -
 
 
 def bring_up(cfg: LabConfig, deployment: str, model_dir: Path, logs: Path,
-             started: list[Service]) -> LabState:
+             started: list[Service], role_env: dict[str, dict] | None = None) -> LabState:
     """Start a deployment, appending each service to `started` as soon as it exists.
 
     The caller owns `started` (and stops it: procs.stop_on_exit), so nothing leaks when
     start-up fails half way or Ctrl-C arrives while instances load.
     """
-    instances = start_instances(cfg, deployment, model_dir, logs)
+    instances = start_instances(cfg, deployment, model_dir, logs, role_env)
     started.extend(instances)
     secs = wait_ready(instances, cfg.start_timeout_s)
     proxy = start_proxy(cfg, deployment, instances, logs)

@@ -1,8 +1,8 @@
-"""Read a benchmark plan for the lab: slo's one Plan, and the lab's own `lab:` section.
+"""Read a benchmark plan for the lab: slo's one BenchmarkPlan, and the lab's own `lab:` section.
 
-The plan format belongs to `kvbench.slo` (CONTRACTS.md section 4): `kvbench.slo.plan.
-load_plan` reads and checks it (the tutorial's form or the nested one, bounded YAML,
-duplicate keys, placeholders, equal budget) into one `Plan`, whose `deployment_specs`
+The plan format belongs to `kvbench.slo` (CONTRACTS.md section 4): `kvbench.slo.benchplan.
+load_benchmark_plan` reads and checks it (the tutorial's form or the nested one, bounded YAML,
+duplicate keys, placeholders, equal budget) into one `BenchmarkPlan`, whose `deployment_specs`
 carry each deployment's `endpoint` and `metrics_endpoints`, `cache_states` the states to
 run and `runs()` every (state, deployment, rate). slo passes the `lab:` mapping through
 unread; kvbench.lab.config checks it here.
@@ -14,22 +14,22 @@ from pathlib import Path
 
 from kvbench.cli import UsageError
 from kvbench.lab.config import LabConfig, parse_lab
-from kvbench.slo.plan import Plan, load_plan
+from kvbench.slo.benchplan import BenchmarkPlan, load_benchmark_plan
 
 
 def load_lab_section(path: str | Path | None) -> LabConfig:
     """The plan's `lab:` section (defaults without a plan or a section): for `lab up/down`."""
     if path is None:
         return parse_lab({})
-    return parse_lab(load_plan(path).lab or {}, str(path))
+    return parse_lab(load_benchmark_plan(path).lab or {}, str(path))
 
 
-def load_lab_plan(path: str | Path) -> tuple[Plan, LabConfig | None]:
-    """(slo Plan, lab config or None) for a sweep; every problem is one UsageError line.
+def load_lab_plan(path: str | Path) -> tuple[BenchmarkPlan, LabConfig | None]:
+    """(slo BenchmarkPlan, lab config or None) for a sweep; every problem is one UsageError line.
 
     A deployment without an `endpoint` is started locally, which needs the `lab:` section.
     """
-    plan = load_plan(path)
+    plan = load_benchmark_plan(path)
     lab = parse_lab(plan.lab, str(path)) if plan.lab is not None else None
     missing = [n for n, d in plan.deployment_specs.items() if d.endpoint is None]
     if lab is None and missing:
@@ -40,7 +40,7 @@ def load_lab_plan(path: str | Path) -> tuple[Plan, LabConfig | None]:
     return plan, lab
 
 
-def _agrees(plan: Plan, lab: LabConfig, name: str, where: str) -> None:
+def _agrees(plan: BenchmarkPlan, lab: LabConfig, name: str, where: str) -> None:
     """What the lab starts for a deployment must be what the plan says it compares."""
     instances = {"aggregated": lab.aggregated_instances, "prefill": lab.prefill_instances,
                  "decode": lab.decode_instances}

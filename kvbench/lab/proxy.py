@@ -19,7 +19,6 @@ request's steps go to an events JSONL file (`--events`) for the audit.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -27,6 +26,8 @@ import time
 import uuid
 
 from aiohttp import ClientOSError, ClientSession, ClientTimeout, ServerDisconnectedError, web
+
+from kvbench.cli import ArgumentParser, arg_int
 
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -189,9 +190,9 @@ def _first_decode(proxy: Proxy):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kvbench.lab.proxy")
+    p = ArgumentParser(prog="python -m kvbench.lab.proxy")
     p.add_argument("--mode", choices=("rr", "pd"), required=True)
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=arg_int(1, 65_535), required=True)
     p.add_argument("--backend", action="append", help="rr: base URL of an instance (repeat)")
     p.add_argument("--prefill", action="append", help="pd: base URL of a prefill instance")
     p.add_argument("--decode", action="append", help="pd: base URL of a decode instance")

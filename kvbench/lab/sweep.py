@@ -58,7 +58,7 @@ class Target:
 
 
 def points(plan, repeats: int) -> list[Point]:
-    """Every run the plan requires (slo's Plan.runs()) x repeats, one deployment after the other."""
+    """Every run the plan requires (slo's BenchmarkPlan.runs()) x repeats, one deployment after the other."""
     runs = sorted(plan.runs(), key=lambda run: plan.deployments.index(run[1]))
     return [Point(s, d, r, k) for s, d, r in runs for k in range(1, repeats + 1)]
 

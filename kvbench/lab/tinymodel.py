@@ -13,13 +13,14 @@ The tokenizer is trained with the `tokenizers` library on Python's own stdlib so
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from kvbench.cli import ArgumentParser, arg_int
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -103,10 +104,10 @@ def build(out: Path, spec: TinyModelSpec) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvbench.lab.tinymodel")
+    p = ArgumentParser(prog="python -m kvbench.lab.tinymodel")
     p.add_argument("out")
     for name, value in asdict(TinyModelSpec()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
+        p.add_argument(f"--{name.replace('_', '-')}", type=arg_int(1, 1 << 20), default=value)
     args = vars(p.parse_args(argv))
     out = Path(args.pop("out"))
     build(out, TinyModelSpec(**args))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from kvbench.cli import (
     EXIT_USAGE,
@@ -23,11 +22,14 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    one_line,
     parse_positive_ints,
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import engine_shape, patterns, transports
+from kvbench.p2p.cut import Cut, block_table, declared_cuts, layer_blocks, page_layout
 from kvbench.p2p.patterns.base import Point
+from kvbench.p2p.shards import ShardError
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
 from kvbench.units import parse_bytes
@@ -39,7 +41,8 @@ DEFAULT_TIMEOUT = 120.0
 DEFAULT_MIN_ITERS = 5
 MAX_ITERS = 10**6
 MAX_SECONDS = 86_400.0  # a day: a --timeout or --seconds-per-point beyond it is a typo
-MAX_SIZES = 256  # points in one run
+MAX_SIZES = 256  # sizes in one run
+MAX_POINTS = 1024  # sizes x cuts in one run
 
 _EPILOG = """\
 how it times:
@@ -56,6 +59,8 @@ examples:
   mpirun -n 2 python -m kvbench.p2p                               # 300,2000,8192 tokens
   mpirun -n 2 python -m kvbench.p2p --transport gloo --granularity layer
   mpirun -n 2 python -m kvbench.p2p --layout paged --block-size 16 --granularity block --sizes 512
+  mpirun -n 2 python -m kvbench.p2p --layout paged --granularity block --sizes 256,1024 \
+      --block-size 1,2,4,8,16,32,64 --block-ids scattered,contiguous   # descriptor sweep
   mpirun -n 2 python -m kvbench.p2p --bytes 4K,1M,64M             # raw link sweep
   mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
 """
@@ -65,7 +70,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     class _Parser(ArgumentParser):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
-                print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+                print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
             raise SystemExit(EXIT_USAGE)
 
         def print_help(self, file=None):
@@ -88,8 +93,24 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     what.add_argument("--dtype", default="bf16", help=f"KV dtype: {', '.join(P2P_DTYPES)} (FP8 moves as bytes)")
     what.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
                       help="contiguous per-layer tensors, or paged blocks scattered in a pool")
-    what.add_argument("--block-size", type=arg_int(1, 1 << 20), default=16,
-                      help="paged block size in tokens (default 16)")
+    what.add_argument("--block-size", default="16", metavar="TOKENS",
+                      help="paged block size in tokens (default 16); a list (1,2,4,...,256) "
+                           "measures every size under each block size (--pattern sequential)")
+    cut = p.add_argument_group(
+        "how the KV is cut (the page plan: --layout paged --granularity block; docs/descriptors.md)")
+    cut.add_argument("--kv-pages", "--nixl-kv", dest="kv_pages", default=None, metavar="KV",
+                     help="joint: K and V of a block in one page, one region per layer (vLLM "
+                          "0.32; the default); split: K and V as separate regions; a list "
+                          "(joint,split) measures both")
+    cut.add_argument("--block-ids", "--nixl-blocks", dest="block_ids", default=None, metavar="IDS",
+                     help="the request's block ids: contiguous (a fresh allocator; default), "
+                          "scattered (nothing adjacent), merged (contiguous, and consecutive "
+                          "pages posted as one piece), or file:PATH (JSON {\"prefill\": [...], "
+                          "\"decode\": [...]}); a list measures each")
+    cut.add_argument("--tp-pair", default=None, metavar="P:D",
+                     help="prefill TP : decode TP, seen from one decode rank: P > D splits every "
+                          "block into P/D head groups from P/D prefill ranks (default 1:1); a "
+                          "list (1:1,2:1,4:1) measures each")
     what.add_argument("--pack-kernel", choices=("torch", "cuda"), default="torch",
                       help="how a paged KV is packed for layer/whole messages on a GPU: torch "
                            "index ops (default) or the CUDA kernels in cuda/kv_pack.cu (needs CuPy)")
@@ -160,7 +181,7 @@ def stop_spec(text: str) -> tuple[int, str]:
     """--debug-stop RANK:PHASE (a test hook: that rank SIGSTOPs itself entering PHASE)."""
     rank, _, phase = str(text).partition(":")
     phases = [slug(p) for p in PHASES]
-    if not (rank.isdigit() and len(rank) < 8) or phase not in phases:
+    if not (rank.isascii() and rank.isdigit() and len(rank) < 8) or phase not in phases:
         raise argparse.ArgumentTypeError(f"expects RANK:PHASE with PHASE one of "
                                          f"{', '.join(phases)}, got {text!r}")
     return int(rank), phase
@@ -263,13 +284,17 @@ def validate(args, world_size: int):
     if args.dtype not in P2P_DTYPES:
         raise UsageError(f"unknown dtype {args.dtype!r}; choose from {', '.join(P2P_DTYPES)}")
     dtype = get_dtype(args.dtype)
+    block_sizes = parse_positive_ints(str(args.block_size), "--block-size", hi=1 << 20)
+    args.block_size = block_sizes[0]  # what every plan but a block-size sweep uses
     for t in tokens or ():  # refuses a KV beyond 2^53 bytes before anything is sized
-        KVSizing(model, dtype, t, block_size=args.block_size if args.layout == "paged" else None)
+        for bs in block_sizes:
+            KVSizing(model, dtype, t, block_size=bs if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
     shape_error = engine_shape.usage_error(args)
     if shape_error:
         raise UsageError(shape_error)
+    cuts = cuts_of(args, block_sizes, model, dtype, tokens)
     device = resolve_device(args.device)
     if args.pack_kernel == "cuda":
         from kvbench.p2p.cuda_kernels import unavailable_reason
@@ -282,8 +307,43 @@ def validate(args, world_size: int):
                              "--device cuda --layout paged")
     tcls = transport_class(args.transport, device)
     pclasses = pattern_classes(args, world_size, model)
-    points = [Point(raw_bytes=b) for b in raw] if raw else [Point(prompt_tokens=t) for t in tokens]
+    points = ([Point(raw_bytes=b) for b in raw] if raw else
+              [Point(prompt_tokens=t, cut=c) for t in tokens for c in cuts])
+    if len(points) > MAX_POINTS:
+        raise UsageError(f"{len(points)} points (sizes x cuts) in one run; at most {MAX_POINTS}")
     return model, dtype, device, tcls, pclasses, points
+
+
+def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
+    """The declared cuts (kvbench.p2p.cut), each checked against the model and the flags."""
+    engine = getattr(args, "nixl_shape", "link") == "engine"
+    try:
+        cuts = declared_cuts(block_sizes, args.kv_pages, args.block_ids, args.tp_pair, engine)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for c in cuts if cuts[0].pages else ():
+        try:  # a TP pair that cannot shard the model's heads is refused here
+            page_layout(model, dtype, c)
+        except ShardError as exc:
+            raise UsageError(f"--tp-pair {c.tp[0]}:{c.tp[1]}: {exc}") from None
+        need = max((layer_blocks(model, t, c.block_size, 0) for t in tokens or ()), default=1)
+        for side in ("prefill", "decode"):  # a block-id file holds the largest request's ids
+            block_table(c.blocks, need, side)
+    sweep = len(cuts) > 1
+    if not (sweep or cuts[0].pages):
+        return cuts
+    if not tokens:
+        raise UsageError("--bytes moves a raw buffer: a block-size or cut sweep needs --sizes (tokens)")
+    if args.pattern.strip() != "sequential":
+        raise UsageError("a sweep of block sizes or cuts runs with --pattern sequential (one "
+                         "prefill rank, one decode rank)")
+    if cuts[0].pages and (args.layout != "paged" or args.granularity != "block"):
+        raise UsageError("--kv-pages, --block-ids and --tp-pair cut a paged KV into pages: add "
+                         "--layout paged --granularity block")
+    if engine and any(c.merged for c in cuts):
+        raise UsageError("--block-ids merged: NIXL joins adjacent descriptors itself; measure "
+                         "--block-ids contiguous (its descriptors_merged counts what NIXL posted)")
+    return cuts
 
 
 def transport_class(name: str, device: str):
@@ -318,13 +378,3 @@ def pattern_classes(args, world_size: int, model) -> list:
         if err:
             raise UsageError(err)
     return pclasses
-
-
-def mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

@@ -17,9 +17,9 @@ from kvbench.cli import (
 )
 from kvbench.model import PRESETS
 from kvbench.p2p import world as mpi_world
-from kvbench.p2p.args import PROG, build_parser, mem_available_bytes, prescan, validate
+from kvbench.p2p.args import PROG, build_parser, prescan, validate
 from kvbench.p2p.baseline import LABELS, baseline_gbps, baseline_kinds
-from kvbench.p2p.devices import make_device
+from kvbench.p2p.devices import make_device, mem_available_bytes
 from kvbench.p2p.engine import Engine, close_links
 from kvbench.p2p.gpu_select import select_local_gpu
 from kvbench.p2p.harness import (
@@ -33,7 +33,7 @@ from kvbench.p2p.harness import (
 )
 from kvbench.p2p.patterns.base import PatternContext, Point
 from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
-from kvbench.p2p.transports.base import TransportContext, TransportError
+from kvbench.p2p.transports.base import PeerReported, TransportContext, TransportError
 from kvbench.p2p.watchdog import EXIT_STALLED, WATCHDOG
 from kvbench.records.stats import min_samples_for, percentile_cell
 from kvbench.records.write import (
@@ -74,7 +74,10 @@ def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
     that names its pair (the matrix) has that pair's roles."""
     pair = fields.get("pair")
     prefill, decode = ([pair[0]], [pair[1]]) if pair else pattern.roles()
+    if common["block_size"] is not None and "block_size" in fields:  # a block-size sweep
+        common = {**common, "block_size": fields["block_size"]}
     return HandoffSpec(**common, pattern=pattern.name, variant=fields.get("variant"),
+                       cut=fields.get("cut"),
                        granularity=fields["granularity"],
                        pack_kernel=pattern.ctx.args.pack_kernel if fields.get("packed") else None,
                        world={"size": len(common["hosts"]), "prefill_ranks": prefill,
@@ -107,13 +110,25 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
     return rec
 
 
+def cut_text(r: dict) -> str:
+    """A record's cut for the table: block size, and for the page plan pages, ids and TP pair."""
+    cut = r.get("cut") or {}
+    bs = f"bs {r['block_size']}" if r.get("block_size") else ""
+    tp = "" if cut.get("tp") in (None, "1:1") else f" tp {cut['tp']}"
+    return (bs + (f" {cut['kv']} {cut['blocks']}" if cut else "") + tp).strip() or "-"
+
+
 def format_table(records: list[dict]) -> str:
     w = max([11] + [len(r["pattern"]) + 1 + len(r["variant"]) for r in records if r.get("variant")])
-    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} {'tokens':>7} {'bytes':>14} {'MiB':>9} "
+    cuts = [cut_text(r) for r in records]
+    show_cut = any(r.get("cut") for r in records) or len(set(cuts)) > 1
+    wc = max(len(c) for c in cuts) if show_cut else 0
+    head = (f"{'pattern':<{w}} {'transport':<9} {'gran':<6} " + (f"{'cut':<{wc}} " if show_cut else "")
+            + f"{'tokens':>7} {'bytes':>14} {'MiB':>9} {'desc':>8} "
             f"{'n':>4} {'p50 ms':>9} {'p95 ms':>11} {'p99 ms':>12} {'GB/s':>7} {'cold ms':>9} "
             f"{'wrong':>6}")
     lines = [head, "-" * len(head)]
-    for r in records:
+    for r, cut in zip(records, cuts, strict=True):
         tok = "-" if r["prompt_tokens"] is None else str(r["prompt_tokens"])
         wrong = "-" if r["wrong"] is None else str(r["wrong"])
         variant = r.get("variant")
@@ -122,8 +137,9 @@ def format_table(records: list[dict]) -> str:
         # a bytes/time rate only where the record is a transfer (not compute, not summed edges)
         rate = f"{_num(r['gbps'] if r.get('fit_as_link', True) else None, '.2f'):>7}"
         lines.append(
-            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} {tok:>7} {r['bytes']:>14,} "
-            f"{r['bytes'] / MiB:>9.1f} {n:>4} {r['p50_ms']:>9.3f} "
+            f"{name:<{w}} {r['transport']:<9} {r['granularity']:<6} "
+            + (f"{cut:<{wc}} " if show_cut else "") + f"{tok:>7} {r['bytes']:>14,} "
+            f"{r['bytes'] / MiB:>9.1f} {_num(r.get('descriptors'), ','):>8} {n:>4} {r['p50_ms']:>9.3f} "
             f"{percentile_cell(r['p95_ms'], 95, n):>11} {percentile_cell(r['p99_ms'], 99, n):>12} "
             f"{rate} {_num(r['cold_ms'], '.3f'):>9} {wrong:>6}")
         if r.get("table_note"):
@@ -460,6 +476,8 @@ def cli(argv: Sequence[str] | None = None, written: dict | None = None) -> int:
         code = run(argv, comm, written)
     except SystemExit as exc:
         code = int(exc.code or 0)
+    except PeerReported:
+        await_the_abort(comm)
     except TransportError as exc:
         abort_job(comm, str(exc), EXIT_STALLED)
     except UsageError as exc:  # found by one rank alone: the others may be waiting on it
@@ -472,6 +490,14 @@ def cli(argv: Sequence[str] | None = None, written: dict | None = None) -> int:
         WATCHDOG.phase("tear-down")
         mpi_world.finalize()
     return code
+
+
+def await_the_abort(comm) -> None:
+    """A peer reports this failure in its own line and aborts the job: wait for that end
+    without a second line. The barrier never completes (the peer aborts instead of joining
+    it); should the abort never come, the watchdog ends this rank after --timeout."""
+    with WATCHDOG.bounded("the job's end after a peer's error"):
+        comm.Barrier()
 
 
 def abort_job(comm, message: str, code: int) -> None:

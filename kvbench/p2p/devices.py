@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -290,3 +291,14 @@ def make_device(name: str) -> Device:
     if name == "cpu-async":
         return AsyncCPUDevice()
     raise ValueError(f"unknown device {name!r}; choose from {', '.join(DEVICES)}")
+
+
+def mem_available_bytes() -> int | None:
+    """The host's MemAvailable (bytes), None where /proc/meminfo does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

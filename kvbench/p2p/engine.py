@@ -128,7 +128,8 @@ class Engine:
             self._owned.add(id(data))
             self.device.run(data.fill if is_sender else data.clear)
         peer = dst if is_sender else src
-        shape = {"regions": plan.regions, "blocks": plan.blocks} if plan.regions else {}
+        shape = ({"regions": plan.regions, "blocks": plan.blocks}
+                 if plan.regions and self.transport.uses_regions else {})
         ch = self.transport.channel(peer, plan.buffers, is_sender, plan.layer_of, **shape)
         return Link(src, dst, is_sender, data, plan, ch, Notice(self.comm, peer))
 
@@ -193,6 +194,7 @@ class Engine:
             t1 = now()
         for lk in h.links:
             lk.channel.end_handoff()
+            lk.channel.close_count()
         return Stamp(t0, t1)
 
     def poll(self) -> None:

@@ -13,137 +13,50 @@ moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/
 - completion polled at an engine's step cadence (a fixed period, or step times drawn from
   a recorded distribution) instead of a busy loop.
 
-This module holds the parts that need no NIXL: option parsing, block tables, the message
-plan with its region table, descriptor ids and the merged count they should give, and the
-poll schedule. The NIXL side is kvbench.p2p.transports.nixl_engine.
+This module holds the parts that need no NIXL: option parsing, the message plan (the page
+plan of kvbench.p2p.cut, where block tables and regions live), descriptor ids and the merged
+count they should give, and the poll schedule. The NIXL side is
+kvbench.p2p.transports.nixl_engine.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 import random
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from kvbench.p2p.layout import KVCache, as_bytes
+from kvbench.cli import UsageError, bounded_float
+from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
+    BLOCK_IDS,
+    KV_PAGES,
+    Cut,
+    Region,
+    block_ids_label,
+    block_table,
+    file_digest,
+    page_layout,
+    plan_pages,
+    pool_blocks,
+    read_block_file,
+)
+from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
-
-KV_PAGES = ("joint", "split")
-BLOCK_IDS = ("contiguous", "scattered")  # or file:PATH
-
-
-@dataclass(frozen=True)
-class Region:
-    """One registered region as the initiator addresses it: `n_blocks` blocks of `block_len`
-    bytes, `stride` bytes apart from `base`."""
-
-    base: int
-    stride: int
-    n_blocks: int
-    block_len: int
-
-    def addr(self, block: int) -> int:
-        return self.base + block * self.stride
-
+from kvbench.records.schema.engine import MAX_STEP_MS, load_poll_file
 
 # ---------------------------------------------------------------------------
-# block tables
-
-
-def read_block_file(path: str) -> dict[str, list[int]]:
-    """{"prefill": [...], "decode": [...]} block ids (a recorded allocation). Raises ValueError
-    with one line naming the problem."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"block-id file {path}: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) < {"prefill", "decode"}:
-        raise ValueError(f"block-id file {path}: expected an object with 'prefill' and 'decode' "
-                         "lists of block ids")
-    out = {}
-    for side in ("prefill", "decode"):
-        ids = doc[side]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 1 << 31
-                           for b in ids) or len(set(ids)) != len(ids)):
-            raise ValueError(f"block-id file {path}: '{side}' must be a non-empty list of "
-                             "distinct block ids in 0..2^31-1")
-        out[side] = ids
-    return out
-
-
-def block_ids_label(kind: str) -> str:
-    """What goes into the spec: the kind, or for a file the hash of its content (a path says
-    nothing about what was measured)."""
-    if not kind.startswith("file:"):
-        return kind
-    digest = hashlib.sha256(Path(kind[5:]).read_bytes()).hexdigest()[:8]
-    return f"file#{digest}"
-
-
-def block_table(kind: str, need: int, side: str, seed: int = 0) -> list[int]:
-    """The block ids one side's request uses (first `need` entries matter): contiguous from 0
-    (a fresh engine's allocator), scattered (a random draw from a pool with 1/8 slack, seeded
-    per side), or the recorded list from a file (file:PATH)."""
-    if kind == "contiguous":
-        return list(range(need))
-    if kind == "scattered":  # ids two apart, shuffled: no neighbour is ever the next id, so
-        # nothing merges (a random draw from a small pool often came out consecutive)
-        slots = need + max(1, math.ceil(need / 8))
-        rng = random.Random(10_007 + seed * 7919 + (side == "decode"))
-        return rng.sample([2 * k + (side == "decode") for k in range(slots)], need)
-    if kind.startswith("file:"):
-        ids = read_block_file(kind[5:])[side]
-        if len(ids) < need:
-            raise ValueError(f"block-id file {kind[5:]}: '{side}' lists {len(ids)} blocks, the "
-                             f"request needs {need}")
-        return ids[:need]
-    raise ValueError(f"unknown block ids {kind!r}: contiguous, scattered or file:PATH")
-
-
-# ---------------------------------------------------------------------------
-# the message plan with its region table
-
-
-def region_table(data: KVCache) -> list[Region]:
-    """The cache's regions in registration order (layer, then part for split pages)."""
-    s = data.spec
-    out = []
-    for layer in range(s.model.layers):
-        pool = data.backing[layer]  # joint: [pool, parts, bs, H, W]; split: [parts, pool, ...]
-        parts = [pool] if s.pages == "joint" else [pool[p] for p in range(s.parts)]
-        for t in parts:
-            page = t[0].numel() * t.element_size()
-            out.append(Region(t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], page))
-    return out
+# the message plan: the page plan of kvbench.p2p.cut
 
 
 def plan_engine(data: KVCache) -> MessagePlan:
     """One message per (region, block of the request), region-major, each a page of the
-    cache itself (zero copy). `plan.regions` and `plan.blocks` carry what the transport
-    needs to build the engine's descriptor lists and ids."""
+    cache itself (zero copy): the page plan of one cache with whole pages (TP 1:1).
+    `plan.regions` and `plan.blocks` carry what the transport needs to build the engine's
+    descriptor lists and ids."""
     s = data.spec
     if s.layout != "paged":
         raise ValueError("the engine-shaped handoff moves a paged KV (--layout paged)")
-    regions = region_table(data)
-    per_layer = 1 if s.pages == "joint" else s.parts
-    bufs, layers, blocks = [], [], []
-    for layer in range(s.model.layers):
-        table = data.block_ids[layer]  # the host copy: no device read per block
-        for p in range(per_layer):
-            r = layer * per_layer + p
-            src = data.backing[layer] if s.pages == "joint" else data.backing[layer, p]
-            for b in table:
-                bufs.append(as_bytes(src[b]))
-                layers.append(layer)
-                blocks.append((r, b))
-    plan = MessagePlan(bufs, layers, _cache=data)
-    plan.regions, plan.blocks = regions, blocks
-    return plan
+    cut = Cut(s.block_size, s.pages, "contiguous")
+    return plan_pages([data], page_layout(s.model, s.dtype, cut), cut, "decode")
 
 
 # ---------------------------------------------------------------------------
@@ -211,39 +124,23 @@ class PollSchedule:
         if self.kind == "busy" and not arg:
             return
         if self.kind == "fixed":
-            try:
-                self.period = float(arg)
-            except ValueError:
-                raise ValueError(f"poll {text!r}: fixed:MS needs a number of ms") from None
-            if not (math.isfinite(self.period) and 0 < self.period <= 10_000):
-                raise ValueError(f"poll {text!r}: the period must be in (0, 10000] ms")
+            self.period = bounded_float(arg, "--nixl-poll fixed:MS (the period in ms)", 0.0,
+                                        MAX_STEP_MS, lo_open=True)
             return
         if self.kind == "draw" and arg:
             self._load(arg)
             return
-        raise ValueError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
+        raise UsageError(f"poll {text!r}: busy, fixed:MS or draw:FILE")
 
     def _load(self, path: str) -> None:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"poll file {path}: {exc}") from None
+        doc = load_poll_file(path)
         if isinstance(doc, list):
-            vals = [float(v) for v in doc if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if not vals or len(vals) != len(doc) or not all(0 <= v < 1e4 for v in vals):
-                raise ValueError(f"poll file {path}: a list of step times in ms (0..10000)")
-            self.samples = vals
+            self.samples = doc
             return
-        le, count = (doc.get("le_ms"), doc.get("count")) if isinstance(doc, dict) else (None, None)
-        if (not isinstance(le, list) or not isinstance(count, list) or len(le) != len(count)
-                or not le or count[-1] <= 0 or any(b < a for a, b in zip(count, count[1:], strict=False))
-                or any(b <= a for a, b in zip(le, le[1:], strict=False)) or not math.isfinite(le[-1])):
-            raise ValueError(f"poll file {path}: le_ms (ascending, finite) and cumulative count "
-                             "lists of one length")
         lo = 0.0
-        for bound, c in zip(le, count, strict=True):
-            self.buckets.append((lo, float(bound), c / count[-1]))
-            lo = float(bound)
+        for bound, c in zip(doc.le_ms, doc.count, strict=True):
+            self.buckets.append((lo, bound, c / doc.count[-1]))
+            lo = bound
 
     @property
     def busy(self) -> bool:
@@ -265,8 +162,7 @@ class PollSchedule:
         """For the spec: a drawn schedule by the content of its file."""
         if self.kind != "draw":
             return self.text
-        digest = hashlib.sha256(Path(self.text[5:]).read_bytes()).hexdigest()[:8]
-        return f"draw#{digest}"
+        return f"draw#{file_digest(self.text[5:], 'poll file')}"
 
 
 # How an engine's thread waits between two looks (--nixl-waits): sleep, yield (sched_yield
@@ -295,7 +191,8 @@ def wait_until(t: float, waits: str) -> None:
 
 
 def usage_error(args) -> str | None:
-    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None."""
+    """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None.
+    (The block ids are the cut's: kvbench.p2p.args.cuts_of checks them, files included.)"""
     shape = getattr(args, "nixl_shape", "link")
     try:
         if getattr(args, "nixl_poll", None):
@@ -315,12 +212,8 @@ def usage_error(args) -> str | None:
         if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
             return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
                     "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
-        if args.nixl_threads is not None and not 0 <= args.nixl_threads <= 256:
-            return "--nixl-threads must be 0..256"
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
             return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
-        block_table(args.nixl_blocks, 1, "prefill")
-        block_table(args.nixl_blocks, 1, "decode")
-    except ValueError as exc:
+    except (ValueError, UsageError) as exc:
         return str(exc)
     return None

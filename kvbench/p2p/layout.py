@@ -85,6 +85,10 @@ class KVSpec:
     # "joint" puts a block's K and V in one page of its layer, as vLLM 0.32's CPU/FlashAttention
     # caches do (kvbench.p2p.engine_shape)
     pages: str = "split"
+    # paged only: heads-major blocks ([heads, block_size, width], vLLM's HND layout), so a
+    # group of heads is one contiguous piece of a block (a TP pair that splits heads per
+    # block, kvbench.p2p.cut); False keeps token-major blocks ([block_size, heads, width])
+    hnd: bool = False
 
     def __post_init__(self):
         if not self.heads:
@@ -168,8 +172,9 @@ class KVCache:
                                      f"{len(table)} ({len(set(table))} distinct)")
                 self.pool_blocks = max(self.pool_blocks, max(table) + 1)
             joint = s.pages == "joint"
-            shape = ((m.layers, self.pool_blocks, s.parts, s.block_size, H, W) if joint else
-                     (m.layers, s.parts, self.pool_blocks, s.block_size, H, W))
+            block = (H, s.block_size, W) if s.hnd else (s.block_size, H, W)
+            shape = ((m.layers, self.pool_blocks, s.parts, *block) if joint else
+                     (m.layers, s.parts, self.pool_blocks, *block))
             self.backing = empty(shape, self.tdtype, self.device)
             gen = torch.Generator().manual_seed(10_007 + table_seed)
             for layer in range(m.layers):
@@ -180,8 +185,9 @@ class KVCache:
                 self.block_ids.append(ids.tolist())
                 self.block_tables.append(ids.to(self.device))
                 for part in range(s.parts):
-                    self.tensors.append(self.backing[layer, :, part] if joint
-                                        else self.backing[layer, part])
+                    pool = self.backing[layer, :, part] if joint else self.backing[layer, part]
+                    # heads-major storage seen token-major: [pool, block_size, H, W] everywhere
+                    self.tensors.append(pool.transpose(1, 2) if s.hnd else pool)
         else:
             raise ValueError(f"unknown layout {s.layout}")
 
@@ -194,14 +200,20 @@ class KVCache:
         """The request's blocks of one (layer, part) in block-table order (paged only). Read
         from the host copy of the table: `int()` on a CUDA tensor's element is one device sync
         per block, and a block plan has tens of thousands."""
+        if self.spec.hnd:  # a token-major view of a heads-major block is no contiguous message
+            raise ValueError("heads-major blocks move as pages (kvbench.p2p.cut), not as views")
         pool = self.tensors[self.index(layer, part)]
         return [pool[b] for b in self.block_ids[layer]]
 
-    def page_views(self, layer: int) -> list[torch.Tensor]:
-        """The request's pages of one layer in block-table order (paged): with joint pages one
-        page holds the block's K and V, with split pages this is the K page only."""
-        src = self.backing[layer] if self.spec.pages == "joint" else self.backing[layer, 0]
-        return [src[b] for b in self.block_ids[layer]]
+    def pools(self) -> list[torch.Tensor]:
+        """Per pool, in registration order (layer, then part for split pages): the tensor whose
+        dim 0 is the block id and whose [b] is one page, contiguous (joint: the block's K and V
+        together; split: one part)."""
+        s = self.spec
+        if s.pages == "joint":
+            return [self.backing[layer] for layer in range(s.model.layers)]
+        return [self.backing[layer, part] for layer in range(s.model.layers)
+                for part in range(s.parts)]
 
     def gather(self, layer: int, part: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Token-ordered `[tokens, H, W]` of one tensor (packs paged blocks)."""

@@ -11,13 +11,12 @@ multi-GPU job is tried. Prints one JSON line; exit 0 when every byte arrived, 1 
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import sys
 import time
 
-EXIT_USAGE = 2
+from kvbench.cli import ArgumentParser, arg_int
 
 
 def exchange(dist, send, recv) -> None:
@@ -67,14 +66,12 @@ def run(backend: str, nbytes: int, iters: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvbench.p2p.selfsend", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m kvbench.p2p.selfsend", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
-    p.add_argument("--bytes", type=int, default=64 << 20, help="payload in bytes (default 64 MiB)")
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--bytes", type=arg_int(1, 1 << 40), default=64 << 20,
+                   help="payload in bytes (default 64 MiB)")
+    p.add_argument("--iters", type=arg_int(1, 10_000), default=5)
     args = p.parse_args(argv)
-    if args.bytes < 1 or args.iters < 1:
-        print("selfsend: error: --bytes and --iters must be positive", file=sys.stderr)
-        return EXIT_USAGE
     try:
         res = run(args.backend, args.bytes, args.iters)
     except Exception as exc:  # noqa: BLE001 - reported as one line, the JSON says why

@@ -4,8 +4,9 @@ Every record carries its `HandoffSpec` (as `spec`) and the spec's short hash (`s
 Records with the same spec_id are replicates of one configuration and may be merged (the
 fit's group key); records with different ones must never be pooled. So every option that
 changes what is measured belongs here: transport and its options, pattern and variant,
-granularity, layout, dtype, device, pack kernel, the layerwise compute settings and
-polling, the world's roles and hosts. The payload size is not in it: it is the x of a fit.
+granularity, layout, block size, dtype, device, pack kernel, the layerwise compute settings
+and polling, the world's roles and hosts, and for the page plan the cut (K/V pages, block
+ids, TP pair: kvbench.p2p.cut). The payload size is not in it: it is the x of a fit.
 
 Not in it, on purpose: how the samples were taken (`order`, iteration counts, warm-up),
 which is recorded beside it and does not change the quantity being estimated.
@@ -59,6 +60,7 @@ class HandoffSpec:
     model: str | None = None
     compute: dict | None = None
     layer_poll: bool | None = None
+    cut: dict | None = None  # the page plan's cut (kvbench.p2p.cut); absent otherwise
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -73,6 +75,8 @@ class HandoffSpec:
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        if d["cut"] is None:  # specs without a cut keep the ids they always had
+            del d["cut"]
         d["hosts"] = list(self.hosts)
         d["world"] = {k: (list(v) if isinstance(v, (list, tuple)) else v)
                       for k, v in self.world.items()}

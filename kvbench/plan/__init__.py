@@ -2,9 +2,11 @@
 
     floors.py    links read from a fit (or given), floors and 95% bands per prompt size
     route.py     local vs remote prefill: exposed handoff, interference, break-even
+    descriptors.py  the per-descriptor term: count, time, smallest block size within budget
     export.py    `plan export`: Dynamo, AISimulate, BLIS, Splitwise, JSON
     cli.py       flags and the commands (plan, plan route, plan export)
 
-May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.fit.
+May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.fit, and the
+pure counting of kvbench.p2p.cut / kvbench.p2p.shards (no torch, no MPI).
 Never slo, lab or report.
 """

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.cli import (
+    FORMAT_HELP,
     ArgumentParser,
     arg_int,
     bounded_float,
+    output_format,
     parse_positive_ints,
     run_main,
 )
@@ -57,6 +59,9 @@ def _add_link_args(p: ArgumentParser) -> None:
     g.add_argument("--includes-setup", action="store_true",
                    help="with --gbps: the rate was measured end to end and already contains "
                         "setup (setup is then never added)")
+    g.add_argument("--us-per-desc", default=None, metavar="US",
+                   help="with --gbps: the cost of one descriptor in microseconds (a fit of "
+                        "several cuts carries its own: docs/descriptors.md)")
 
 
 def _add_model_args(p: ArgumentParser, tokens_required: bool) -> None:
@@ -73,7 +78,16 @@ def _add_model_args(p: ArgumentParser, tokens_required: bool) -> None:
                    help="FP8/INT8 scale overhead (default none)")
     g.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
     g.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
-                   help="paged block size in tokens (allocation rounded up to whole blocks)")
+                   help="paged block size in tokens (allocation rounded up to whole blocks; "
+                        "with a per-descriptor term, the blocks a handoff posts)")
+    c = p.add_argument_group("the cut (links with a per-descriptor term: docs/descriptors.md)")
+    c.add_argument("--kv-pages", default=None, choices=("joint", "split"),
+                   help="K and V of a block in one page (joint, default) or in two regions")
+    c.add_argument("--block-ids", default=None, metavar="IDS",
+                   help="contiguous (default), scattered or merged block ids")
+    c.add_argument("--tp-pair", default=None, metavar="P:D",
+                   help="prefill TP : decode TP (default 1:1): P > D cuts each block into P/D "
+                        "pieces; bytes are then one decode rank's share")
 
 
 def _sizings(args) -> tuple:
@@ -90,6 +104,7 @@ examples:
   kvbench plan --fit results/run.fit.json --model seed-70b-gqa --prompt-tokens 300,2000,8192
   kvbench plan --gbps 100,25,10 --setup-ms 1 --prompt-tokens 2000 --format table
   kvbench plan --gbps 8 --includes-setup --prompt-tokens 2000     # an end-to-end rate
+  kvbench plan --fit sweep.fit.json --prompt-tokens 2000 --block-size 16 --tp-pair 2:1
   kvbench plan route --gbps 10 --setup-ms 1 --prompt-tokens 300 \\
       --local-interference-ms 2 --itl-p95-ms 35 --itl-target-ms 50
 """
@@ -106,7 +121,7 @@ def build_parser() -> ArgumentParser:
     _add_link_args(p)
     _add_model_args(p, tokens_required=False)
     p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
 
@@ -142,7 +157,7 @@ def build_route_parser() -> ArgumentParser:
     g.add_argument("--handoff", choices=HANDOFF_MODES, default="sequential",
                    help="sequential: the whole handoff is exposed; overlapped: layer-by-layer "
                         "sends hide behind prefill except the last layer (default sequential)")
-    p.add_argument("--format", choices=("json", "table"), default="json")
+    p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
 
@@ -151,7 +166,7 @@ def _emit(doc: dict, table: str, args) -> None:
     text = dumps_json(doc)
     if args.out:
         write_new_file(Path(args.out), text + "\n")
-    print(table if args.format == "table" else text)
+    print(table if output_format(args.format) == "table" else text)
 
 
 def _check_out(args) -> None:
@@ -173,10 +188,17 @@ def plan_main(argv: Sequence[str]) -> int:
         "model": model.name,
         "dtype": dtype.name,
         "budget_ms": budget,
-        "rows": plan_rows(links, sizings, budget),
+        "rows": plan_rows(links, sizings, budget, planned_cut(args)),
     }
     _emit(doc, format_plan_table(doc), args)
     return 0
+
+
+def planned_cut(args):
+    """The deployment's cut from the flags (kvbench.plan.descriptors), or None."""
+    from kvbench.plan.descriptors import PlannedCut
+
+    return PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, args.tp_pair)
 
 
 def route_main(argv: Sequence[str]) -> int:

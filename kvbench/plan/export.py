@@ -10,7 +10,11 @@ where it came from); every tool's fragment is derived from it, never from the fi
     handoff_ms(tokens) = setup_ms + tokens x bytes_per_token_per_rank / (GB/s x 1e9) x 1000
 
 Each rank moves its own shard over its own link in parallel, so the per-rank bytes set the
-time. A tool that has no setup term gets either the setup folded into an effective rate
+time. A fit with a per-descriptor term (kvbench.fit.descriptors) needs the deployment's cut
+(--block-size, --kv-pages, --block-ids): its count is a constant plus a part per token; the
+per-token part goes into the bandwidth (exact at whole-block prompts) and the constant part
+with setup (BLIS: its base latency, exact; other tools: folded or dropped as setup is). A
+tool that has no setup term gets either the setup folded into an effective rate
 that is exact at one stated prompt length (`--setup-as fold`, the default) or the bandwidth
 term alone (`--setup-as drop`); the fragment says which and what it misses elsewhere.
 Parameter names are checked against each tool's sources (docs/planners.md cites them).
@@ -18,6 +22,7 @@ Parameter names are checked against each tool's sources (docs/planners.md cites 
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +31,7 @@ from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
 from kvbench.model import DEFAULT_MODEL, DTYPES, PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.records.schema.types import MAX_TOKENS
 from kvbench.records.write import check_new_file, dumps_json, write_new_file
+from kvbench.units import handoff_ms
 
 SCHEMA_MODEL = "kvbench.kv-transfer-model/1"
 TOOLS = ("json", "dynamo", "aisimulate", "blis", "splitwise")
@@ -33,13 +39,42 @@ CHECK_TOKENS = (500, 2000, 8000)
 GIB = 2**30
 
 
-def handoff_ms(setup_ms: float, gb_s: float, nbytes: float) -> float:
-    return setup_ms + nbytes / (gb_s * 1e9) * 1000.0
-
-
 def folded_gb_s(setup_ms: float, gb_s: float, nbytes: int) -> float:
     """The rate that moves nbytes in exactly setup + nbytes/rate: setup folded in at that size."""
-    return nbytes / (handoff_ms(setup_ms, gb_s, nbytes) / 1000.0) / 1e9
+    return nbytes / (handoff_ms(setup_ms, nbytes, gb_s) / 1000.0) / 1e9
+
+
+def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> dict | None:
+    """The per-descriptor term at the planned cut, split the way a tool can take it: the
+    count is a constant plus a part per prompt token (blocks grow with the prompt; merged
+    pages do not), exact at whole-block prompt lengths below any sliding window. The constant
+    goes where a tool has a per-transfer latency, the per-token part into its bandwidth."""
+    from kvbench.p2p.cut import Cut
+    from kvbench.plan.descriptors import counts_at, descriptor_ms
+
+    if link.us_per_desc is None:
+        if planned is not None:
+            raise UsageError("this fit has no per-descriptor term ("
+                             + (link.no_descriptor_term or "no cuts of the link fitted together")
+                             + "): drop --block-size/--kv-pages/--block-ids")
+        return None
+    if planned is None:
+        raise UsageError("this fit has a per-descriptor term: give the deployment's cut to fold "
+                         "it in (--block-size, and --kv-pages/--block-ids if not joint, contiguous)")
+    c = planned.cut
+    cut = Cut(c.block_size, c.kv, c.blocks, (tp, tp))
+
+    def ms(t: int) -> float:
+        return descriptor_ms(link, *counts_at(link, model, dtype, t, cut))
+
+    t1 = max(1, math.ceil(fold_tokens / c.block_size)) * c.block_size
+    per_token = (ms(2 * t1) - ms(t1)) / t1
+    return {"us_per_desc": link.us_per_desc, "us_per_merged_desc": link.us_per_merged_desc,
+            "cut": {"block_size": c.block_size, "kv_pages": c.kv, "block_ids": c.blocks},
+            "ms_constant": ms(t1) - per_token * t1, "ms_per_token": per_token,
+            "ms": ms, "counts": lambda t: counts_at(link, model, dtype, t, cut),
+            "note": "descriptor ms = constant + per_token x prompt_tokens, exact at whole-block "
+                    "prompt lengths below any sliding window"}
 
 
 def _per_rank_bytes_per_token(model, dtype, tp: int) -> tuple[int, dict]:
@@ -47,8 +82,16 @@ def _per_rank_bytes_per_token(model, dtype, tp: int) -> tuple[int, dict]:
     return int(shard["bytes_per_rank"]), shard
 
 
-def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> dict:
+def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
+                   planned=None) -> dict:
     """The tool-neutral model: every export format is computed from this document only."""
+    desc = descriptor_model(link, model, dtype, tp, planned, fold_tokens)
+    doc = _two_terms(link, fit_path, model, dtype, tp, fold_tokens)
+    return doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
+
+
+def _two_terms(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> dict:
+    """setup + bytes / rate, as every tool understands it."""
     bpt, shard = _per_rank_bytes_per_token(model, dtype, tp)
     cost, regime, notes, s_ci, r_ci = link.for_payload(bpt * fold_tokens)  # regime at the fold length
     setup = max(cost.setup_ms or 0.0, 0.0)
@@ -69,18 +112,50 @@ def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int)
                     "notes": notes},
         "fold": {"prompt_tokens": fold_tokens,
                  "effective_gb_s_with_setup": folded_gb_s(setup, cost.effective_gb_s, bpt * fold_tokens)},
-        "handoff_ms": {str(t): handoff_ms(setup, cost.effective_gb_s, bpt * t) for t in points},
+        "handoff_ms": {str(t): handoff_ms(setup, bpt * t, cost.effective_gb_s) for t in points},
     }
+
+
+def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
+    """The model with the per-descriptor term: `handoff_ms` is the three-term model, and the
+    `descriptor` section gives what a two-term tool takes, `base_ms` (setup plus the constant
+    descriptors) and `rate_gb_s` (bytes and the per-token descriptors as one bandwidth)."""
+    ms, counts = desc.pop("ms"), desc.pop("counts")
+    points = [int(t) for t in doc["handoff_ms"]]
+    bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
+    per_token_ms = bpt / (rate * 1e9) * 1000.0 + desc["ms_per_token"]
+    base = setup + desc["ms_constant"]
+    rate_d = bpt / (per_token_ms / 1000.0) / 1e9
+    doc["formula"] = ("handoff_ms = setup_ms + descriptors x us_per_desc / 1000 [+ descriptors "
+                      "left after the transport joined adjacent ones x us_per_merged_desc / 1000] "
+                      "+ prompt_tokens x bytes_per_token_per_rank / (effective_gb_s x 1e9) x 1000")
+    doc["descriptor"] = {**desc, "base_ms": base, "rate_gb_s": rate_d,
+                         "descriptors": {str(t): counts(t)[0] for t in points},
+                         "descriptors_merged": {str(t): counts(t)[1] for t in points}}
+    doc["handoff_ms"] = {str(t): handoff_ms(setup, bpt * t, rate) + ms(t) for t in points}
+    doc["fold"]["effective_gb_s_with_setup"] = folded_gb_s(base, rate_d, bpt * fold_tokens)
+    return doc
 
 
 # ---------------------------------------------------------------------------
 # the tools, each from the model document
 
 
+def _descriptor_note(doc: dict, where: str) -> str:
+    d = doc["descriptor"]
+    return (f"a per-descriptor term: {d['ms_constant']:.4g} ms + {d['ms_per_token']:.4g} ms x "
+            f"prompt_tokens of descriptors at block size {d['cut']['block_size']} "
+            f"({d['cut']['kv_pages']}, {d['cut']['block_ids']}): the per-token part is folded "
+            f"into the bandwidth ({d['rate_gb_s']:.6g} GB/s, exact at whole-block prompts), the "
+            f"constant part {where}")
+
+
 def _rate_for(doc: dict, setup_as: str) -> tuple[float, str]:
+    d = doc.get("descriptor")
     if setup_as == "drop":
-        return doc["effective_gb_s"], (f"setup_ms {doc['setup_ms']:.4g} is dropped: every handoff is "
-                                       f"predicted {doc['setup_ms']:.4g} ms short")
+        rate, base = (d["rate_gb_s"], d["base_ms"]) if d else (doc["effective_gb_s"], doc["setup_ms"])
+        return rate, (f"setup_ms {doc['setup_ms']:.4g} is dropped: every handoff is "
+                      f"predicted {base:.4g} ms short")
     f = doc["fold"]
     return f["effective_gb_s_with_setup"], (
         f"setup_ms {doc['setup_ms']:.4g} is folded into an effective {f['effective_gb_s_with_setup']:.6g} GB/s, "
@@ -97,13 +172,20 @@ def tool_parameters(doc: dict, tool: str, setup_as: str = "fold") -> dict:
     """A tool's parameters, what it predicts, and what it cannot represent."""
     bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
     missing = ["the 95% intervals (a point estimate only)"]
+    d = doc.get("descriptor")
+    if d:  # the tool takes two terms: setup plus constant descriptors, and one bandwidth
+        setup, rate = d["base_ms"], d["rate_gb_s"]
     if tool == "blis":
         params = {"--pd-transfer-bandwidth": rate, "--pd-transfer-base-latency": setup,
                   "--pd-kv-bytes-per-token": bpt}
         predicted = _tool_ms(doc, rate, setup)
+        if d:
+            missing.insert(0, _descriptor_note(doc, "is in the base latency (exact)"))
     elif tool in ("dynamo", "aisimulate", "splitwise"):
         gb_s, how = _rate_for(doc, setup_as)
         missing.insert(0, "a per-handoff setup term: " + how)
+        if d:
+            missing.insert(1, _descriptor_note(doc, "goes with setup (" + setup_as + ")"))
         predicted = _tool_ms(doc, gb_s)
         if tool == "dynamo":
             params = {"kv_transfer_bandwidth": gb_s, "kv_transfer_bytes_per_token": bpt}
@@ -177,12 +259,19 @@ def build_parser() -> ArgumentParser:
                    help="prompt length at which a folded rate is exact (default 2000)")
     p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
                    help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
+    p.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
+                   help="the deployment's block size in tokens: folds a fit's per-descriptor term")
+    p.add_argument("--kv-pages", default=None, choices=("joint", "split"),
+                   help="with --block-size: K and V in one page (joint, default) or two")
+    p.add_argument("--block-ids", default=None, metavar="IDS",
+                   help="with --block-size: contiguous (default), scattered or merged")
     p.add_argument("--out", metavar="FILE", help="also write to FILE (never overwrites)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from kvbench.fit.fitting import parse_where
+    from kvbench.plan.descriptors import PlannedCut
     from kvbench.plan.floors import links_from_fit
 
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -193,7 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
                          f"({'; '.join(link.label for link in links)})")
     model = resolve_model(args.model, args.model_config)
-    doc = transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp, args.fold_at_tokens)
+    planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
+    doc = transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
+                         args.fold_at_tokens, planned)
     text = render(doc, args.to, args.setup_as)
     if args.out:
         write_new_file(Path(args.out), text)

@@ -62,6 +62,12 @@ class Link:
     fit_warnings: list[str] = field(default_factory=list)
     draws: np.ndarray | None = None  # (B, 2) joint draws of (setup_ms, ms_per_gb) from the fit
     no_band: str | None = None  # why there are no draws
+    # the per-descriptor term (a link's cuts fitted together, or --us-per-desc)
+    us_per_desc: float | None = None
+    us_per_merged_desc: float | None = None  # per descriptor left after the transport joined
+    descriptor_field: str | None = None  # the counts the fit used
+    desc_draws: np.ndarray | None = None  # (B, 3 or 4): setup, ms/GB, us_per_desc[, merged]
+    no_descriptor_term: str | None = None  # why the fit has no us_per_desc
 
     @property
     def shape(self) -> str | None:
@@ -118,9 +124,14 @@ class Link:
         lo, hi = np.percentile(floor, [2.5, 97.5])
         return [_r(float(lo)), _r(float(hi))]
 
-    def measured(self, kv_bytes: int) -> dict | None:
+    def measured(self, kv_bytes: int, descriptors: int | None = None,
+                 merged: int | None = None) -> dict | None:
+        """The fit's row for exactly this payload (and descriptor counts, when the fit has
+        the term): nothing is interpolated."""
         for row in self.sizes:
-            if int(row["bytes"]) == kv_bytes:
+            if int(row["bytes"]) == kv_bytes and (
+                    descriptors is None or row.get("descriptors") == descriptors) and (
+                    merged is None or row.get("descriptors_merged") == merged):
                 return row
         return None
 
@@ -151,13 +162,33 @@ def _group_not_link(g: dict) -> str | None:
     return not_link_reason({k: v for k, v in (g.get("group") or {}).items() if k != "bytes"})
 
 
+def _descriptor_term(g: dict) -> dict:
+    """A fit group's per-descriptor term for Link (all None for a group without it)."""
+    term = g.get("descriptor_term")
+    if term is None:
+        return {}
+    us, why = g.get("us_per_desc"), None if term.get("separable") else term.get("reason")
+    draws = g.get("draws") or {}
+    cols = [draws.get("values") or [], g.get("us_per_desc_draws") or []]
+    merged = g.get("us_per_merged_desc")
+    if merged is not None:
+        cols.append(g.get("us_per_merged_desc_draws") or [])
+    both = None
+    if us is not None and cols[0] and all(len(c) == len(cols[0]) for c in cols):
+        both = np.column_stack([np.asarray(c, dtype=float) for c in cols])
+        both = both[np.all(np.isfinite(both), axis=1)]
+    return {"us_per_desc": us, "us_per_merged_desc": merged,
+            "descriptor_field": g.get("descriptor_field"), "desc_draws": both,
+            "no_descriptor_term": why}
+
+
 def _link_of(g: dict, schema: str) -> Link:
     draws = _draws(g.get("draws"))
     why = None
     if draws is None:
         why = (g.get("no_interval") or "no joint draws") if schema == SCHEMA_FIT else \
             f"{schema} fit file has no joint draws: run kvbench fit again for a band"
-    return Link(
+    return Link(**_descriptor_term(g),
         label=str(g.get("label")), source="fit", effective_gb_s=float(g["effective_gb_s"]),
         setup_ms=float(g.get("setup_ms") or 0.0), group=g.get("group"),
         setup_ci95=g.get("setup_ms_ci95"), rate_ci95=g.get("effective_gb_s_ci95"),
@@ -206,7 +237,8 @@ def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) ->
     return links
 
 
-def user_links(gbps: str, setup_ms: str | None, includes_setup: bool) -> list[Link]:
+def user_links(gbps: str, setup_ms: str | None, includes_setup: bool,
+               us_per_desc: str | None = None) -> list[Link]:
     rates = parse_positive_floats(gbps, "--gbps", MIN_GBPS, MAX_GBPS)
     if includes_setup:
         if setup_ms is not None:
@@ -218,7 +250,10 @@ def user_links(gbps: str, setup_ms: str | None, includes_setup: bool) -> list[Li
         raise UsageError("--gbps needs --setup-ms (or --includes-setup for a rate measured "
                          "end to end)")
     setup = bounded_float(setup_ms, "--setup-ms", 0, MAX_MS)
-    return [Link(f"{r:g} GB/s + {setup:g} ms setup", "user", r, setup) for r in rates]
+    us = None if us_per_desc is None else bounded_float(us_per_desc, "--us-per-desc", 0, MAX_MS)
+    term = "" if us is None else f" + {us:g} us per descriptor"
+    return [Link(f"{r:g} GB/s + {setup:g} ms setup{term}", "user", r, setup, us_per_desc=us)
+            for r in rates]
 
 
 def resolve_links(args) -> list[Link]:
@@ -231,6 +266,8 @@ def resolve_links(args) -> list[Link]:
                              "rate excludes setup by construction")
         if args.setup_ms is not None:
             raise UsageError("--setup-ms is for --gbps; with --fit the fitted setup is used")
+        if getattr(args, "us_per_desc", None) is not None:
+            raise UsageError("--us-per-desc is for --gbps; with --fit the fitted term is used")
         return links_from_fit(args.fit, where, getattr(args, "pair", None))
     if where:
         raise UsageError("--where selects groups of a --fit file")
@@ -238,7 +275,11 @@ def resolve_links(args) -> list[Link]:
         raise UsageError("--pair picks a pair of a --fit matrix file (kvbench matrix)")
     if not args.gbps:
         raise UsageError("give the link: --fit FITTED.json, or --gbps R[,R...] with --setup-ms S")
-    return user_links(args.gbps, args.setup_ms, args.includes_setup)
+    us = getattr(args, "us_per_desc", None)
+    if us is not None and args.includes_setup:
+        raise UsageError("--us-per-desc with --includes-setup: an end-to-end rate already "
+                         "contains every per-handoff cost")
+    return user_links(args.gbps, args.setup_ms, args.includes_setup, us)
 
 
 # ---------------------------------------------------------------------------
@@ -251,17 +292,48 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
-def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> list[dict]:
+def _descriptor_part(link: Link, sz: KVSizing, budget_ms: float, planned) -> tuple[dict, list[str]]:
+    """(row fields, notes) of the per-descriptor term for one prompt, if planned and known."""
+    from kvbench.plan.descriptors import descriptor_fields
+
+    if planned is None:
+        return {}, []
+    if link.us_per_desc is None:
+        why = link.no_descriptor_term or ("this link's fit has no per-descriptor term (measure "
+                                          "several cuts of it: docs/descriptors.md)")
+        return {}, [f"no per-descriptor term: {why}"]
+    f = descriptor_fields(link, sz.model, sz.dtype, sz.tokens, planned, budget_ms,
+                          (sz.scale_mode, sz.scale_dtype))
+    notes = []
+    if link.us_per_desc < 0:
+        notes.append(f"fitted us_per_desc {link.us_per_desc:.4g} is negative; used 0")
+    if f["tp_pair"] != "1:1":
+        notes.append(f"TP {f['tp_pair']}: bytes and descriptors of one decode rank")
+    group = link.group or {}
+    if (group.get("transport") == "nixl" and link.us_per_merged_desc is None
+            and f["block_ids"] == "contiguous"):
+        notes.append("NIXL joins contiguous ids itself, and this fit did not separate that join "
+                     "(measure --block-ids scattered,contiguous): every posted entry is counted")
+    return f, notes
+
+
+def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float,
+              planned=None) -> list[dict]:
+    """One row per link and prompt; with a planned cut (kvbench.plan.descriptors) on a link
+    with the per-descriptor term, the floor includes it and the row names the cut."""
     rows = []
     for link in links:
         for sz in sizings:
-            kv = sz.kv_bytes
+            desc, dnotes = _descriptor_part(link, sz, budget_ms, planned)
+            kv = desc.get("kv_bytes", sz.kv_bytes)
             cost, regime, notes, _, _ = link.for_payload(kv)
-            band = link.band(kv) if link.source == "fit" else None
+            band = desc["band"] if desc else (link.band(kv) if link.source == "fit" else None)
             if link.source == "fit" and band is None:
                 notes = notes + [f"no band: {link.no_band}"]
+            notes = notes + dnotes
             bw, floor = cost.handoff_floor(kv)
-            m = link.measured(kv)
+            floor = desc.get("floor_ms", floor)
+            m = link.measured(kv, desc.get("descriptors"), desc.get("descriptors_merged"))
             rows.append({
                 "link": link.label,
                 "source": link.source,
@@ -283,6 +355,7 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float) -> l
                 "regime": regime,
                 "fit_warnings": link.fit_warnings,
                 "notes": notes,
+                **{k: v for k, v in desc.items() if k not in ("kv_bytes", "floor_ms", "band")},
             })
     return rows
 
@@ -312,11 +385,29 @@ def _plan_row_line(r: dict) -> str:
             f"{_f(r['measured_n'], 'd'):>5}")
 
 
+def _descriptor_line(r: dict) -> str | None:
+    """Under a row with the per-descriptor term: the count, its time, and what fits the budget."""
+    if r.get("descriptors") is None:
+        return None
+    bs = r["smallest_block_size_within_budget"]
+    fits = (f"smallest block size within budget {bs}" if bs is not None else
+            "no block size up to 1024 fits the budget")
+    merged = (f"merged ids: {r['merged_descriptors']:,} descriptors, "
+              f"{r['merged_handoff_floor_ms']:.4f} ms ({'ok' if r['merged_within_budget'] else 'OVER'})")
+    joined = ("" if r.get("descriptors_merged") is None else
+              f" + {r['descriptors_merged']:,} left after NIXL's join x {r['us_per_merged_desc']:.4g} us")
+    return (f"      cut bs {r['block_size']} {r['kv_pages']} {r['block_ids']} tp {r['tp_pair']}: "
+            f"{r['descriptors']:,} descriptors x {r['us_per_desc']:.4g} us{joined} = "
+            f"{r['descriptor_ms']:.4f} ms in the floor; {fits}; {merged}")
+
+
 def format_plan_table(doc: dict) -> str:
     """One block per link; a note every row of a link shares is printed once under its header."""
     lines = [f"kvbench plan: {doc['model']} {doc['dtype']}, budget {doc['budget_ms']:g} ms; "
              "handoff_floor_ms = setup_ms + bandwidth_floor_ms (a lower bound); 95% band from "
              "the fit's joint draws"]
+    if any(r.get("descriptors") is not None for r in doc["rows"]):
+        lines[0] += "; with the per-descriptor term: + descriptors x us_per_desc / 1000"
     by_link: dict[str, list[dict]] = {}
     for r in doc["rows"]:
         by_link.setdefault(r["link"], []).append(r)
@@ -330,6 +421,8 @@ def format_plan_table(doc: dict) -> str:
                      f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
         for r in rows:
             lines.append(_plan_row_line(r))
+            extra = _descriptor_line(r)
+            lines += [extra] if extra else []
             lines += [f"      note: {n}" for n in r["notes"] if n not in common]
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from kvbench.records.schema.slo import SCHEMA_REQUEST, STATUSES, RequestIn
 from kvbench.records.schema.types import parse, parse_line_fast
 from kvbench.records.write import dumps_json
 
-__all__ = ["SCHEMA_REQUEST", "STATUSES", "RequestRecord", "parse_record", "iter_records",
+__all__ = ["SCHEMA_REQUEST", "STATUSES", "RequestRecord", "RequestIds", "parse_record", "iter_records",
            "load_records", "record_to_json", "dumps_jsonl"]
 
 _UNKNOWN_HINT = " (put free-form data under 'meta')"
@@ -96,27 +96,40 @@ def _f(x: float | None) -> float | None:
     return None if x is None else float(x)
 
 
+class RequestIds:
+    """The rule analyze and every converter share: a request_id given twice for the same
+    (cache state, deployment, rate) is refused, in one line naming where it is and where it
+    first appeared, so convert never writes a file analyze refuses. Only a 16-byte digest of
+    each id is kept (memory: ~100 B a request, however long the ids); `first_at(rec)` names
+    where a digest seen before first appeared (analyze reads its files again; a converter
+    passes none and the place is kept with the digest), which also rules out a collision."""
+
+    def __init__(self, first_at: Callable[[RequestRecord], str] | None = None):
+        self._seen: dict[tuple, dict[bytes, str | None]] = defaultdict(dict)
+        self._first_at = first_at
+
+    def check(self, rec: RequestRecord, where: str) -> None:
+        ids = self._seen[(rec.cache_state, rec.deployment, rec.offered_rate_rps)]
+        digest = hashlib.blake2b(rec.request_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        if digest in ids:
+            first = ids[digest] or self._first_at(rec)
+            if first != where:
+                raise UsageError(f"{where}: duplicate request_id {rec.request_id!r} for "
+                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps"
+                                 f"{_state_note(rec.cache_state)} (first at {first})")
+        ids[digest] = None if self._first_at else where
+
+
 def iter_records(paths: Iterable[str | Path]) -> Iterator[RequestRecord]:
     """Records of JSONL files one at a time (memory: one line); any bad line stops with FILE:LINE.
-
-    A request_id given twice for the same (cache state, deployment, rate) is refused. Only a
-    16-byte digest of each id is kept for that check (memory: ~100 B a request, however long
-    the ids; a 4,096-character id kept whole was 4 KB a request); a digest seen before is
-    confirmed by reading the files again, which also names where the id first appeared.
-    """
+    A request_id given twice is refused (RequestIds)."""
     paths = [Path(p) for p in paths]
-    seen: dict[tuple, set[bytes]] = defaultdict(set)
+    ids = RequestIds(lambda rec: _first_at(paths, rec))
     n = 0
     for p in paths:
         for where, raw in iter_lines(p, "records file", missing="no such file"):
             rec = parse_record_line(raw, where)
-            ids = seen[(rec.cache_state, rec.deployment, rec.offered_rate_rps)]
-            digest = hashlib.blake2b(rec.request_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-            if digest in ids and (first := _first_at(paths, rec)) != where:
-                raise UsageError(f"{where}: duplicate request_id {rec.request_id!r} for "
-                                 f"{rec.deployment} at {rec.offered_rate_rps:g} rps"
-                                 f"{_state_note(rec.cache_state)} (first at {first})")
-            ids.add(digest)
+            ids.check(rec, where)
             n += 1
             yield rec
     if not n:

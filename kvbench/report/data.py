@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvbench.fit.data import label_of
 from kvbench.records.frames import iter_frames, load
-from kvbench.records.frames.files import expand
+from kvbench.records.frames.files import expand, not_read
 from kvbench.records.schema.p2p import LEGACY_GROUP_KEYS, LEGACY_OPTIONAL_KEYS
 from kvbench.records.schema.read import path_kind
 from kvbench.records.stats import percentile_if_supported
@@ -98,11 +98,16 @@ def _pooled(files: list[Path], records: pd.DataFrame, say) -> pd.DataFrame:
                                        "p99_ms"])
 
 
+KINDS_READ = ("p2p", "fit", "slo-report")
+
+
 def read(root: Path, say: Callable[[str], None] | None = None,
-         skip: Path | None = None) -> list[Folder]:
-    """Every folder under root that holds p2p records, fit files or SLO reports."""
-    found = {k: [f for f in expand(root, k) if skip is None or skip not in f.parents]
-             for k in ("p2p", "fit", "slo-report")}
+         skip: Path | None = None) -> tuple[list[Folder], list[tuple[Path, str]]]:
+    """Every folder under root that holds p2p records, fit files or SLO reports; and every
+    other results-looking file, with why it was not read (a newer schema, another kind)."""
+    found = {k: [f for f in expand(root, k, quiet_skips=True) if skip is None or skip not in f.parents]
+             for k in KINDS_READ}
+    skipped = not_read(root, [f for fs in found.values() for f in fs], KINDS_READ, skip)
 
     def kind(k: str) -> pd.DataFrame:
         return load(found[k], k, progress=say) if found[k] else pd.DataFrame(columns=["source"])
@@ -120,7 +125,7 @@ def read(root: Path, say: Callable[[str], None] | None = None,
                    for s in df["source"].astype(str)})
     return [Folder(Path(d), _in(records, d), sizes[sizes["folder"] == d], _in(fits, d),
                    _in(reports, d), notes=[p for p in (Path(d) / "README.md",) if path_kind(p) == "file"])
-            for d in dirs]
+            for d in dirs], skipped
 
 
 def _in(df: pd.DataFrame, folder: str) -> pd.DataFrame:

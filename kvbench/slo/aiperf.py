@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.records.requests import RequestRecord, parse_record, record_to_json
+from kvbench.records.requests import RequestIds, RequestRecord, parse_record, record_to_json
 from kvbench.records.schema.clients import AiperfLine, AiperfList, AiperfScalar, AiperfSummary
 from kvbench.records.schema.read import MiB, iter_jsonl, load_json
 from kvbench.records.schema.types import parse
@@ -51,7 +51,7 @@ def _to_ms(unit: str, where: str, key: str) -> float:
 
 def _metric(line: AiperfLine, key: str, model, where: str):
     raw = line.metrics.get(key)
-    return None if raw is None else parse(model, raw, where, prefix=f"metrics.{key}.")
+    return None if raw is None else parse(model, raw, where, prefix=f"metrics.{key}")
 
 
 def _tokens(line: AiperfLine, key: str, where: str) -> int | None:
@@ -125,6 +125,12 @@ def _record(line: AiperfLine, where: str, common: dict, origin_ns: int) -> Reque
                          end_ms=max(end, chunks[-1]))
 
 
+def request_id(md) -> str:
+    """AIPerf's x_request_id (a fresh UUID per request), else its session and turn: the turns
+    of one multi-turn session are different requests."""
+    return md.x_request_id or f"session {md.session_num} turn {md.turn_index or 0}"
+
+
 def _lines(p: Path) -> list[tuple[str, AiperfLine]]:
     out = []
     for where, raw in iter_jsonl(p, "AIPerf records file", missing="no such file"):
@@ -153,14 +159,15 @@ def convert_aiperf(path: str | Path, deployment: str, offered_rate_rps: float | 
         raise UsageError(f"{p}: only warm-up records, no profiling phase")
     origin = min(min(ln.metadata.request_start_ns, ln.metadata.credit_issued_ns or ln.metadata.request_start_ns)
                  for _, ln in measured)  # the first release or send: every time >= 0
-    rows = []
+    rows, ids = [], RequestIds()
     for where, ln in measured:
-        rid = ln.metadata.x_request_id or str(ln.metadata.session_num)
+        rid = request_id(ln.metadata)
         isl = _tokens(ln, "usage_prompt_tokens", where)
         common = dict(request_id=rid, deployment=deployment, offered_rate_rps=rate,
                       input_tokens=isl if isl is not None else _tokens(ln, "input_sequence_length", where))
         rec = _record(ln, where, common, origin)
         row = record_to_json(rec, {"source": "aiperf profile", "file": p.name, "line": where.rsplit(":", 1)[1]})
         parse_record(row, where)
+        ids.check(rec, where)
         rows.append(row)
     return rows, notes

@@ -14,6 +14,7 @@ from kvbench.cli import (
     UsageError,
     arg_float,
     arg_int,
+    bounded_float,
     parse_positive_floats,
     run_main,
 )
@@ -26,6 +27,7 @@ from kvbench.records.write import (
     write_files,
 )
 from kvbench.slo import synth
+from kvbench.slo.benchplan import BenchmarkPlan, load_benchmark_plan, same_rate
 from kvbench.slo.convert import CONVERTERS, INPUTS, cmd_convert
 from kvbench.slo.engine_metrics import analyze_scrape, load_scrape
 from kvbench.slo.engines import ENGINES, all_known_families, load_mapping
@@ -36,7 +38,6 @@ from kvbench.slo.gates import (
     Criteria,
     analyze,
 )
-from kvbench.slo.plan import Plan, load_plan, same_rate
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
 
@@ -73,13 +74,10 @@ MAX_SYNTH_REQUESTS = 2_000_000  # synth keeps one (deployment, rate) run in memo
 
 
 def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}")
-    return v
+    try:  # bounded_float: ASCII digits only, finite, no denormal
+        return bounded_float(text, "fraction", 0.0, 1.0)
+    except UsageError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1 (0.95 means 95%), got {text!r}") from None
 
 
 def _convert_args(c, metavar: str) -> None:
@@ -207,7 +205,7 @@ def _criteria_from_flags(args) -> Criteria:
 class _PlanCheck:
     """Records must name the plan's deployments, rates and cache states; collects untested runs."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: BenchmarkPlan):
         self.plan, self.tested = plan, set()
 
     def __call__(self, r) -> None:
@@ -240,7 +238,7 @@ def _checked(records, check):
         yield r
 
 
-def _client_report(args, plan: Plan | None) -> dict:
+def _client_report(args, plan: BenchmarkPlan | None) -> dict:
     """The per-request part of the report (criteria, groups, capacity, verdict), streamed."""
     if plan:
         criteria = Criteria(**{**asdict(plan.criteria), "send_lag_p99_max_ms": args.send_lag_max_ms})
@@ -274,7 +272,7 @@ def _fit_link(args):
     return links[0]
 
 
-def _engine_report(args, plan: Plan | None) -> tuple[list[dict] | None, list[str]]:
+def _engine_report(args, plan: BenchmarkPlan | None) -> tuple[list[dict] | None, list[str]]:
     """Engine-metrics analyses (one per scrape file) and notes about what the plan asked for."""
     notes = []
     wanted = [g for g in ("scheduler", "kv_transfer") if plan and g in plan.metrics]
@@ -298,7 +296,7 @@ def cmd_analyze(args, argv) -> int:
         if given:
             raise UsageError(f"{given[0]} conflicts with --plan: the plan declares limits, gates, "
                              "warm-up and window")
-    plan = load_plan(args.plan) if args.plan else None
+    plan = load_benchmark_plan(args.plan) if args.plan else None
     if args.out and args.plot and os.path.abspath(args.out) == os.path.abspath(args.plot):
         raise UsageError(f"--plot {args.plot} is the same file as --out")
     for target in (args.out, args.plot):  # refuse before the work, not after it
@@ -360,7 +358,7 @@ def cmd_scrape(args, argv) -> int:
 
 
 def cmd_validate(args) -> int:
-    plan = load_plan(args.plan)
+    plan = load_benchmark_plan(args.plan)
     print(f"{args.plan}: valid plan; {plan.summary()}")
     return 0
 
@@ -368,7 +366,7 @@ def cmd_validate(args) -> int:
 def _synth_inputs(args) -> tuple[tuple, float, int, tuple]:
     """(rates, duration_s, warm-up requests, cache states) from --plan or the flags, bounded."""
     if args.plan:
-        plan = load_plan(args.plan)
+        plan = load_benchmark_plan(args.plan)
         states = plan.cache_states if len(plan.cache_states) > 1 else (None,)
         rates, duration, warmup = (plan.offered_rates_rps, plan.criteria.duration_s,
                                    plan.criteria.warmup_requests)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.records.requests import RequestRecord, parse_record, record_to_json
+from kvbench.records.requests import RequestIds, RequestRecord, parse_record, record_to_json
 from kvbench.records.schema.clients import GuidellmBenchmark, GuidellmReport, GuidellmRequest
 from kvbench.records.schema.read import MiB, load_json
 from kvbench.records.schema.types import parse
@@ -78,7 +78,7 @@ def _all_kept(b: GuidellmBenchmark, p: Path) -> None:
                              "without a sample size so that every request is in the file")
 
 
-def _record(r: GuidellmRequest, group: str, common: dict, origin: float) -> RequestRecord:
+def _record(r: GuidellmRequest, group: str, common: dict, origin: float, where: str) -> RequestRecord:
     t = r.info.timings
 
     def ms(x: float) -> float:
@@ -86,7 +86,8 @@ def _record(r: GuidellmRequest, group: str, common: dict, origin: float) -> Requ
 
     sent = next((x for x in (t.request_start, t.resolve_start, t.targeted_start) if x is not None), None)
     if sent is None:
-        raise UsageError(f"request {r.request_id}: no send time (request_start, resolve_start, targeted_start)")
+        raise UsageError(f"{where}.info.timings: no send time (request_start, resolve_start, "
+                         "targeted_start)")
     send = ms(sent)
     sched = None if t.targeted_start is None else ms(t.targeted_start)
     end_s = t.request_end if t.request_end is not None else t.resolve_end
@@ -119,18 +120,21 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
     _all_kept(b, p)
     notes: list[str] = []
     rate = offered_rate(b, offered_rate_rps, notes)
-    groups = [(g, r) for g in ("successful", "errored", "incomplete") for r in getattr(b.requests, g)]
+    groups = [(f"{g}[{k}]", g, r) for g in ("successful", "errored", "incomplete")
+              for k, r in enumerate(getattr(b.requests, g))]
     if not groups:
         raise UsageError(f"{p}: benchmark {index} holds no requests")
-    times = [x for _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
+    times = [x for _, _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
                                             r.info.timings.resolve_start) if x is not None]
     origin = min(times) if times else 0.0
-    rows = []
-    for g, r in sorted(groups, key=lambda gr: _send_key(gr[1])):
+    rows, ids = [], RequestIds()
+    for place, g, r in sorted(groups, key=lambda gr: _send_key(gr[2])):
         common = dict(deployment=deployment, offered_rate_rps=rate, input_tokens=r.prompt_tokens)
-        rec = _record(r, g, common, origin)
+        where = f"{p}: benchmarks[{index}].requests.{place}"
+        rec = _record(r, g, common, origin, where)
         row = record_to_json(rec, {"source": "guidellm run", "file": p.name, "benchmark": index, "group": g})
-        parse_record(row, f"{p}: benchmark {index} request {r.request_id}")
+        parse_record(row, where)
+        ids.check(rec, where)
         rows.append(row)
     if any(not r.get("chunk_gaps_recorded", True) for r in rows):
         notes.append("GuideLLM keeps no chunk times between the first and last token: chunk gaps "

@@ -35,12 +35,6 @@ def test_step_draws_keep_finite_buckets_as_cumulative_counts():
     assert ae.step_draws({"count": 0, "buckets": []}) is None
 
 
-def test_interval_needs_two_repeats():
-    assert ar.interval([1.0])["ci95"] is None
-    iv = ar.interval([1.0, 1.2, 1.1])
-    assert iv["mean"] == pytest.approx(1.1) and iv["ci95"][0] < 1.1 < iv["ci95"][1]
-
-
 def _cell_post(off: tuple) -> float:
     """A known model over the factorial: +-1 coding, x = +1 when the feature is on."""
     x = {f: -1 if f in off else 1 for f in FEATURES}
@@ -85,7 +79,8 @@ def test_agreement_ratios_targets_and_one_step_costs():
                cpu_count=2, loadavg_end=(1.0, 1.0, 1.0))
     doc["p2p"].update(tokens=256, tokens_why="x", block_size=128, cores=[0, 1], ucx_env={})
     md = ar.markdown(doc)
-    assert "| 1 | 2 |" in md and "kv-split" in md and "main effects of the 2^4 factorial" in md
+    assert "| 1 | 2/2 |" in md and "kv-split" in md and "main effects of the 2^4 factorial" in md
+    assert "1.05 (no interval)" in md and "2 engine run(s): an interval needs at least 3" in md
 
 
 def test_the_target_is_judged_on_the_paced_prediction_when_there_is_one():
@@ -121,3 +116,127 @@ def test_engine_shaped_prediction_interpolates_and_never_extrapolates():
     assert engine_shaped_at(pts, 2000) == {"post_ms": pytest.approx(0.2), "xfer_ms": pytest.approx(3.0)}
     assert engine_shaped_at(pts, 1000)["xfer_ms"] == 2.0
     assert engine_shaped_at(pts, 3001) is None and engine_shaped_at(pts, 10) is None
+
+
+class _FakeAgent:
+    """Stands in for nixl_agent: a READ is PROC for `late` looks, then DONE."""
+
+    def __init__(self, late: dict):
+        self.late, self.released = dict(late), []
+
+    def transfer(self, handle):
+        return "DONE" if self.late[handle] == 0 else "PROC"
+
+    def check_xfer_state(self, handle):
+        if self.late[handle] > 0:
+            self.late[handle] -= 1
+            return "PROC"
+        return "DONE"
+
+    def get_xfer_telemetry(self, handle):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(postDuration=150, xferDuration=4150 if handle == "b" else 160,
+                               totalBytes=524288, descCount=4)
+
+    def release_xfer_handle(self, handle):
+        self.released.append(handle)
+
+    def send_notif(self, agent, notif_msg=b""):
+        return None
+
+
+def test_the_engine_trace_records_each_transfer_as_the_engine_sees_it(tmp_path, monkeypatch):
+    from kvbench.lab import nixltrace
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(nixltrace.ENV, str(path))
+    agent = _FakeAgent({"a": 0, "b": 1})
+    worker = type("W", (), {"nixl_wrapper": agent})()
+    assert nixltrace.install(worker) is not None
+    w = worker.nixl_wrapper
+    for h in ("a", "b"):  # the engine's order: post, the same step's look, later looks
+        w.transfer(h)
+        if h == "b":
+            w.send_notif("peer", notif_msg=b"HB:x")  # a heartbeat between post and look
+        while w.check_xfer_state(h) != "DONE":
+            pass
+        w.get_xfer_telemetry(h)
+        w.release_xfer_handle(h)
+    assert agent.released == ["a", "b"]  # the real calls still happen
+    recs = ae.read_trace(path)
+    assert [r["post_state"] for r in recs] == ["DONE", "PROC"]
+    assert [len(r["looks"]) for r in recs] == [1, 2] and recs[1]["looks"][0][1] == "PROC"
+    tr = ae.trace_transfers(recs)
+    assert tr["late"] == [0, 1] and tr["post_done"] == [1, 0] and tr["notif_between"] == [0, 1]
+    assert tr["xfer_ms"] == [0.16, 4.15]
+    monkeypatch.delenv(nixltrace.ENV)
+    assert nixltrace.install(type("W", (), {"nixl_wrapper": _FakeAgent({})})()) is None
+    path.write_text(path.read_text() + '{"torn')  # a line the engine is still writing
+    assert len(ae.read_trace(path)) == 2 and ae.read_trace(tmp_path / "none") == []
+
+
+def _transfers(post: list, xfer: list, late: list, done: list) -> dict:
+    return {"post_ms": post, "xfer_ms": xfer, "late": late, "post_done": done}
+
+
+def test_the_remainder_is_the_in_flight_share_times_the_wait():
+    from kvbench.lab.agree_remainder import decompose, remainder
+
+    # planted: 10 transfers a run, 2 of them late by 10 ms, on fast posts that were not done
+    eng = _transfers([0.2] * 5 + [4.0] * 5, [0.25, 0.25, 0.25, 10.2, 10.2] + [4.0] * 5,
+                     [0, 0, 0, 1, 1] + [0] * 5, [1, 1, 1, 0, 0] + [1] * 5)
+    kvb = _transfers([0.2] * 5 + [4.0] * 5, [0.25] * 5 + [4.0] * 5, [0] * 10, [1] * 10)
+    d = decompose([eng, eng])
+    assert d["n"] == 20 and d["in_flight_share"] == pytest.approx(0.2)
+    assert d["late_wait_mean_ms"] == pytest.approx(10.0)
+    assert d["in_flight_term_ms"] == pytest.approx(2.0)
+    assert d["remainder_ms"] == pytest.approx(2.0 + 3 * 0.05 / 10)  # + the on-time look gaps
+    assert d["fast_post_share"] == pytest.approx(0.5) and d["fast_posts_not_done_share"] == pytest.approx(0.4)
+    assert decompose([None]) is None
+    doc = {"engine": {"1": [{"transfers": eng}]}, "engine_warmup": {"transfers": _transfers(
+        [0.3, 0.2], [30.0, 2.0], [1, 0], [0, 1])},
+        "p2p": {"repeats": [{"configs": {"paced@1": {"transfers": kvb}}}]}}
+    r = remainder(doc, "1", "paced@1")
+    assert r["remainder_gap_ms"] == pytest.approx(2.015 - 0.025)
+    assert r["cold"]["first_xfer_ms"] == 30.0 and r["cold"]["then_xfer_ms"] == [2.0]
+    # kvbench's post with the engine's own remainder gives the engine's xfer back
+    assert r["xfer_ratio_with_engine_in_flight_term"] == pytest.approx(1.0)
+
+
+def test_posts_are_split_by_what_the_worker_did_before_them(tmp_path):
+    import json
+
+    from kvbench.lab.agree_remainder import posts_by_worker_state
+
+    events = tmp_path / "events.jsonl"
+    rows = [("a", "decode_sent", 10.00), ("a", "decode_done", 10.40),
+            ("b", "decode_sent", 10.60), ("b", "decode_done", 11.00),
+            ("c", "decode_sent", 13.00), ("c", "decode_done", 13.30)]
+    events.write_text("".join(json.dumps({"id": i, "step": s, "t": t}) + "\n" for i, s, t in rows))
+    # a's own post (nothing before), b's 0.21 s after a finished, one while b decodes, c's
+    # 2 s after b finished
+    idle = ae.decode_idle([10.01, 10.61, 10.80, 13.01], events)
+    assert idle[0] is None and idle[1] == pytest.approx(0.21) and idle[2] == 0.0
+    assert idle[3] == pytest.approx(2.01)
+    assert ae.decode_idle([1.0], tmp_path / "missing.jsonl") == [None]
+    ws = posts_by_worker_state([{"post_ms": [9.0, 4.0, 2.0, 0.2], "decode_idle_s": idle}])
+    assert ws["within_busy_loop"] == {"n": 2, "post_mean_ms": 3.0, "fast_share": 0.0}
+    assert ws["after_idle"]["n"] == 1 and ws["after_idle"]["fast_share"] == 1.0
+
+
+def test_the_target_says_whether_the_xfer_remainder_is_reproduced():
+    doc = _doc([2.0, 2.2], [2.0, 2.0])
+    tr = _transfers([2.0] * 4, [2.1] * 4, [0] * 4, [1] * 4)  # xfer - post = 0.1 ms
+    for run in doc["engine"]["1"]:
+        run["transfers"] = tr
+    for rep in doc["p2p"]["repeats"]:
+        rep["configs"]["paced@1"] = {"post_mean_ms": 1.6, "xfer_mean_ms": 1.7, "transfers": tr}
+    doc["p2p"]["configs"]["paced@1"] = ""
+    t = ar.analyse(doc)["target_at_lowest_rate"]["xfer"]
+    assert t["remainder_only_ratio"] == pytest.approx(1.0) and t["remainder_reproduced"]
+    late = _transfers([2.0] * 4, [2.1, 2.1, 2.1, 12.1], [0, 0, 0, 1], [1, 1, 1, 0])  # planted
+    for run in doc["engine"]["1"]:
+        run["transfers"] = late
+    t = ar.analyse(doc)["target_at_lowest_rate"]["xfer"]
+    assert t["remainder_only_ratio"] > 1.15 and not t["remainder_reproduced"]

@@ -62,3 +62,14 @@ def test_agree_writes_both_predictions(tmp_path):
     assert len(effects["interactions"]) == 6
     md = (out / "agreement.md").read_text()
     assert "engine-shaped" in md and "plain fit" in md
+    # the engine's per-transfer trace sees exactly the transfers its own histograms count
+    (run,) = doc["engine"]["1"]
+    tr = run["transfers"]
+    assert len(tr["xfer_ms"]) == run["metrics"]["xfer"]["count"]
+    for q in ("post", "xfer"):
+        assert sum(tr[f"{q}_ms"]) / len(tr[f"{q}_ms"]) == pytest.approx(
+            run["metrics"][q]["mean"], rel=1e-3, abs=2e-3)
+    assert doc["engine_warmup"]["transfers"]["xfer_ms"]  # the cold transfers, kept apart
+    rem = row["remainder"]
+    assert rem["engine"]["n"] == len(tr["xfer_ms"]) and rem["kvbench"]["n"] > 0
+    assert "Where xfer goes beyond post" in md

@@ -25,7 +25,7 @@ from tests.conftest import committed, free_port, jsonl_kinds, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests" / "data" / "metrics"
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
-FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
+FIT2 = committed("tests/data/runs/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # kvbench.fit/2
 
 
 # --- config ---------------------------------------------------------------------------
@@ -245,9 +245,9 @@ def _plan_2x2(tmp_path) -> Path:
 def _fake_runs(tmp_path, plan_path, metrics_url) -> tuple:
     """Run folders as the sweep leaves them, with synthetic records (slo synth) and, for the
     disaggregated runs, a real `kvbench slo scrape` of an endpoint whose NIXL histograms grow."""
-    from kvbench.slo.plan import load_plan
+    from kvbench.slo.benchplan import load_benchmark_plan
 
-    plan = load_plan(plan_path)
+    plan = load_benchmark_plan(plan_path)
     out = tmp_path / "sweep"
     open_out(out, str(plan_path), ["plan.yaml"])
     synth = tmp_path / "synth.jsonl"

@@ -42,6 +42,7 @@ def test_every_ordered_pair_is_measured_checked_and_fitted(run):
         assert x["schedule"]["name"] == "rounds" and [s, d] in x["schedule"]["pairs_in_round"]
         assert len(x["schedule"]["pairs_in_round"]) == 2  # two pairs at a time, no rank shared
         assert x["n_samples"] == 10 and x["wireup_ms"] > 0 and x["transport_info"]["path"] == "host"
+        assert x["descriptors"] == 1  # one message per handoff, counted on its moving side
     # the two pairs of a round: the same rounds, each its own samples (its own critical path)
     by = {(tuple(x["pair"]), x["bytes"]): x for x in records}
     for x in records:

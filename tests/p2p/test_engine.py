@@ -214,7 +214,7 @@ def test_nixl_waits_once_per_step_not_per_post(matrix, tmp_path, cfg):
     for lay, gran in [("paged", "layer"), ("paged", "block"), ("contiguous", "block")]:
         status, recs = matrix[(2, f"nixl-write/{lay}/{gran}")]
         seq = [r for r in recs if r["pattern"] == "sequential"][0]
-        assert seq["messages"] >= 8
+        assert seq["descriptors"] >= 8
         assert status["waits"][0] <= bound(recs), (lay, gran, status["waits"], bound(recs))
     cases = {"paged-block": f"{NIXL} {FAST} {PATTERNS[2]} --model-config {cfg} --layout paged "
                             "--granularity block"}

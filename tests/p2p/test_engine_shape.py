@@ -17,6 +17,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
+from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
@@ -95,10 +96,10 @@ def test_block_tables(tmp_path):
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({"prefill": [7, 3, 9], "decode": [0, 1, 2]}))
     assert es.block_table(f"file:{f}", 2, "prefill") == [7, 3]
-    with pytest.raises(ValueError, match="needs 4"):
+    with pytest.raises(UsageError, match="needs 4"):
         es.block_table(f"file:{f}", 4, "decode")
     f.write_text(json.dumps({"prefill": [1, 1], "decode": [0]}))
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(UsageError, match=r"block id 1 is listed twice \(at \[0\] and \[1\]\)"):
         es.block_table(f"file:{f}", 1, "prefill")
     assert es.block_ids_label(f"file:{f}").startswith("file#")
 
@@ -113,7 +114,7 @@ def test_poll_schedule(tmp_path):
     f.write_text(json.dumps([2.0, 3.0]))
     assert {es.PollSchedule(f"draw:{f}", seed=s).next_ms() for s in range(20)} == {2.0, 3.0}
     for bad in ("fixed:0", "fixed:x", "sometimes", f"draw:{tmp_path / 'none.json'}"):
-        with pytest.raises(ValueError):
+        with pytest.raises(UsageError):
             es.PollSchedule(bad)
 
 
@@ -205,7 +206,7 @@ def _args(**kw) -> Namespace:
     base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
                 granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
                 nixl_reregister=False, nixl_prep="prepped", nixl_batch=None, nixl_threads=None,
-                bytes=None, minbytes=None, maxbytes=None, nixl_blocks="contiguous")
+                bytes=None, minbytes=None, maxbytes=None)
     return Namespace(**{**base, **kw})
 
 
@@ -213,7 +214,7 @@ def _args(**kw) -> Namespace:
     ({"transport": "mpi"}, "--transport nixl"), ({"layout": "contiguous"}, "--layout paged"),
     ({"nixl_op": "write"}, "--nixl-op read"), ({"nixl_recreate": True}, "--no-nixl-per-request"),
     ({"pattern": "layerwise"}, "sequential"), ({"bytes": "1M"}, "--sizes"),
-    ({"nixl_blocks": "diagonal"}, "unknown block ids"), ({"nixl_poll": "fixed:-1"}, "period"),
+    ({"nixl_poll": "fixed:-1"}, "period"),
 ])
 def test_flags_that_cannot_run_the_engine_shape(kw, needle):
     assert es.usage_error(_args()) is None
@@ -332,8 +333,9 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     (rec,) = recs["telemetry"]
     assert rec["wrong"] == 0
     opts = rec["spec"]["transport_options"]
-    assert (opts["shape"], opts["kv"], opts["blocks"], opts["per_request"], opts["poll"],
-            opts["waits"]) == ("engine", "joint", "scattered", True, "fixed:1", "sleep")
+    assert (opts["shape"], opts["per_request"], opts["poll"], opts["waits"]) == (
+        "engine", True, "fixed:1", "sleep")
+    assert rec["spec"]["cut"] == {"kv": "joint", "blocks": "scattered", "tp": "1:1"}
     assert rcs.get("busy") == 0
     (busy,) = recs["busy"]  # polled busily and spinning: the link harness's way, in the spec
     assert busy["wrong"] == 0 and busy["spec"]["transport_options"]["waits"] == "spin"
@@ -341,8 +343,13 @@ def test_engine_shaped_run_records_telemetry(engine_job):
     n = rec["n_samples"]
     assert all(len(tel[k]) == n for k in ("post_ms", "xfer_ms", "desc_count", "bytes"))
     assert tel["bytes"] == [rec["bytes"]] * n  # NIXL moved exactly the request's pages
-    assert rec["nixl_desc_count"] == rec["nixl_expected_desc_count"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors_merged"] == rec["descriptors_merged_expected"] == 16  # 4 layers x 4 blocks
+    assert rec["descriptors"] == 16  # scattered ids: NIXL joined nothing
     assert all(x >= p > 0 for x, p in zip(tel["xfer_ms"], tel["post_ms"], strict=True))
+    # what the xfer remainder is made of: looks that saw the READ in flight, done in the post
+    assert len(tel["looks"]) == len(tel["post_done"]) == n
+    assert set(tel["post_done"]) <= {0, 1} and all(k >= 0 for k in tel["looks"])
+    assert all(k == 0 for k, d in zip(tel["looks"], tel["post_done"], strict=True) if d)
     # per request: a handle made and released every handoff, timed beside the post
     per = 1 + len(rec["warmup_ms"]) + rec["iters"] + 1
     for key in ("nixl_make_xfer_ms", "nixl_post_ms", "nixl_release_ms", "nixl_transfer_ms"):

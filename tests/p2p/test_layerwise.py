@@ -128,8 +128,8 @@ def test_layerwise_hides_transfer_behind_compute(tmp_path):
     comp, xfer, sq, total = recs
     assert comp["bytes"] == 0 and comp["wrong"] is None
     assert xfer["bytes"] == total["bytes"] == sq["bytes"] == 2 * 8 * 8 * 128 * 2 * 8000
-    assert xfer["messages"] == total["messages"] == 16 and xfer["granularity"] == "layer"
-    assert sq["granularity"] == "whole" and sq["messages"] == 1
+    assert xfer["descriptors"] == total["descriptors"] == 16 and xfer["granularity"] == "layer"
+    assert sq["granularity"] == "whole" and sq["descriptors"] == 1 and comp["descriptors"] == 0
     assert total["wrong"] == 0
     assert total["compute_ms"] == pytest.approx(comp["p50_ms"])
     assert total["transfer_ms"] == pytest.approx(xfer["p50_ms"])
@@ -175,7 +175,7 @@ def test_layerwise_over_gloo_moves_every_byte(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     total = recs[-1]
     assert total.get("variant") is None and total["wrong"] == 0
-    assert total["granularity"] == "block" and total["messages"] == 8 * 2 * 3
+    assert total["granularity"] == "block" and total["descriptors"] == 8 * 2 * 3
 
 
 @pytest.mark.mpi

@@ -136,7 +136,7 @@ def test_handoff_moves_the_kv_and_splits_setup(matrix, name):
     assert (rec["nixl_op"], rec["nixl_mode"], rec["nixl_prep"], rec["nixl_batch"]) == \
         (op, mode, prep, batch)
     assert rec["nixl_progress_thread"] is (FAST not in flags)
-    assert rec["messages"] == {"whole": 1, "layer": 160, "block": 320}[gran]  # 80 layers, K+V
+    assert rec["descriptors"] == {"whole": 1, "layer": 160, "block": 320}[gran]  # 80 layers, K+V
     bd = rec["breakdown_ms"]
     one_off = ONE_OFF[mode] + (["nixl_prep_dlist_ms"] if prep == "prepped" and mode != "reregister"
                                else [])

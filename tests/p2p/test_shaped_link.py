@@ -124,12 +124,12 @@ def test_script_refuses_bad_arguments_without_touching_the_network():
 
 
 def test_fit_of_the_published_shaped_link_runs(tmp_path):
-    """The shaped-link records kept in results/ (400mbit tbf, gloo; a copy of the committed
-    files), refitted on any machine: the estimate is within 5% of the payload rate; a single
+    """The published shaped-link records (results/shaped-link, copied to tests/data/runs;
+    400mbit tbf, gloo), refitted on any machine: the estimate is within 5% of the payload rate; a single
     run in back-to-back blocks gets no interval (and says why), a run that supports one has
     an interval around the estimate that overlaps the payload rate's 5% band (a property
     with a margin: which of 1000 draws the bootstrap makes may change)."""
-    summaries = sorted(committed("results/shaped-link").glob("shaped-link-summary-*.json"))
+    summaries = sorted(committed("tests/data/runs/shaped-link").glob("shaped-link-summary-*.json"))
     assert summaries
     seen_interval = False
     for i, summary_path in enumerate(summaries):  # every published run, each refitted
@@ -137,7 +137,7 @@ def test_fit_of_the_published_shaped_link_runs(tmp_path):
         records = summary["records"] if isinstance(summary["records"], list) else [
             summary["records"]]
         out = tmp_path / f"again-{i}.fit.json"
-        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(committed(r)) for r in records),
+        res = subprocess.run([PY, "-m", "kvbench.fit", *(str(summary_path.parent / Path(r).name) for r in records),
                               "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
                              timeout=120)
         assert res.returncode == 0, res.stderr

@@ -174,7 +174,8 @@ def test_sharded_reshards_4_to_2_on_six_ranks_over_gloo(tmp_path):
     assert con["tp"] is None and (con["prefill_tp"], con["decode_tp"]) == (4, 2)
     assert con["rank_bytes"] == [2 * BPT_HEAD * 32] * 4 + [4 * BPT_HEAD * 32] * 2
     assert con["transport"] == "gloo" and con["layout"] == "paged"
-    assert con["messages"] == 4 and con["packed"]  # one packed message per edge
+    assert con["descriptors"] == 4 and con["packed"]  # one packed message per edge
+    assert [e["descriptors"] for e in con["send_plan"]["edges"]] == [1, 1, 1, 1]
     assert "decode rank 4 holds heads 0-3: from rank 0 (0-1), rank 1 (2-3)" in res.stdout
 
 

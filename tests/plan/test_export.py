@@ -15,7 +15,7 @@ import yaml
 from kvbench.plan import cli as kvplan
 from tests.conftest import committed, run_cli
 
-FIT = committed("results/kvbench-p2p-20261202T175443Z.fit.json")
+FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")
 
 
 def fit_file(tmp_path, setup_ms=1.0, gb_s=10.0, name="fit.json", groups=1):

@@ -21,7 +21,7 @@ import venv
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, pip_failure
 from tests.plan.test_export import fit_file
 
 WHEELS = ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1", "msgspec", "pyzmq")
@@ -66,18 +66,6 @@ def dynamo_python(tmp_path_factory):
             pytest.skip(f"the package index is unreachable from here ({what}): {tail}")
         pytest.fail(f"{what} failed (not a network error):\n{res.stderr[-3000:]}")
     return py
-
-
-# pip's words (via urllib3/requests) for "could not reach the index", not "no such package"
-UNREACHABLE = ("NewConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ProxyError",
-               "Network is unreachable", "Temporary failure in name resolution",
-               "Name or service not known", "No route to host", "Connection refused",
-               "Could not fetch URL")
-
-
-def pip_failure(stderr: str) -> str:
-    """'unreachable' when pip could not talk to the index, else 'error'."""
-    return "unreachable" if any(m in stderr for m in UNREACHABLE) else "error"
 
 
 def exported(capsys, fit, *args) -> tuple[dict, dict]:

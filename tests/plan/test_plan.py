@@ -383,3 +383,61 @@ def test_out_file_is_never_overwritten(tmp_path):
     assert run_cli("kvbench.plan", *args).returncode == 0
     assert json.loads(out.read_text())["rows"][0]["handoff_floor_ms"] == 66.536
     assert "refusing to overwrite" in bad(*args)
+
+
+def _on_a_terminal(*argv: str) -> str:
+    """stdout of `python -m ...argv` when stdout is a terminal (a pseudo-terminal)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=follower, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    return b"".join(chunks).decode()
+
+
+@pytest.mark.parametrize("command", [("kvbench.plan", "--gbps", "10", "--setup-ms", "1"),
+                                     ("kvbench.plan", "route", "--gbps", "10", "--setup-ms", "1",
+                                      "--local-interference-ms", "2", "--itl-p95-ms", "35",
+                                      "--itl-target-ms", "50"),
+                                     ("kvbench.model",)])
+def test_a_table_on_a_terminal_and_json_when_piped(command):
+    """plan printed JSON on a terminal by default; a person reads the table, a pipe gets JSON."""
+    argv = (*command, "--prompt-tokens", "300")
+    shown = _on_a_terminal(*argv)
+    assert shown.lstrip()[:1] not in "[{" and "300" in shown, shown
+    assert json.loads(_on_a_terminal(*argv, "--format", "json"))
+    piped = run_cli(*argv)
+    assert piped.returncode == 0 and json.loads(piped.stdout)
+    assert run_cli(*argv, "--format", "table").stdout.lstrip()[:1] not in "[{"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_standard_output_is_one_line_naming_it():
+    """`kvbench plan > /dev/full` said "cannot use ?: No space left on device"."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "kvbench.plan", "--gbps", "10", "--setup-ms", "1"],
+                             stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert res.returncode == 3 and res.stderr.count("\n") == 1, res.stderr
+    assert "cannot write the output (standard output" in res.stderr and "?" not in res.stderr

@@ -1,12 +1,12 @@
-"""kvbench.results.load: every kind of result file as a DataFrame, on real files (a copy of
-the committed results/, a real p2p run in tests/data/p2p, the lab's request records and a real scrape)."""
+"""kvbench.results.load: every kind of result file as a DataFrame, on real files (published
+runs copied into tests/data/runs, a real p2p run in tests/data/p2p, the lab's request records
+and a real scrape)."""
 
 from __future__ import annotations
 
 import http.server
 import io
 import json
-import tarfile
 import threading
 from pathlib import Path
 
@@ -20,7 +20,8 @@ from kvbench.records.frames import iter_frames
 from tests.conftest import ROOT, committed, run_cli
 
 P2P = ROOT / "tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl"
-LAB = committed("results/lab/sweep-20261203T101133Z")
+RUNS = committed("tests/data/runs")  # published runs of several transports (README there)
+LAB = RUNS / "lab-sweep"  # part of results/lab/sweep-20261203T101133Z
 
 
 def test_p2p_rows_typed_and_grouped_by_spec():
@@ -58,14 +59,14 @@ def test_samples_are_long_with_their_rounds():
 
 
 def test_a_folder_reads_each_record_once_and_only_its_kind():
-    df = results.load(committed("results"), kind="p2p")
+    df = results.load(RUNS, kind="p2p")
     files = sorted({Path(p).name for p in df["source"].astype(str)})
     assert files and all(f.endswith(".jsonl") for f in files)  # the .csv twins are skipped
     n_lines = sum(len(Path(p).read_text().splitlines())
                   for p in set(df["source"].astype(str)))
     assert len(df) == n_lines
     assert set(df["transport"]) >= {"mpi", "gloo", "nixl"}
-    fits = results.load(committed("results"), kind="fit")
+    fits = results.load(RUNS, kind="fit")
     assert len(fits) == sum(len(json.loads((ROOT / p).read_text())["groups"])
                             for p in set(fits["source"].astype(str)))
 
@@ -90,17 +91,17 @@ def test_bad_rows_name_their_file_and_line(tmp_path):
 
 
 def test_chunks_concatenate_to_the_same_frame():
-    whole = results.load([committed("results"), P2P], kind="p2p")
-    chunks = list(iter_frames([committed("results"), P2P], kind="p2p", chunksize=7))
+    whole = results.load([RUNS, P2P], kind="p2p")
+    chunks = list(iter_frames([RUNS, P2P], kind="p2p", chunksize=7))
     assert len(chunks) > 5 and all(len(c) <= 7 + 5 for c in chunks)
-    again = results.load([committed("results"), P2P], kind="p2p", chunksize=7)
+    again = results.load([RUNS, P2P], kind="p2p", chunksize=7)
     pd.testing.assert_frame_equal(again, whole)
     # categories of chunks that never saw a value are merged, not turned into object columns
     assert isinstance(again["spec_id"].dtype, pd.CategoricalDtype)
 
 
 def test_fits_groups_sizes_and_draws():
-    path = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")
+    path = committed("tests/data/runs/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")
     doc = json.loads(path.read_text())
     (g,) = doc["groups"]
     f = results.load(path, kind="fit")
@@ -116,30 +117,22 @@ def test_fits_groups_sizes_and_draws():
     assert (lo, hi) == pytest.approx(tuple(g["effective_gb_s_ci95"]), rel=1e-3)
 
 
-def _lab_records(tmp_path: Path) -> Path:
-    """The lab sweep's own request records, from its committed archive."""
-    with tarfile.open(LAB / "raw-runs-and-logs.tar.gz") as tar:
-        for m in tar.getmembers():
-            if m.name.startswith("runs/warm/") and m.name.endswith("records.jsonl"):
-                tar.extract(m, tmp_path, filter="data")
-    return tmp_path / "runs"
-
-
-def test_request_rows_agree_with_the_committed_slo_report(tmp_path):
-    """TTFT per request, taken through the pandas frame, gives the report's own percentiles."""
-    runs = _lab_records(tmp_path)
-    q = results.load(runs, kind="slo-requests")
+def test_request_rows_agree_with_the_committed_slo_report():
+    """TTFT per request, taken through the pandas frame, gives the report's own percentiles
+    (the sweep's 2 rps warm runs of both deployments: the report's groups at that rate)."""
+    q = results.load(LAB / "runs", kind="slo-requests")
     report = json.loads((LAB / "analysis/warm-rep1.json").read_text())
     warmup = report["criteria"]["warmup_requests"]
-    assert len(q) == report["records_total"]
-    for g in report["groups"]:
+    groups = [g for g in report["groups"] if g["offered_rate_rps"] == 2.0]
+    assert len(groups) == 2 and len(q) == sum(g["counts"]["records"] for g in groups)
+    for g in groups:
         run = q[(q["deployment"] == g["deployment"]) & (q["offered_rate_rps"] == g["offered_rate_rps"])]
         send = run["scheduled_send_ms"].fillna(run["send_ms"])
         measured = run.loc[send.sort_values(kind="stable").index[warmup:]]
         ttft = measured.loc[measured["status"] == "ok", "ttft_ms"]
         want = g["latency_ms"]["ttft"]
         assert len(ttft) == want["n"] and np.percentile(ttft, 50) == pytest.approx(want["p50_ms"])
-    chunks = results.load(runs, kind="slo-requests", samples=True)
+    chunks = results.load(LAB / "runs", kind="slo-requests", samples=True)
     assert len(chunks) == int(q["n_chunks"].sum())
     assert chunks.groupby(["source", "line"], observed=True)["itl_ms"].max().dropna().equals(
         q.set_index(["source", "line"])["max_itl_ms"].dropna().rename("itl_ms"))
@@ -200,5 +193,5 @@ def test_metric_rows_of_a_real_scrape(tmp_path):
 
 def test_progress_is_reported(tmp_path):
     said = io.StringIO()
-    results.load(committed("results"), kind="fit", progress=lambda msg: said.write(msg + "\n"))
+    results.load(RUNS, kind="fit", progress=lambda msg: said.write(msg + "\n"))
     assert "files read" in said.getvalue()

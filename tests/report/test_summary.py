@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import ROOT, committed, run_cli
 
 P2P = ROOT / "tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl"
-SHAPED = committed("results/shaped-link")
-SLO = committed("results/lab/sweep-20261203T101133Z/analysis/warm-rep1.json")
+SHAPED = committed("tests/data/runs/shaped-link")
+SLO = committed("tests/data/runs/lab-sweep/analysis/warm-rep1.json")
 
 pytest.importorskip("matplotlib")
 
@@ -116,3 +116,56 @@ def test_refuses_to_overwrite_and_bad_folders(tmp_path):
     none = run_cli("kvbench", "report", str(empty), "--out", str(tmp_path / "r"))
     assert none.returncode == 2 and "no kvbench results" in none.stderr
     assert not (tmp_path / "r" / "report.md").exists()
+
+
+def test_a_mixed_folder_says_what_was_skipped_and_why(tmp_path):
+    """A record file of a newer schema version was dropped without a word. Every results-looking
+    file report does not read is named with its reason, one line each, and counted (on stderr,
+    --quiet too, and in the report); the CSV twin of a file read is not a skip."""
+    root = tmp_path / "results"
+    (root / "runs").mkdir(parents=True)
+    shutil.copy(P2P, root / "runs")
+    shutil.copy(P2P.with_suffix(".csv"), root / "runs")
+    newer = root / "runs" / "newer.jsonl"
+    newer.write_text(P2P.read_text().replace('"kvbench.p2p/1"', '"kvbench.p2p/2"'))
+    (root / "runs" / "settings.json").write_text('{"not": "kvbench"}\n')
+    (root / "runs" / "requests.jsonl").write_text(json.dumps({"schema": "kvbench.slo.request/1"}) + "\n")
+    (root / "runs" / "notes.txt").write_text("not a results file: not listed\n")
+    (root / "runs" / "gone.jsonl").symlink_to(tmp_path / "moved-away.jsonl")
+    (root / "runs" / "two\nlines.json").write_text("{}\n")
+    res = run_cli("kvbench", "report", str(root), "--no-refit", "--quiet", timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines == [
+        f"kvbench report: skipped {root / 'runs' / 'gone.jsonl'}: a broken link (its target does "
+        "not exist)",
+        f"kvbench report: skipped {newer}: schema kvbench.p2p/2: this kvbench reads kvbench.p2p/1 "
+        "(a newer kvbench wrote it?)",
+        f"kvbench report: skipped {root / 'runs' / 'requests.jsonl'}: holds kvbench.slo.request/1, "
+        "not kvbench.fit/1 or kvbench.fit/2 or kvbench.p2p/1 or kvbench.slo.report/1",
+        f"kvbench report: skipped {root / 'runs' / 'settings.json'}: no kvbench schema (not a "
+        "kvbench results file)",
+        f"kvbench report: skipped {root / 'runs'}/two\\nlines.json: no kvbench schema (not a "
+        "kvbench results file)",
+        "kvbench report: 5 file(s) skipped"], lines
+    md = (root / "report" / "report.md").read_text()
+    assert "5 file(s) under" in md and "## Files not read" in md and f"`{newer}`: schema kvbench.p2p/2" in md
+
+
+def test_results_load_of_a_folder_warns_about_a_newer_schema(tmp_path):
+    from kvbench.results import load
+
+    (tmp_path / "a.jsonl").write_text(P2P.read_text())
+    (tmp_path / "b.jsonl").write_text(P2P.read_text().replace('"kvbench.p2p/1"', '"kvbench.p2p/2"'))
+    with pytest.warns(UserWarning, match=r"skipped .*b\.jsonl: schema kvbench\.p2p/2"):
+        df = load(tmp_path, "p2p")
+    assert set(df["source"].astype(str)) == {str(tmp_path / "a.jsonl")}
+
+
+def test_a_folder_with_nothing_read_is_one_line_naming_what_was_skipped(tmp_path):
+    (tmp_path / "newer.jsonl").write_text(P2P.read_text().replace('"kvbench.p2p/1"', '"kvbench.p2p/2"'))
+    (tmp_path / "x.json").write_text("{}\n")
+    res = run_cli("kvbench", "report", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "no kvbench results" in res.stderr and "skipped 2 file(s), the first" in res.stderr
+    assert "newer.jsonl: schema kvbench.p2p/2" in res.stderr

@@ -23,8 +23,7 @@ def _rate_curve_max(ax) -> float:
     return max(ys)
 
 
-SLURM_SWEEP = ("results/slurm-cluster/kvbench-tcp-12-20261203T094759Z-o9IF/"
-               "kvbench-p2p-20261203T094907Z.jsonl")
+SLURM_SWEEP = "tests/data/runs/slurm-tcp-12/kvbench-p2p-20261203T094907Z.jsonl"
 
 
 def test_a_negative_setup_draws_no_rate_spike():

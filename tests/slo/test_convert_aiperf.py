@@ -167,3 +167,68 @@ def test_no_rate_without_summary_is_one_line(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "--offered-rate" in err
     rc, _, err = cli(capsys, "convert", "--from", "aiperf", DATA, "--deployment", "d", "--offered-rate", "3")
     assert rc == 2 and "differs from the request rate 2" in err
+
+
+def _converted_or_refused(tmp_path, capsys, lines: list[dict]) -> tuple[int, str, list[dict] | None]:
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = tmp_path / "r.jsonl"
+    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d",
+                     "--offered-rate", "2", "--out", out)
+    return rc, err, [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else None
+
+
+def _without_request_ids(lines: list[dict], sessions_turns) -> list[dict]:
+    out = []
+    for r, (s, t) in zip(lines, sessions_turns, strict=True):
+        md = {k: v for k, v in r["metadata"].items() if k != "x_request_id"}
+        out.append({**r, "metadata": {**md, "session_num": s, "turn_index": t}})
+    return out
+
+
+@pytest.mark.parametrize("case", ["x_request_id", "session"])
+def test_a_request_given_twice_is_refused_at_convert_naming_the_line_and_id(tmp_path, capsys,
+                                                                          tool_records, case):
+    """convert wrote (exit 0) what analyze then refused ("duplicate request_id"): a repeated
+    request is a replay or two runs pasted together, which no rule can tell apart; it is
+    refused where it is read, by the rule analyze applies (kvbench.records.requests.RequestIds)."""
+    lines = [dict(r) for r in tool_records[:4]]
+    if case == "x_request_id":
+        lines.append(lines[1])
+        want = f"profile_export.jsonl:5: duplicate request_id {lines[1]['metadata']['x_request_id']!r}"
+    else:  # no x_request_id: AIPerf's session and turn name the request
+        lines = _without_request_ids(lines, [(0, 0), (1, 0), (2, 0), (1, 0)])
+        want = "profile_export.jsonl:4: duplicate request_id 'session 1 turn 0'"
+    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    assert rc == 2 and err.count("\n") == 1 and want in err, err
+    assert "(first at " in err and "profile_export.jsonl:2)" in err and recs is None
+
+
+def test_the_turns_of_one_session_are_different_requests(tmp_path, capsys, tool_records):
+    lines = _without_request_ids([dict(r) for r in tool_records[:3]], [(0, 0), (0, 1), (1, 0)])
+    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    assert rc == 0, err
+    assert [r["request_id"] for r in recs] == ["session 0 turn 0", "session 0 turn 1", "session 1 turn 0"]
+    assert analyzed(tmp_path, capsys, recs)["counts"]["records"] == 3
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda ls: ls[1]["metrics"]["inter_chunk_latency"]["value"].__setitem__(2, -50.0),
+     "profile_export.jsonl:2: metrics.inter_chunk_latency.value[2]: must be >= 0, got -50.0"),
+    (lambda ls: ls[1].update(metrics=[]), "profile_export.jsonl:2: metrics: must be an object"),
+    (lambda ls: ls[1]["metrics"]["inter_chunk_latency"].update(unit="tokens"),
+     "metrics.inter_chunk_latency.unit: expected a time unit"),
+])
+def test_a_bad_aiperf_value_is_named_by_its_line_and_key_path(tmp_path, capsys, tool_records, edit, message):
+    """(hostile pass) the key path read 'metrics.inter_chunk_latency..value[2]'."""
+    lines = json.loads(json.dumps(tool_records[:3]))
+    edit(lines)
+    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    assert rc == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_byte_order_mark_is_named(tmp_path, capsys, tool_records):
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\ufeff" + "".join(json.dumps(r) + "\n" for r in tool_records[:2]))
+    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d", "--offered-rate", "2")
+    assert rc == 2 and err.count("\n") == 1 and "profile_export.jsonl:1: starts with a byte-order mark" in err

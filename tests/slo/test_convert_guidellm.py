@@ -177,3 +177,18 @@ def test_bad_reports_are_one_line_exit_2(tmp_path, capsys, report, mutate, messa
     rc, stdout, err = cli(capsys, "convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
     assert rc == 2 and err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_a_request_id_given_twice_is_refused_at_convert(tmp_path, capsys, report):
+    """convert wrote (exit 0) what analyze then refused ("duplicate request_id"); now convert
+    refuses it, by analyze's rule, naming where both are."""
+    def mutate(doc):
+        reqs = doc["benchmarks"][0]["requests"]["successful"]
+        reqs[7]["request_id"] = reqs[2]["request_id"]
+
+    src = _variant(report, tmp_path, mutate)
+    out = tmp_path / "r.jsonl"
+    rc, _, err = cli(capsys, "convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
+    assert rc == 2 and err.count("\n") == 1 and "duplicate request_id" in err, err
+    assert "requests.successful[7]" in err and "(first at " in err and "requests.successful[2])" in err
+    assert not out.exists()

@@ -30,8 +30,8 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "metrics"
-FIT = committed("results/kvbench-p2p-20261202T175443Z.fit.json")  # kvbench.fit/1: no draws
-FIT2 = committed("results/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # /2, with draws
+FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")  # kvbench.fit/1: no draws
+FIT2 = committed("tests/data/runs/shaped-link/kvbench-p2p-20261203T092334Z.fit.json")  # /2, with draws
 
 # vLLM's declarations (NixlPromMetrics): buckets exactly as vLLM builds them
 XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]

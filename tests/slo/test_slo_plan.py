@@ -138,7 +138,7 @@ def test_missing_plan_file(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------
-# the tutorial's spelling (issue 13): accepted key for key, one Plan for both spellings
+# the tutorial's spelling (issue 13): accepted key for key, one BenchmarkPlan for both spellings
 
 FILLS = {  # what a user writes for each of the tutorial template's placeholders
     "<hf-repo@commit>": "org/model@0123abc", "<engine and version>": "vllm 0.32.0",
@@ -183,7 +183,7 @@ def test_tutorial_template_is_refused_only_for_its_placeholders():
     res = run_cli("kvbench.slo", "validate-plan", str(TUTORIAL_TEMPLATE))
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "comparison.model_revision: placeholder '<hf-repo@commit>' not filled in (+28 more: " in res.stderr
-    problems = kvbench.slo.plan.check_plan(yaml.safe_load(TUTORIAL_TEMPLATE.read_text()))[1]
+    problems = kvbench.slo.benchplan.check_plan(yaml.safe_load(TUTORIAL_TEMPLATE.read_text()))[1]
     assert problems and all("placeholder" in str(p) for p in problems)
 
 
@@ -195,9 +195,9 @@ def test_tutorial_example_is_its_template_filled_in():
 
 
 def test_both_spellings_read_into_one_plan():
-    from kvbench.slo.plan import load_plan
+    from kvbench.slo.benchplan import load_benchmark_plan
 
-    t, n = load_plan(TUTORIAL), load_plan(EXAMPLE)
+    t, n = load_benchmark_plan(TUTORIAL), load_benchmark_plan(EXAMPLE)
     assert (t.form, n.form) == ("tutorial", "nested")
     assert t.deployment_specs == n.deployment_specs | {
         "aggregated": t.deployment_specs["aggregated"]}  # only the description differs
@@ -261,7 +261,7 @@ def test_tutorial_text_with_a_duplicated_key_is_refused(tmp_path, capsys):
 
 
 def test_endpoints_and_lab_reach_the_plan(tmp_path):
-    from kvbench.slo.plan import load_plan
+    from kvbench.slo.benchplan import load_benchmark_plan
 
     plan = tutorial()
     plan["deployments"]["aggregated"].update(
@@ -273,7 +273,7 @@ def test_endpoints_and_lab_reach_the_plan(tmp_path):
     plan["lab"] = {"model": "<lab decides>", "anything": [1, 2]}  # unread by slo, placeholders too
     f = tmp_path / "plan.yaml"
     f.write_text(yaml.safe_dump(plan))
-    p = load_plan(f)
+    p = load_benchmark_plan(f)
     agg, dis = p.deployment_specs["aggregated"], p.deployment_specs["disaggregated"]
     assert agg.endpoint == "http://127.0.0.1:18000"
     assert agg.metrics_endpoints == {"aggregated": ("http://127.0.0.1:18001/metrics",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvbench.model import DType, ModelSpec
+from kvbench.p2p.cut import Cut
 from kvbench.p2p.engine import Engine, Handoff, Link
 from kvbench.p2p.harness import LoopResult, LoopSettings, Progress
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
@@ -21,14 +22,21 @@ from kvbench.p2p.transports.base import Transport
 
 @dataclass
 class Point:
-    """One measured size: a prompt length in tokens, or a raw byte count."""
+    """One measured size: a prompt length in tokens (cut as `cut` says: block size, and for
+    the page plan K/V pages, block ids and TP pair), or a raw byte count."""
 
     prompt_tokens: int | None = None
     raw_bytes: int | None = None
+    cut: Cut | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.prompt_tokens} tok" if self.prompt_tokens else f"{self.raw_bytes} B"
+        if not self.prompt_tokens:
+            return f"{self.raw_bytes} B"
+        return f"{self.prompt_tokens} tok" + (f" {self.cut.label}" if self.cut else "")
+
+    def block_size(self, default: int) -> int:
+        return self.cut.block_size if self.cut is not None else default
 
 
 @dataclass
@@ -58,7 +66,7 @@ def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None,
             origin: int = 0) -> KVSpec:
     """The KV geometry a rank holds for a token point (all heads unless `heads` is given)."""
     return KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
-                  ctx.args.layout, ctx.args.block_size, origin=origin)
+                  ctx.args.layout, point.block_size(ctx.args.block_size), origin=origin)
 
 
 def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
@@ -73,22 +81,36 @@ def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
                    pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
 
 
-def engine_shaped(ctx: PatternContext) -> bool:
-    """The run moves the engine-shaped handoff (--nixl-shape engine; kvbench.p2p.engine_shape)."""
-    return getattr(ctx.args, "nixl_shape", "link") == "engine"
+def posted_counts(ctx: PatternContext, links: list) -> list[list[int]] | None:
+    """Per link (this pattern's list, the same order on every rank), the pieces each handoff
+    over it posted to the transport: both ends' own counts added (only the end that moves
+    the data counts, kvbench.p2p.transports.base.Channel). Collective; rank 0 gets the lists
+    (one entry per handoff the link took part in: cold, warm-up, timed, data check), others None."""
+    mine = []
+    for k, lk in enumerate(links):
+        if lk is not None:
+            mine.append((k, list(lk.channel.posted_per_handoff)))
+    every = ctx.comm.gather(mine, root=0)
+    if ctx.rank != 0:
+        return None
+    out: list[list[int] | None] = [None] * len(links)
+    for rank in every:
+        for k, counts in rank:
+            have = out[k]
+            out[k] = counts if have is None else [a + b for a, b in zip(have, counts, strict=True)]
+    return [c or [] for c in out]
 
 
-def make_engine_data(ctx: PatternContext, point: Point) -> KVCache:
-    """The paged KV as the engine holds it: pages joint or split by --nixl-kv, one block table
-    for every layer from --nixl-blocks (this rank's side of it)."""
-    from kvbench.p2p.engine_shape import block_table
-
-    a = ctx.args
-    spec = KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, [], "paged", a.block_size,
-                  pages=a.nixl_kv)
-    need = max(spec.layer_blocks(layer) for layer in range(ctx.model.layers))
-    side = "prefill" if ctx.rank == 0 else "decode"
-    return KVCache(spec, ctx.dev.torch_device, table=block_table(a.nixl_blocks, need, side))
+def descriptors_of(counts: list[int]) -> dict:
+    """`descriptors` of a record: the pieces one handoff over the link posted (the same every
+    handoff; if not, the median, and `descriptors_range` says how far they spread)."""
+    every = sorted(counts)
+    if not every:
+        return {"descriptors": None}
+    out = {"descriptors": every[len(every) // 2]}
+    if every[0] != every[-1]:
+        out["descriptors_range"] = [every[0], every[-1]]
+    return out
 
 
 def peak_rss_bytes() -> int:

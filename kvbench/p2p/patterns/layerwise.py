@@ -30,7 +30,15 @@ from kvbench.p2p.engine import Handoff
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
-from kvbench.p2p.patterns.base import NOT_LINK_COMPUTE, Pattern, Point, PointRun, make_data
+from kvbench.p2p.patterns.base import (
+    NOT_LINK_COMPUTE,
+    Pattern,
+    Point,
+    PointRun,
+    descriptors_of,
+    make_data,
+    posted_counts,
+)
 from kvbench.p2p.patterns.sequential import estimate_bytes, pair_records
 from kvbench.records.stats import percentile
 
@@ -236,8 +244,12 @@ class Layerwise(Pattern):
             overlapped)]
 
         def records(loops, wrong) -> list[dict]:
+            counts = posted_counts(ctx, [link, seq_link])
             rec = pair_records(ctx, [link, seq_link], {}, loops, wrong)
-            return self._records(point, data, plan, seq_plan, loops, rec) if rec else []
+            if not rec:
+                return []
+            rec["descriptors_by_plan"] = [descriptors_of(c)["descriptors"] for c in counts]
+            return self._records(point, data, plan, seq_plan, loops, rec)
 
         return PointRun(point, handoffs, overlapped, [link, seq_link], records)
 
@@ -276,7 +288,8 @@ class Layerwise(Pattern):
                 **({"variant": variant} if variant else {}),
                 "granularity": args.granularity if variant == "seq" else gran,
                 "bytes": 0 if variant == "compute" else p.nbytes,
-                "messages": 0 if variant == "compute" else p.n,
+                "descriptors": (0 if variant == "compute" else
+                                shared["descriptors_by_plan"][1 if variant == "seq" else 0]),
                 "packed": p.packed,
                 **common,
                 "loop": lp,

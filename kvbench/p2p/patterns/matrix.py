@@ -33,10 +33,12 @@ from kvbench.p2p.patterns.base import (
     Pattern,
     Point,
     PointRun,
+    descriptors_of,
     make_data,
     peak_device_bytes,
     peak_rss_bytes,
     per_rank_or_none,
+    posted_counts,
 )
 from kvbench.p2p.patterns.sequential import estimate_bytes
 from kvbench.records.stats import Measurement
@@ -256,8 +258,10 @@ class Matrix(Pattern):
 
     def _records(self, point, links, plan, data, loops, wrong) -> list[dict]:
         """One record per pair (collective; rank 0 gets them): its own samples, its data check
-        (the wrong elements its receiver counted in its round), its channels' breakdown."""
-        comm = self.ctx.comm
+        (the wrong elements its receiver counted in its round), its channels' breakdown, the
+        pieces one of its handoffs posted (`descriptors`)."""
+        comm, order = self.ctx.comm, ordered_pairs(self.n)
+        counts = posted_counts(self.ctx, [links.get(p) for p in order])
         parts = comm.gather({f"{lk.src}->{lk.dst}": lk.channel.breakdown()
                              for lk in links.values()}, root=0)
         checks = comm.gather(wrong, root=0)
@@ -287,6 +291,7 @@ class Matrix(Pattern):
                     "wireup_ms": self.wireup_ms.get((s, r)),
                     "breakdown_ms": breakdown, "peak_rss_bytes": rss,
                     "peak_device_bytes": per_rank_or_none(gpu),
+                    **descriptors_of(counts[order.index((s, r))]),
                 })
         return out
 

@@ -2,34 +2,37 @@
 
 from __future__ import annotations
 
+from kvbench.p2p.cut import Sources, cut_data, page_layout, plan_pages, pool_bytes
 from kvbench.p2p.engine import Handoff
-from kvbench.p2p.engine_shape import plan_engine
-from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
     Pattern,
     Point,
     PointRun,
-    engine_shaped,
+    descriptors_of,
     kv_spec,
     make_data,
-    make_engine_data,
     peak_device_bytes,
     peak_rss_bytes,
     per_rank_or_none,
+    posted_counts,
 )
 
 
 def estimate_bytes(ctx, point: Point, granularity: str) -> int:
     """Peak bytes one rank allocates: the KV (paged: pool with slack, plus staging when the
-    granularity packs) and the pattern-generation scratch used for fill and check."""
+    granularity packs) and the pattern-generation scratch used for fill and check. Under a
+    cut's TP pair the prefill rank holds every serving prefill rank's heads."""
     if point.raw_bytes is not None:
         return point.raw_bytes + min(point.raw_bytes, 1 << 26) * 9
     data_spec = kv_spec(ctx, point)
     payload = data_spec.payload_bytes
     row = data_spec.tensor_tokens(0) * data_spec.row_elems
     scratch = row * 8 * 3  # int64 grid + one layer's values + comparison
+    if point.cut is not None and point.cut.pages:  # pools sized by the block tables
+        side = "prefill" if ctx.rank == 0 else "decode"
+        return pool_bytes(ctx.model, ctx.dtype, point.prompt_tokens, point.cut, side) + scratch
     if ctx.args.layout == "paged":
         pool = int(payload * 1.125) + data_spec.row_elems * data_spec.block_size * ctx.dtype.bytes * 2
         staging = payload if granularity != "block" else 0
@@ -39,11 +42,13 @@ def estimate_bytes(ctx, point: Point, granularity: str) -> int:
 
 def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
     """The fields every 2-rank record shares (collective): total wrong elements, each side's
-    transport breakdown, peak memory per rank. Rank 0 gets `fields` with them added."""
+    transport breakdown, peak memory per rank, and the pieces a timed handoff over the first
+    link posted (`descriptors`). Rank 0 gets `fields` with them added."""
     total = None if wrong is None else ctx.comm.allreduce(wrong)
     parts = ctx.comm.gather([lk.channel.breakdown() for lk in links if lk is not None], root=0)
     tel = ctx.comm.gather([lk.channel.telemetry() for lk in links
                            if lk is not None and hasattr(lk.channel, "telemetry")], root=0)
+    counts = posted_counts(ctx, links)
     rss = ctx.comm.gather(peak_rss_bytes(), root=0)
     gpu = ctx.comm.gather(peak_device_bytes(), root=0)
     if ctx.rank != 0:
@@ -52,8 +57,11 @@ def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
     out = {**fields, "wrong": total, "breakdown_ms": breakdown, "peak_rss_bytes": rss,
            "peak_device_bytes": per_rank_or_none(gpu)}
     got = next((t for rank in tel for t in rank if t), None)
+    loop = loops[0] if loops else None
     if got is not None:
-        out.update(telemetry_fields(got, loops[0] if loops else None, ctx.settings.warmup))
+        out.update(telemetry_fields(got, loop, ctx.settings.warmup))
+    if counts is not None:
+        out.update(descriptors_of(counts[0]))
     return out
 
 
@@ -71,8 +79,24 @@ def telemetry_fields(tel: dict, loop, warmup: int) -> dict:
     return {"nixl_telemetry": {**timed, "cold": {k: v[0] for k, v in tel.items()}},
             "nixl_post_mean_ms": mean(timed["post_ms"]),
             "nixl_xfer_mean_ms": mean(timed["xfer_ms"]),
-            "nixl_desc_count": timed["desc_count"][-1],
-            "nixl_expected_desc_count": timed["expected_desc_count"][-1]}
+            # NIXL's own count after it joined adjacent entries (vLLM's nixl_num_descriptors),
+            # and kvbench's prediction of that join
+            "descriptors_merged": timed["desc_count"][-1],
+            "descriptors_merged_expected": timed["expected_desc_count"][-1]}
+
+
+def cut_fields(ctx, point: Point) -> dict:
+    """The cut a point was measured under (the spec takes `block_size` and `cut` from here:
+    kvbench.p2p.cli.make_spec), with the TP pair and the heads the decode rank holds."""
+    cut = point.cut
+    if cut is None or ctx.args.layout != "paged":
+        return {}
+    if not cut.pages:
+        return {"block_size": cut.block_size}
+    lay = page_layout(ctx.model, ctx.dtype, cut)
+    return {"block_size": cut.block_size, "cut": cut.spec(), "prefill_tp": cut.tp[0],
+            "decode_tp": cut.tp[1], "decode_heads": list(lay.decode_heads),
+            "pieces_per_page": len(lay.pieces), "heads_major": lay.hnd}
 
 
 @register
@@ -84,10 +108,13 @@ class Sequential(Pattern):
         return estimate_bytes(self.ctx, point, self.ctx.args.granularity)
 
     def setup(self, point: Point) -> PointRun:
-        ctx, eng = self.ctx, self.ctx.engine
-        if engine_shaped(ctx):
-            data = make_engine_data(ctx, point)
-            plan = plan_engine(data)
+        ctx, eng, cut = self.ctx, self.ctx.engine, point.cut
+        if cut is not None and cut.pages:
+            side = "prefill" if ctx.rank == 0 else "decode"
+            caches, lay = cut_data(ctx.model, ctx.dtype, point.prompt_tokens, cut, side,
+                                   ctx.dev.torch_device)
+            plan = plan_pages(caches, lay, cut, side)
+            data = caches[0] if len(caches) == 1 else Sources(caches)
         else:
             data = make_data(ctx, point, table_seed=ctx.rank)
             plan = plan_messages(data, ctx.args.granularity)
@@ -99,9 +126,9 @@ class Sequential(Pattern):
             rec = pair_records(ctx, [link], {
                 "granularity": ctx.args.granularity,
                 "bytes": plan.nbytes,
-                "messages": plan.n,
                 "packed": plan.packed,
-                "stored_tokens": (data.spec.tensor_tokens(0) if isinstance(data, KVCache) else None),
+                "stored_tokens": (data.spec.tensor_tokens(0) if point.prompt_tokens else None),
+                **cut_fields(ctx, point),
                 "loop": loops[0] if loops else None,
                 "fit_as_link": True,
                 "not_link_reason": None,

@@ -5,12 +5,18 @@ where every buffer lies in it (a `Piece`); the importing rank maps every region 
 builds a view per buffer. After that, a handoff is one copy between the mapped views and the
 importer's own buffers: no bytes pass through a socket or a bounce buffer.
 
-Host memory: the region is moved into POSIX shared memory in place with torch's
-file-descriptor strategy (`_share_fd_cpu_`: shm_open, then shm_unlink at once, the fd kept;
-every existing view of the storage follows the move). The name is gone before any peer maps
-it, so no segment can outlive the processes, whatever kills them: the importer opens the
-exporter's descriptor through /proc/PID/fd/FD (same host, same PID namespace, same user) and
-checks it is the same inode. The kernel frees the memory when the last mapping goes.
+Host memory: each region is moved into an anonymous shared mapping in place: a `memfd_create`
+file (it has no name in any file system, so nothing can outlive the processes, whatever kills
+them, at any moment), its pages reserved up front (`posix_fallocate`: a shortfall is one line
+now, not a SIGBUS at the first touch), the bytes copied in and the storage's data pointer
+swapped (`UntypedStorage._swap_data_ptr_`), so every existing view of the storage follows the
+move. The importer opens the exporter's descriptor through /proc/PID/fd/FD (same host, same
+PID namespace, same user) and checks it is the same inode. The kernel frees the memory when
+the last mapping goes.
+
+(torch's own `_share_fd_cpu_` is not used: it creates a named /dev/shm/torch_* file and
+unlinks it only after reserving its pages, and a process killed in between, a second or two
+for a large KV, leaves the name behind.)
 
 CUDA memory: the region's CUDA IPC memory handle (`_share_cuda_`, what torch.multiprocessing
 sends), opened by the importer on the GPU with the same UUID (cudaIpcOpenMemHandle with lazy
@@ -27,7 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.p2p.devices import mem_available_bytes
 from kvbench.p2p.transports.base import TransportError
+from kvbench.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -61,19 +69,53 @@ def group_regions(buffers: Sequence[torch.Tensor]) -> tuple[list[torch.UntypedSt
 
 
 def export_host(buffers: Sequence[torch.Tensor]) -> dict:
-    """Move the buffers' storages into POSIX shared memory (in place) and describe them.
+    """Move the buffers' storages into anonymous shared memory (in place) and describe them.
     The caller has made the buffers' contents final (queued device work applied): the move
     copies the bytes."""
     storages, _ = group_regions(buffers)
-    check_shm_room(sum(st.nbytes() for st in storages if not st.is_shared()))
+    check_room(sum(st.nbytes() for st in storages if not st.is_shared()))
     regions = []
     for st in storages:
-        fd, size = st._share_fd_cpu_()  # no-op (same fd) for a storage already shared
+        if not st.nbytes():  # nothing to map (a message of no bytes)
+            regions.append({"fd": None, "nbytes": 0, "inode": None})
+            continue
+        fd = move_to_memfd(st)
         info = os.fstat(fd)
-        regions.append({"fd": fd, "nbytes": size, "inode": (info.st_dev, info.st_ino)})
+        regions.append({"fd": fd, "nbytes": st.nbytes(), "inode": (info.st_dev, info.st_ino)})
     _, pieces = group_regions(buffers)  # pointers moved: offsets from the new storages
     return {"kind": "shm", "pid": os.getpid(), "pid_ns": pid_namespace(), "regions": regions,
             "pieces": pieces}
+
+
+def can_move_in_place() -> str | None:
+    """Why this torch cannot move a storage into shared memory in place (None: it can)."""
+    if not hasattr(os, "memfd_create"):
+        return "--transport ipc needs memfd_create (Linux)"
+    if not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
+        return (f"--transport ipc needs a torch with UntypedStorage._swap_data_ptr_ (torch "
+                f"{torch.__version__} has none)")
+    return None
+
+
+def move_to_memfd(st: torch.UntypedStorage) -> int:
+    """The descriptor of `st`'s memory after moving it into a memfd (already shared: as it is).
+    `st` holds at least one byte."""
+    if st.is_shared():
+        return st._get_shared_fd()
+    nbytes = st.nbytes()
+    fd = os.memfd_create("kvbench-ipc", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        os.posix_fallocate(fd, 0, nbytes)
+        shared = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
+    except OSError as exc:
+        raise TransportError(f"ipc: cannot reserve {fmt_bytes(nbytes)} of shared memory: "
+                             f"{exc.strerror}") from None
+    finally:
+        os.close(fd)
+    shared.copy_(st)
+    st._swap_data_ptr_(shared)  # every view of st now reads the shared pages
+    return st._get_shared_fd()
 
 
 def pid_namespace() -> int | None:
@@ -85,19 +127,13 @@ def pid_namespace() -> int | None:
         return None
 
 
-def check_shm_room(nbytes: int, where: str = "/dev/shm") -> None:
-    """Refuse with one line before a move that would not fit: tmpfs accepts the size and
-    kills the process with SIGBUS when a page beyond its room is touched (a container's
-    /dev/shm is often 64 MiB)."""
-    try:
-        st = os.statvfs(where)
-    except OSError:
-        return  # no /dev/shm to ask: shm_open will say what is wrong
-    free = st.f_bavail * st.f_frsize
-    if nbytes > free:
-        raise TransportError(f"ipc: {nbytes / 2**30:.2f} GiB must go into shared memory but "
-                             f"{where} has {free / 2**30:.2f} GiB free (in a container: "
-                             "--shm-size)")
+def check_room(nbytes: int) -> None:
+    """Refuse with one line before a move the host cannot hold: for a moment the bytes live
+    twice (the private copy and the shared one), and shared pages are not swapped out lightly."""
+    free = mem_available_bytes()
+    if free is not None and nbytes > free:
+        raise TransportError(f"ipc: {fmt_bytes(nbytes)} must be copied into shared memory but "
+                             f"the host has {fmt_bytes(free)} available")
 
 
 class HostMapping:
@@ -109,6 +145,8 @@ class HostMapping:
         self.views = [flats[p.region][p.offset:p.offset + p.nbytes] for p in handle["pieces"]]
 
     def _map(self, pid: int, pid_ns: int | None, region: dict) -> torch.Tensor:
+        if not region["nbytes"]:
+            return torch.empty(0, dtype=torch.uint8)
         path = f"/proc/{pid}/fd/{region['fd']}"
         try:
             fd = os.open(path, os.O_RDWR)

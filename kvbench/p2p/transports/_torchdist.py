@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
+from kvbench.p2p.transports.base import Channel, PeerReported, Request, Transport, TransportError
 from kvbench.p2p.transports.rendezvous import rendezvous_address
 
 GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
@@ -195,8 +195,8 @@ class TorchDistTransport(Transport):
 
     def open(self) -> None:
         url, error = rendezvous_address(self.ctx.comm, self.ctx.hosts)
-        if error:
-            raise TransportError(f"{self.name}: {error}")
+        if error:  # every rank has it (agreed over MPI): rank 0 says it, once
+            raise (TransportError if self.ctx.rank == 0 else PeerReported)(f"{self.name}: {error}")
         t0 = time.perf_counter()
         kwargs = {}
         if self.backend == "nccl" and self.ctx.dev.name == "cuda":  # eager communicator
@@ -241,7 +241,10 @@ class TorchDistTransport(Transport):
         ops, owners = [], []
         for k, ((ch, _i), buf) in enumerate(zip(items, self.prepare_many(items, ready), strict=True)):
             fn = dist.isend if ch.is_sender else dist.irecv
-            for c in self.split(buf):
+            pieces = self.split(buf)
+            if ch.is_sender:
+                ch.count_posted(len(pieces))
+            for c in pieces:
                 ops.append((fn, c, ch.peer))
                 owners.append(k)
         if self.batch_posts:  # even one op: a lone isend would make a lazy pair communicator

@@ -25,6 +25,18 @@ class TransferTimeout(TransportError):
     pass
 
 
+class PeerReported(TransportError):
+    """The peer rank's failure, learnt from the peer (or found by both ranks alike): the peer
+    prints its one line and ends the job, so this rank ends without a line of its own (one
+    error line per failure, not one per rank)."""
+
+
+def seen_by_both(rank: int, peer: int, message: str) -> TransportError:
+    """A problem both ranks of a pair find alike (their set-ups disagree): the lower rank
+    reports it, the other ends quietly."""
+    return (TransportError if rank < peer else PeerReported)(message)
+
+
 class Request(ABC):
     """One posted send or receive."""
 
@@ -81,6 +93,11 @@ class Channel(ABC):
     exchange metadata here). `post(i)` starts message i on this side. The engine has made
     the buffers' contents final on the device (filled, cleared: synchronised) before the
     first post; later producers are announced through `post`'s `ready` event.
+
+    Descriptors: each backend calls `count_posted(n)` where it hands pieces to the transport
+    itself (a NIXL transfer list's entries, an MPI or Gloo send, an ipc copy), on the side
+    that moves the data; the engine closes the count after every handoff (`close_count`), so
+    `posted_per_handoff` is what the transport was actually given, one entry per handoff.
     """
 
     def __init__(self, transport: Transport, peer: int, buffers: Sequence, is_sender: bool,
@@ -90,6 +107,17 @@ class Channel(ABC):
         self.buffers = list(buffers)
         self.is_sender = is_sender
         self.layer_of = list(layer_of) if layer_of is not None else [-1] * len(self.buffers)
+        self.posted_now = 0
+        self.posted_per_handoff: list[int] = []
+
+    def count_posted(self, n: int = 1) -> None:
+        """`n` more pieces handed to the transport in this handoff, by this side."""
+        self.posted_now += n
+
+    def close_count(self) -> None:
+        """End of a handoff (the engine calls it): its count joins `posted_per_handoff`."""
+        self.posted_per_handoff.append(self.posted_now)
+        self.posted_now = 0
 
     @abstractmethod
     def post(self, i: int, ready=None) -> Request:
@@ -128,6 +156,9 @@ class Transport(ABC):
     # threads yield or sleep while they wait (the engine-shaped NIXL handoff) sets its way, so
     # the harness does not take the core from the transport's own threads as no engine does.
     between_tests: Callable[[], None] | None = None
+    # True: channel() takes the page plan's region table and (region, block) per message
+    # (`regions=`, `blocks=`) to address the KV as an engine does (NIXL's engine shape)
+    uses_regions: bool = False
 
     def __init__(self, ctx: TransportContext):
         self.ctx = ctx

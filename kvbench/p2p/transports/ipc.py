@@ -1,7 +1,7 @@
 """Same-host handoff in one copy: the peer's buffers mapped into this process (--transport ipc).
 
 At channel set-up one side exports its message buffers (kvbench/p2p/transports/_ipc_mem.py:
-POSIX shared memory on the host, CUDA IPC memory handles on a GPU) and the other maps them
+anonymous shared memory (memfd) on the host, CUDA IPC memory handles on a GPU) and the other maps them
 once, the handles going over MPI. Each handoff is then one copy by the mapping side plus
 small readiness messages over MPI, on the one handoff engine like every other transport:
 
@@ -20,7 +20,8 @@ Only ranks on one host can map each other's memory: a run whose pairs span hosts
 before anything is set up (one line, exit status 2). A producer that dies leaves the
 consumer's mapping valid (the memory lives until the last mapping goes) and the consumer
 waits for a readiness message against --timeout like every other receive. No segment name
-exists once the producer has exported (see _ipc_mem), so nothing is left in /dev/shm.
+ever exists (an anonymous memfd, see _ipc_mem), so nothing can be left in /dev/shm. A set-up
+failure is printed by the rank that hit it; its peer ends without a line of its own.
 """
 
 from __future__ import annotations
@@ -30,8 +31,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports._ipc_mem import CudaMapping, HostMapping, export_cuda, export_host
-from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
+from kvbench.p2p.transports._ipc_mem import (
+    CudaMapping,
+    HostMapping,
+    can_move_in_place,
+    export_cuda,
+    export_host,
+)
+from kvbench.p2p.transports.base import Channel, PeerReported, Request, Transport, TransportError
 from kvbench.p2p.watchdog import WATCHDOG
 
 _TAG0 = 23000  # channel k between two ranks: set-up on _TAG0 + 2k, readiness on _TAG0 + 2k + 1
@@ -153,8 +160,8 @@ class IPCChannel(Channel):
                     comm.send(str(exc), dest=peer, tag=tag)
                     raise TransportError(str(exc)) from None
                 comm.send(None, dest=peer, tag=tag)
-        if problem:  # the peer's own failure, which it reports too
-            raise TransportError(f"rank {peer}: {problem}")
+        if problem:  # the peer's own failure: it prints the line and ends the job
+            raise PeerReported(f"rank {peer}: {problem}")
         if self.cuda:
             self._share_event()
 
@@ -182,6 +189,7 @@ class IPCChannel(Channel):
         for b in range(lo + 1, hi + 1):
             if b == hi or not self.joins[b]:
                 _span(dst, a, b).copy_(_span(src, a, b), non_blocking=self.cuda)
+                self.count_posted()
                 a = b
 
     def drain(self) -> None:
@@ -237,7 +245,7 @@ class IPCChannel(Channel):
 @register
 class IPCTransport(Transport):
     name = "ipc"
-    description = ("same host, one copy: the peer's KV mapped (POSIX shared memory on CPU, CUDA "
+    description = ("same host, one copy: the peer's KV mapped (anonymous shared memory on CPU, CUDA "
                    "IPC handles on GPU), readiness over MPI")
 
     @classmethod
@@ -257,6 +265,8 @@ class IPCTransport(Transport):
         self._channels: dict[tuple[int, int], int] = {}
 
     def refusal(self) -> str | None:
+        if not self.on_cuda and can_move_in_place():
+            return can_move_in_place()
         return cross_host_refusal(self.ctx.hosts, self.ctx.pairs) if self.ctx.hosts else None
 
     def open(self) -> None:
@@ -282,7 +292,7 @@ class IPCTransport(Transport):
     def info(self) -> dict:
         how = ("CUDA IPC memory handles, device-to-device copy on the copying rank's stream"
                if self.on_cuda else
-               "POSIX shared memory (shm_open, unlinked at once; mapped through /proc/PID/fd)")
+               "anonymous shared memory (memfd, no name; mapped through /proc/PID/fd)")
         return {"path": self.path, "mode": self.mode, "mapping": how}
 
     def close(self) -> None:

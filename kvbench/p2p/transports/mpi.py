@@ -73,8 +73,12 @@ class MPIChannel(Channel):
                     for i in idx]
         if ready is not None or self.staging.active:
             self.staging.to_host_many(idx, ready)
-        return [_MPIRequest([comm.Isend(b, dest=peer, tag=_DATA_TAG) for b in self.mpi_bufs[i]])
-                for i in idx]
+        out = []
+        for i in idx:
+            sends = [comm.Isend(b, dest=peer, tag=_DATA_TAG) for b in self.mpi_bufs[i]]
+            self.count_posted(len(sends))
+            out.append(_MPIRequest(sends))
+        return out
 
     def begin_handoff(self) -> None:
         self.staging.begin()

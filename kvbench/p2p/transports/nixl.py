@@ -37,11 +37,20 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
-from kvbench.cli import arg_float
+from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Transport, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    Request,
+    TransferTimeout,
+    Transport,
+    TransportError,
+    seen_by_both,
+)
 from kvbench.p2p.transports.nixl_import import (  # noqa: F401
     INSTALL_HINT,
+    MAX_NIXL_THREADS,
+    MAX_PROGRESS_DELAY_US,
     _version,
     agent_with_progress_delay,
     import_nixl,
@@ -210,6 +219,7 @@ class NIXLChannel(Channel):
         self.reg = None
         self.local_dl = self.remote_dl = None
         self.xfers: list = [None] * U
+        self.list_len = [0] * U  # entries of each request's transfer list (its descriptors)
         self.remote: str | None = None
         self.remote_descs = None
         self.closed = False
@@ -271,7 +281,7 @@ class NIXLChannel(Channel):
         elif theirs["mem"] != self.mem:
             problem = f"memory types differ ({self.mem} here, {theirs['mem']} there)"
         if problem:
-            raise TransportError(f"nixl: rank {self.peer}: {problem}")
+            raise seen_by_both(t.ctx.rank, self.peer, f"nixl: rank {self.peer}: {problem}")
         self.remote = t.load_remote(self.peer, theirs["md"])
         t.attach(self)
         if self.initiator:  # with --nixl-reregister only connection info: memory comes per handoff
@@ -307,6 +317,7 @@ class NIXLChannel(Channel):
             local = agent.get_xfer_descs([self.descs[i] for i in idx], self.mem)
             remote = agent.get_xfer_descs([self.remote_descs[i] for i in idx], self.mem)
             h = agent.initialize_xfer(self.OP, local, remote, self.remote, b"")
+        self.list_len[u] = len(idx)  # the request's transfer list: one entry per index
         self.xfers[u] = h
         self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
         if self.t.backend_used is None:
@@ -408,6 +419,7 @@ class NIXLChannel(Channel):
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
+        self.count_posted(self.list_len[u])
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         if self.t_first is None:
             self.t_first = t0
@@ -565,13 +577,6 @@ class NIXLTransport(Transport):
                             "one descriptor per block, region-major ids, a prepped READ per request "
                             "with the notification on it, completion polled per engine step, "
                             "NIXL telemetry per handoff (needs --layout paged --granularity block)")
-        e.add_argument("--nixl-kv", choices=("joint", "split"), default="joint",
-                       help="engine shape: K and V of a block in one page, one region per layer "
-                            "(joint, vLLM 0.32), or separate K and V regions per layer (split)")
-        e.add_argument("--nixl-blocks", default="contiguous", metavar="IDS",
-                       help="engine shape: the request's block ids: contiguous (a fresh "
-                            "allocator, default), scattered, or file:PATH (JSON {\"prefill\": [...], "
-                            "\"decode\": [...]})")
         e.add_argument("--nixl-per-request", action=argparse.BooleanOptionalAction, default=True,
                        help="engine shape: make_prepped_xfer + post + release per handoff (default "
                             "on); off: one handle made once and reposted")
@@ -586,15 +591,17 @@ class NIXLTransport(Transport):
                             "histogram on a shared core, docs/nixl.md), yield (sched_yield "
                             "spinning, vLLM's worker loop between steps), or spin (the link "
                             "harness's busy loop)")
-        e.add_argument("--nixl-threads", type=int, default=None, metavar="N",
+        e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
                        help="UCX worker threads of the agent (nixl_agent_config num_threads; "
-                            "default 0, 4 with --nixl-shape engine as vLLM sets)")
+                            f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
         e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
                        help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
                             "with --nixl-shape engine, which records postDuration/xferDuration)")
-        e.add_argument("--nixl-progress-delay-us", type=int, default=0, metavar="US",
+        e.add_argument("--nixl-progress-delay-us", type=arg_int(0, MAX_PROGRESS_DELAY_US), default=0,
+                       metavar="US",
                        help="the progress thread's delay between polls (NIXL's Python agent fixes "
-                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector)")
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector; "
+                            f"at most {MAX_PROGRESS_DELAY_US:,})")
         e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
                        help="idle time before each handoff, outside the timed window (an engine "
                             "at R requests/s moves a request's KV about every 1000/R ms, and "
@@ -637,9 +644,9 @@ class NIXLTransport(Transport):
 
             self.between_tests = partial(pause, self.waits)
         self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.uses_regions = engine
         self.progress_delay_us = o.nixl_progress_delay_us
         self.gap_s = getattr(o, "nixl_gap_ms", 0.0) / 1e3
-        self.kv, self.blocks = o.nixl_kv, o.nixl_blocks
         if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
             os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
         # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
@@ -700,11 +707,8 @@ class NIXLTransport(Transport):
             out["nixl_progress_delay_us"] = self.progress_delay_us
         if self.gap_s:
             out["nixl_gap_ms"] = round(self.gap_s * 1e3, 6)
-        if self.shape == "engine":
-            from kvbench.p2p.engine_shape import block_ids_label
-
-            out.update(nixl_shape="engine", nixl_kv=self.kv,
-                       nixl_blocks=block_ids_label(self.blocks),
+        if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.p2p.cut)
+            out.update(nixl_shape="engine",
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
                        nixl_waits=self.waits)

@@ -35,7 +35,7 @@ from kvbench.p2p.engine_shape import (
     pause,
     wait_until,
 )
-from kvbench.p2p.transports.base import TransportError
+from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl import (
     _PROC,
     _SETUP,
@@ -46,7 +46,11 @@ from kvbench.p2p.transports.nixl import (
     now,
 )
 
-TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count")
+# `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE
+# (0: the look in the posting step already saw it done); `post_done`: 1 when the post itself
+# returned DONE (the READ and its notification finished inside the call).
+TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count", "looks",
+                  "post_done")
 
 
 def _rows(regions: list[Region]) -> np.ndarray:
@@ -72,6 +76,7 @@ class EngineChannel(NIXLChannel):
         self.poll = PollSchedule(transport.poll_text, seed=transport.ctx.rank)
         self.per_request, self.waits = transport.per_request, transport.waits
         self.next_poll = 0.0
+        self.looks = self.post_done = 0
         self.tel: dict[str, list] = {k: [] for k in TELEMETRY_KEYS}
         self.remote_ids: list[int] = []
         self.expected = None
@@ -90,10 +95,11 @@ class EngineChannel(NIXLChannel):
                 "ids": self.ids}
         theirs = self.xc.swap(mine, self._tag(_SETUP), "NIXL metadata")
         if theirs["role"] == self.role or theirs.get("regions") is None:
-            raise TransportError(f"nixl: rank {self.peer}: its channel is not an engine-shaped "
-                                 f"{'decode' if self.is_sender else 'prefill'} channel")
+            raise seen_by_both(t.ctx.rank, self.peer, f"nixl: rank {self.peer}: its channel is not "
+                               f"an engine-shaped {'decode' if self.is_sender else 'prefill'} channel")
         if theirs["sizes"] != mine["sizes"] or theirs["mem"] != self.mem:
-            raise TransportError(f"nixl: rank {self.peer}: block sizes or memory types differ")
+            raise seen_by_both(t.ctx.rank, self.peer,
+                               f"nixl: rank {self.peer}: block sizes or memory types differ")
         self.remote = t.load_remote(self.peer, theirs["md"])
         t.attach(self)
         if self.initiator:
@@ -117,6 +123,7 @@ class EngineChannel(NIXLChannel):
         t0 = now()
         self.xfers[u] = self.agent.make_prepped_xfer(self.OP, self.local_dl, self.ids,
                                                      self.remote_dl, self.remote_ids, notif)
+        self.list_len[u] = len(self.ids)
         self._add("nixl_make_xfer_ms", (now() - t0) * 1e3)
         if self.t.backend_used is None:
             try:
@@ -137,8 +144,10 @@ class EngineChannel(NIXLChannel):
         except Exception as exc:  # noqa: BLE001 - NIXL raises its own error classes
             self._failed(u, f"post failed: {type(exc).__name__}: {exc}")
         t1 = now()
+        self.count_posted(self.list_len[u])
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
+        self.looks, self.post_done = 0, int(st == "DONE")
         self.state[u] = _PROC
         if st == "ERR":
             self._failed(u, "post returned ERR")
@@ -155,6 +164,7 @@ class EngineChannel(NIXLChannel):
             self._failed(u, f"{type(exc).__name__}: {exc}")
         t = now()
         if st == "PROC":
+            self.looks += 1
             if not self.poll.busy:
                 self.next_poll = t + self.poll.next_ms() / 1e3
             return
@@ -194,6 +204,8 @@ class EngineChannel(NIXLChannel):
         self.tel["desc_count"].append(int(res.descCount))
         self.tel["bytes"].append(int(res.totalBytes))
         self.tel["expected_desc_count"].append(self.expected)
+        self.tel["looks"].append(self.looks)
+        self.tel["post_done"].append(self.post_done)
 
     def end_handoff(self) -> None:
         """Handles were released on DONE (per request); nothing else is per handoff."""

@@ -53,6 +53,10 @@ def _version(module_name: str) -> str | None:
         return None
 
 
+MAX_NIXL_THREADS = 256  # UCX worker threads: NIXL/UCX crash (SIGSEGV) creating 100,000
+MAX_PROGRESS_DELAY_US = 10**6  # the progress thread's sleep: 1 s already stalls every transfer
+
+
 def agent_with_progress_delay(mod, name: str, cfg, delay_us: int):
     """nixl_agent(name, cfg) with the progress thread's delay set to `delay_us`.
 

@@ -21,6 +21,8 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 
+from kvbench.cli import UsageError, bounded_int
+
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -114,9 +116,13 @@ def rendezvous_address(comm, hosts: list[str]) -> tuple[str | None, str | None]:
         addr, error = choose_address(hosts, interface_addresses() if len(set(hosts)) > 1 else {},
                                      name_addresses(socket.gethostname()), env)
         url = None
-        if addr is not None:
-            port = int(env.get("MASTER_PORT") or _free_port("" if addr != "127.0.0.1" else addr))
-            url = f"tcp://{addr}:{port}"
+        if addr is not None and env.get("MASTER_PORT"):
+            try:  # rank 0 alone reads it: its refusal reaches every rank as the error
+                url = f"tcp://{addr}:{bounded_int(env['MASTER_PORT'], 'MASTER_PORT', 1, 65_535)}"
+            except UsageError as exc:
+                url, error = None, str(exc)
+        elif addr is not None:
+            url = f"tcp://{addr}:{_free_port('' if addr != '127.0.0.1' else addr)}"
         answer = (url, error)
     else:
         answer = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -69,8 +70,11 @@ def kind_of(path: Path) -> str | None:
     return next((k for k, schemas in KINDS.items() if schema in schemas), None)
 
 
-def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list[Path]:
-    """Files of `kind`: named files must hold it; folders and globs keep the files that do."""
+def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str,
+           quiet_skips: bool = False) -> list[Path]:
+    """Files of `kind`: named files must hold it; folders and globs keep the files that do. A
+    file of the kind's family in a schema version this kvbench does not read (kvbench.p2p/2)
+    is skipped with a warning (`quiet_skips`: the caller says it itself), never silently."""
     if isinstance(paths_or_globs, (str, Path)):
         paths_or_globs = [paths_or_globs]
     out: list[Path] = []
@@ -79,7 +83,7 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list
         what = path_kind(p)
         if what == "dir":
             found = [f for f in walk_files(p) if f.suffix in SUFFIXES]
-            out += _without_twins([f for f in found if schema_of(f) in KINDS[kind]])
+            out += _without_twins([f for f in found if _keep(f, kind, quiet_skips)])
         elif what != "missing":
             schema = schema_of(p)
             if schema not in KINDS[kind]:
@@ -88,11 +92,69 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str) -> list
             out.append(p)
         elif glob.has_magic(str(item)):
             out += _without_twins([Path(f) for f in sorted(glob.glob(str(item), recursive=True))
-                                   if path_kind(f) == "file" and schema_of(Path(f)) in KINDS[kind]])
+                                   if path_kind(f) == "file" and _keep(Path(f), kind, quiet_skips)])
         else:
             raise UsageError(f"no such file: {p}")
     seen: set[str] = set()  # one file named twice (a folder and a glob, f and ./f) is read once
     return [f for f in out if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+
+
+def _keep(f: Path, kind: str, quiet: bool) -> bool:
+    """Whether a file found in a folder or glob holds `kind`; warns about another version."""
+    schema = schema_of(f)
+    if schema in KINDS[kind]:
+        return True
+    family = {s.rsplit("/", 1)[0] for s in KINDS[kind]}
+    if not quiet and schema is not None and schema.rsplit("/", 1)[0] in family:
+        warnings.warn(f"kvbench.results: skipped {f}: {why_not(f, [kind])}", stacklevel=4)
+    return False
+
+
+def why_not(path: Path, kinds: Iterable[str]) -> str:
+    """Why a results-looking file (.jsonl, .json, .csv) is not one of `kinds`, in a few words:
+    another kind of kvbench file, a schema version this kvbench does not read (a newer one,
+    usually), or no kvbench schema at all."""
+    schema = schema_of(path)
+    wanted = sorted({s for k in kinds for s in KINDS[k]})
+    if schema is None:
+        return "no kvbench schema (not a kvbench results file)"
+    family = schema.rsplit("/", 1)[0]
+    same = sorted({s for s in (x for v in KINDS.values() for x in v) if s.rsplit("/", 1)[0] == family})
+    if same and schema not in same:
+        return f"schema {schema}: this kvbench reads {' and '.join(same)} (a newer kvbench wrote it?)"
+    if not schema.startswith("kvbench."):
+        return f"schema {schema!r} is not kvbench's"
+    return f"holds {schema}, not {' or '.join(wanted)}"
+
+
+def not_read(root: Path, read: Iterable[Path], kinds: Iterable[str],
+             skip: Path | None = None) -> list[tuple[Path, str]]:
+    """(file, why) for every results-looking file under root that is not in `read` (a CSV
+    twin of a file read is the same records; files under `skip` are left out)."""
+    done = {os.path.realpath(f) for f in read}
+    out = _not_files(root, skip)
+    for f in walk_files(root):
+        if f.suffix not in SUFFIXES or (skip is not None and skip in f.resolve().parents):
+            continue
+        if os.path.realpath(f) in done or (f.suffix == ".csv" and os.path.realpath(f.with_suffix(".jsonl")) in done):
+            continue
+        out.append((f, why_not(f, kinds)))
+    return sorted(out, key=lambda fw: str(fw[0]))
+
+
+def _not_files(root: Path, skip: Path | None) -> list[tuple[Path, str]]:
+    """Results-looking names under root that are no regular file (a broken link, a FIFO)."""
+    out = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            f = Path(d) / n
+            if f.suffix in SUFFIXES and not (skip is not None and skip in f.parents):
+                kind = path_kind(f)
+                if kind == "missing":
+                    out.append((f, "a broken link (its target does not exist)"))
+                elif kind == "other":
+                    out.append((f, "not a regular file (a FIFO, socket or device)"))
+    return out
 
 
 def walk_files(root: Path) -> list[Path]:

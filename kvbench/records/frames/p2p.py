@@ -20,7 +20,7 @@ from kvbench.records.schema.p2p import (
 )
 from kvbench.records.schema.read import MAX_LINE_BYTES, iter_lines, loads
 from kvbench.records.stats import min_samples_for
-from kvbench.units import MIN_TIME_MS
+from kvbench.units import rate_gbps
 
 DTYPES = {
     "source": "category", "line": "Int64", "run_id": "category", "spec_id": "category",
@@ -146,7 +146,7 @@ def record_row(rec: P2PRecord, source: str, line: int) -> dict:
         "min_ms": _num(extra.get("min_ms")), "max_ms": _num(extra.get("max_ms")),
         "cold_ms": rec.cold_ms, "notice_ms": _num(extra.get("notice_ms")),
         "transport_open_ms": _num(extra.get("transport_open_ms")),
-        "p50_gbps": rec.bytes / 1e9 / (rec.p50_ms / 1e3) if rec.p50_ms else None,
+        "p50_gbps": rate_gbps(rec.bytes, rec.p50_ms),
         "best_gbps": _num(extra.get("gbps_best")),
         "transport_path": info.get("path") if isinstance(info, dict) else None,
         "peak_rss_bytes": max(rss) if isinstance(rss, list) and rss and all(
@@ -178,5 +178,5 @@ def sample_rows(rec: P2PRecord, source: str, line: int) -> list[dict]:
     out = []
     for i, ms in enumerate(rec.samples_ms):
         out.append({**base, "sample": i, "round": rounds[i] if rounds is not None else None,
-                    "time_ms": ms, "sample_gbps": rec.bytes / 1e9 / (ms / 1e3) if ms >= MIN_TIME_MS else None})
+                    "time_ms": ms, "sample_gbps": rate_gbps(rec.bytes, ms)})
     return out

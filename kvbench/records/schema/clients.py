@@ -43,6 +43,7 @@ class AiperfList(Open):
 
 class AiperfMetadata(Open):
     session_num: Count
+    turn_index: Count | None = None
     x_request_id: AnyText | None = None
     credit_issued_ns: EpochNs | None = None
     request_start_ns: EpochNs

@@ -90,15 +90,34 @@ def _one_form(v):
     return {"columns": list(DRAW_COLUMNS), "values": v} if isinstance(v, list) else v
 
 
-def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | None) -> None:
+WRITTEN_DIGITS = 6  # kvbench fit writes estimates and draws to 6 significant digits
+
+
+def _slack(values: list[float], scale: float) -> float:
+    """How far apart two numbers kvbench fit wrote may be and still be one number: each was
+    rounded to WRITTEN_DIGITS significant digits (half a unit in the last digit each side), and
+    a setup computed next to a fitted time of `scale` ms carries that time's float error."""
+    return 10.0 ** (1 - WRITTEN_DIGITS) * max(scale, *(abs(v) for v in values))
+
+
+def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | None,
+                     bytes_max: int | None = None) -> None:
     """Draws must surround their point estimate, slope positive at the middle: a band of 1000 ms
-    beside a 13.5 ms floor (draws from another fit, columns swapped, a sign lost) is refused."""
+    beside a 13.5 ms floor (draws from another fit, columns swapped, a sign lost) is refused.
+
+    "Surround" is up to the precision kvbench fit writes: a noise-free fit's draws all equal its
+    estimate, and the estimate's slope (1000 / a rounded GB/s) differs from a rounded draw's in
+    the sixth digit; that is the same number, not another fit's draws."""
     if draws is None or not draws.values or setup_ms is None or gb_s is None:
         return
     setups = sorted(v[0] for v in draws.values)
     slopes = sorted(v[1] for v in draws.values)
     slope = 1000.0 / gb_s
-    if not setups[0] <= setup_ms <= setups[-1] or not slopes[0] <= slope <= slopes[-1]:
+    largest_ms = abs(slope) * (bytes_max or 0) / 1e9  # the line's time at the largest size
+    s_slack = _slack([setups[0], setups[-1], setup_ms], largest_ms)
+    b_slack = _slack([slopes[0], slopes[-1], slope], 0.0)
+    if (not setups[0] - s_slack <= setup_ms <= setups[-1] + s_slack
+            or not slopes[0] - b_slack <= slope <= slopes[-1] + b_slack):
         raise refuse(f"the draws (setup_ms {setups[0]:.6g}..{setups[-1]:.6g}, ms_per_gb "
                      f"{slopes[0]:.6g}..{slopes[-1]:.6g}) do not surround the point estimate "
                      f"(setup_ms {setup_ms:.6g}, ms_per_gb {slope:.6g}): not this fit's draws")
@@ -120,7 +139,7 @@ class Regime(Open):
 
     @model_validator(mode="after")
     def _draws_hold(self):
-        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s)
+        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s, self.bytes_max)
         return self
 
 
@@ -164,7 +183,8 @@ class FitGroup(Open):
 
     @model_validator(mode="after")
     def _draws_hold(self):
-        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s)
+        check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s,
+                         max(row.bytes for row in self.sizes))
         return self
 
 

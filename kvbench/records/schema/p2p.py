@@ -75,6 +75,7 @@ class HandoffSpec(Open):
     layer_poll: Any = None
     world: World
     hosts: list[Text]
+    cut: dict[str, Scalar] | None = None  # the page plan's cut (absent from older specs)
 
 
 def spec_id_of(spec: dict) -> str:
@@ -117,6 +118,18 @@ class P2PRecord(Open):
     fit_as_link: bool | None = None
     not_link_reason: Text | None = None
     n_samples: Count | None = None
+    # pieces one handoff posted to the transport (NIXL transfer-list entries, MPI/Gloo sends,
+    # ipc copies), and NIXL's own count after it joined adjacent ones (written as
+    # nixl_desc_count before the field had this name: read as the same)
+    descriptors: Count | None = None
+    descriptors_merged: Count | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, raw):
+        if isinstance(raw, dict) and "nixl_desc_count" in raw and "descriptors_merged" not in raw:
+            raw = {**raw, "descriptors_merged": raw["nixl_desc_count"]}
+        return raw
 
     @model_validator(mode="after")
     def _counts_agree(self):

@@ -222,6 +222,9 @@ def _parse(text: str, where: str, finite: bool, max_depth: int, many: bool):
         line = _line_of(text, exc.needle, exc.nth) if multiline else None
         raise UsageError(f"{_at(where, line)}: {exc}") from None
     except json.JSONDecodeError as exc:
+        if text.startswith("\ufeff"):  # Windows editors add it; json refuses it as "Expecting value"
+            raise UsageError(f"{where}: starts with a byte-order mark (U+FEFF): save it as UTF-8 "
+                             "without one") from None
         line = exc.lineno if multiline else None
         raise UsageError(f"{_at(where, line)}: not valid JSON ({exc.msg})") from None
     except RecursionError:  # only if max_depth was set above what the interpreter allows

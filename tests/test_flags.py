@@ -1,0 +1,155 @@
+"""Every numeric flag of every command: bounded, ASCII digits only, refused in one line.
+
+The class the third hostile round found one example of each: `--nixl-threads 100000`
+segfaulted NIXL/UCX (exit 139), `--nixl-threads -1` was recorded, a huge
+`--nixl-progress-delay-us` ended in two error lines (one per rank), `lab agree --repeats`
+took '１２' (Python's int() reads other scripts' digits). Two checks cover the class:
+no parser anywhere in kvbench takes a raw `type=int` or `type=float` (the source is read,
+so a flag added later is covered), and every numeric flag type of every command's parser
+refuses the hostile values (walked from the parsers themselves, subcommands included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+
+import pytest
+
+from kvbench.cli import UsageError
+from tests.conftest import ROOT
+from tests.test_robust import run
+
+HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
+           "1e-320", "٣", "+", "--1"]
+PARSERS = {  # command -> module with build_parser (p2p: every transport's flags included)
+    "model": "kvbench.model", "fit": "kvbench.fit.cli", "report": "kvbench.report.cli",
+    "plan": "kvbench.plan.cli", "plan export": "kvbench.plan.export", "lab": "kvbench.lab.cli",
+    "lab agree": "kvbench.lab.agree", "faults": "kvbench.lab.faults", "sweep": "kvbench.lab.sweep",
+    "slo": "kvbench.slo.cli", "p2p": "kvbench.p2p.args",
+}
+
+
+def _raw_number_types() -> list[str]:
+    """add_argument(..., type=int|float) anywhere in kvbench (file:line)."""
+    found = []
+    for path in sorted((ROOT / "kvbench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                for kw in node.keywords:
+                    if kw.arg == "type" and isinstance(kw.value, ast.Name) and kw.value.id in ("int", "float"):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_flag_takes_a_raw_int_or_float():
+    """int('１２') is 12 and float('nan') is nan: every number goes through kvbench.cli's
+    bounded parsers (arg_int, arg_float and the bounded_* functions)."""
+    assert _raw_number_types() == []
+
+
+def _parsers():
+    for name, module in PARSERS.items():
+        mod = importlib.import_module(module)
+        build = mod.build_parser
+        yield name, build(0) if name == "p2p" else build()
+        if name == "plan":
+            yield "plan route", mod.build_route_parser()
+
+
+def _numeric_actions() -> list[tuple[str, str, object]]:
+    out = []
+
+    def walk(parser, name):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub, sp in a.choices.items():
+                    walk(sp, f"{name} {sub}")
+            elif a.option_strings and a.type is not None:
+                out.append((name, a.option_strings[-1], a.type))
+
+    for name, parser in _parsers():
+        walk(parser, name)
+    return out
+
+
+NUMERIC = _numeric_actions()
+
+
+def test_the_walk_finds_the_flags_the_round_named():
+    flags = {(c, f) for c, f, _ in NUMERIC}
+    assert {("p2p", "--nixl-threads"), ("p2p", "--nixl-progress-delay-us"), ("lab agree", "--repeats"),
+            ("lab agree", "--p2p-iters"), ("slo analyze", "--attainment-min")} <= flags
+    assert len(NUMERIC) > 40
+
+
+@pytest.mark.parametrize("command, flag, parse", NUMERIC, ids=[f"{c}:{f}" for c, f, _ in NUMERIC])
+def test_every_numeric_flag_refuses_hostile_values(command, flag, parse):
+    for value in HOSTILE:
+        with pytest.raises(argparse.ArgumentTypeError) as err:
+            parse(value)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--nixl-threads", "100000"], "argument --nixl-threads: must be a non-negative integer (<= 256), got '100000'"),
+    (["--nixl-threads", "-1"], "argument --nixl-threads: must be a non-negative integer"),
+    (["--nixl-progress-delay-us", "99999999999999999999"], "argument --nixl-progress-delay-us: must be"),
+    (["--debug-stop", "１:data-check"], "argument --debug-stop: expects RANK:PHASE"),
+    (["--no-such-flag\nsecond line"], "unrecognized arguments: --no-such-flag\\nsecond line"),
+])
+def test_p2p_refuses_a_bad_flag_in_one_line_before_any_rank_starts(capsys, argv, fragment):
+    """Parsed by every rank before MPI does anything with it; rank 0 alone prints."""
+    from kvbench.p2p.args import build_parser
+
+    for rank in (0, 1):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser(rank).parse_args(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        if rank == 0:
+            assert err.count("\n") == 1 and fragment in err, err
+        else:
+            assert err == ""
+
+
+def test_byte_sizes_take_ascii_digits_only():
+    from kvbench.units import parse_bytes
+
+    assert parse_bytes("4K") == 4096 and parse_bytes(" 64 MiB ") == 64 << 20
+    for bad in ("１２K", "٣M", "9" * 21, "1_0K", "-4K"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def test_lab_agree_refuses_non_ascii_repeats_and_rates_before_reading_the_plan(tmp_path):
+    import kvbench.lab.agree
+
+    for argv, fragment in ((["--repeats", "１２"], "argument --repeats"),
+                           (["--repeats", "51"], "argument --repeats"),
+                           (["--p2p-iters", "0"], "argument --p2p-iters")):
+        rc, _, err = run(kvbench.lab.agree.main, "/nonexistent-plan.yaml", *argv)
+        assert rc == 2 and err.count("\n") == 1 and fragment in err, err
+    with pytest.raises(UsageError, match=r"--rates \(rps\) must be"):
+        kvbench.lab.agree.parse_rates("1,１", None)
+    assert kvbench.lab.agree.parse_rates("4, 1", None) == [1.0, 4.0]
+
+
+def test_a_bad_master_port_is_one_answer_for_every_rank(monkeypatch):
+    """MASTER_PORT went through int(): 'abc' was a traceback on rank 0 (and '１２' a port)."""
+    from kvbench.p2p.transports import rendezvous
+
+    class Comm:
+        def Get_rank(self):
+            return 0
+
+        def bcast(self, value, root=0):
+            return value
+
+    for port, ok in (("29500", True), ("abc", False), ("１２", False), ("0", False), ("70000", False)):
+        monkeypatch.setenv("MASTER_PORT", port)
+        url, error = rendezvous.rendezvous_address(Comm(), ["h", "h"])
+        assert (url is not None) == ok and (error is None) == ok, (port, url, error)
+        if not ok:
+            assert "MASTER_PORT must be" in error and "\n" not in error
