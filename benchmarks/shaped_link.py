@@ -375,18 +375,24 @@ def main(argv=None) -> int:
     return 0 if verdict["pass"] else 1
 
 
-def cli(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_probe"]:  # internal: run inside the namespace by main()
-        return probe_main(int(argv[1]))
+def script_cli(prog: str, main, argv) -> int:
+    """A ground-truth script's exit status: bad input one line and 2, a failed run 'FAIL: ...'
+    and 1 (benchmarks/matrix_cluster.py uses it too)."""
     try:
         return main(argv)
     except UsageError as exc:
-        print(f"shaped_link.py: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         print(f"FAIL: {exc}", file=sys.stderr)
         return 1
+
+
+def cli(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_probe"]:  # internal: run inside the namespace by main()
+        return probe_main(int(argv[1]))
+    return script_cli("shaped_link.py", main, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 # Sourced by every job script (which has already set -euo pipefail). It provides:
 #   settings read from the environment (documented in jobs/README.md),
 #   p2p ...      one benchmark step, started by the launcher (srun --mpi=pmix or mpirun)
+#   matrix ...   the link matrix step (kvbench matrix: every ordered pair, fitted and judged)
 #   fit_all      the fit of everything this run measured, armed with the declared link
 #   need_cuda    stop with one line and exit 2 when no CUDA GPU is visible
 #   a fresh output folder for this run, never reused, and --dry-run / KVBENCH_DRY_RUN=1,
@@ -101,7 +102,9 @@ launch() {
     fi
 }
 
-p2p() {  # one benchmark step: p2p ARGS... (writes its records into $OUT)
+kvb_bench() {  # MODULE ARGS...: one benchmark step of kvbench.MODULE, records into $OUT
+    local module=$1
+    shift
     [[ -n $OUT ]] || kvb_make_out
     # At least KVBENCH_MIN_ITERS (10) rounds per step: fewer support no interval in the fit,
     # and the largest size's time budget alone would stop a token sweep at 9. Left out when
@@ -109,7 +112,15 @@ p2p() {  # one benchmark step: p2p ARGS... (writes its records into $OUT)
     local rounds=(--min-iters "${KVBENCH_MIN_ITERS:-10}")
     [[ " $KVBENCH_P2P_ARGS " =~ [[:space:]]--(min-)?iters([[:space:]=]) ]] && rounds=()
     # shellcheck disable=SC2086  # KVBENCH_P2P_ARGS is a list of words by design
-    launch "$KVBENCH_PY" -m kvbench.p2p "$@" "${rounds[@]}" $KVBENCH_P2P_ARGS --out "$OUT"
+    launch "$KVBENCH_PY" -m "kvbench.$module" "$@" "${rounds[@]}" $KVBENCH_P2P_ARGS --out "$OUT"
+}
+
+p2p() { kvb_bench p2p "$@"; }  # one benchmark step: p2p ARGS...
+
+matrix() {  # the link matrix: every ordered pair, fitted; the verdict checks the declared link
+    local expect=(--expect-link "$KVBENCH_EXPECT_LINK")
+    [[ -z ${KVBENCH_EXPECT_LOCAL_LINK:-} ]] || expect+=(--expect-local-link "$KVBENCH_EXPECT_LOCAL_LINK")
+    kvb_bench matrix "$@" "${expect[@]}"
 }
 
 fit_all() {

@@ -12,6 +12,7 @@ COMMANDS = {
     "model": ("kvbench.model", "KV-cache size and handoff floors for a model and links"),
     "p2p": ("kvbench.p2p.__main__", "measure prefill->decode KV handoff between MPI ranks (run under mpirun)"),
     "fit": ("kvbench.fit.cli", "fit setup_ms and effective GB/s to measured samples"),
+    "matrix": ("kvbench.matrix.cli", "every ordered pair of ranks measured and fitted; slow and odd-path pairs named (under MPI)"),
     "plan": ("kvbench.plan.cli", "handoff floors, budget verdicts and routing from fitted numbers"),
     "slo": ("kvbench.slo.cli", "serving SLO analysis: TTFT/TPOT/ITL, attainment, capacity"),
     "report": ("kvbench.report.cli", "summarise a results folder: tables, fits, environment, warnings"),

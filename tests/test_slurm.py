@@ -156,6 +156,8 @@ def jobs(cluster, tmp_path_factory):
         "gpu_nvlink": submit(cluster, t / "gpu_nvlink", "intra_node_nvlink.sbatch"),
         "gpu_rdma": submit(cluster, t / "gpu_rdma", "inter_node_rdma.sbatch"),
         "gpu_tp": submit(cluster, t / "gpu_tp", "sharded_tp.sbatch"),
+        # (four nodes as shipped; this cluster has two)
+        "gpu_matrix": submit(cluster, t / "gpu_matrix", "matrix.sbatch", "-N", "2"),
     }
     return {name: (job, wait(cluster, job)) for name, job in submitted.items()}
 
@@ -215,7 +217,7 @@ def test_sharded_job_ran_four_ranks_over_two_nodes_under_mpirun(jobs):
 
 # (job, GPUs over the whole allocation, nodes): as each script's #SBATCH lines ask
 @pytest.mark.parametrize("name, gpus, nodes", [("gpu_nvlink", "gpu:2", 1), ("gpu_rdma", "gpu:2", 2),
-                                               ("gpu_tp", "gpu:8", 2)])
+                                               ("gpu_tp", "gpu:8", 2), ("gpu_matrix", "gpu:2", 2)])
 def test_gpu_job_is_placed_then_stops_with_one_line_and_exit_2(jobs, name, gpus, nodes):
     job, st = jobs[name]
     log = job.log.read_text()
@@ -225,8 +227,9 @@ def test_gpu_job_is_placed_then_stops_with_one_line_and_exit_2(jobs, name, gpus,
     errors = [ln for ln in log.splitlines() if "error" in ln]
     assert len(errors) == 1 and "needs a CUDA GPU" in errors[0], log
     assert "CUDA_VISIBLE_DEVICES=" in errors[0]  # Slurm's binding of the fake GPUs
-    # nothing was launched: no `-m kvbench.p2p` step (the GPU check is kvbench.p2p.gpu_select)
-    assert "Traceback" not in log and not re.search(r"-m kvbench\.p2p(\s|$)", log, re.M)
+    # nothing was launched: no `-m kvbench.p2p` (or matrix) step (the GPU check is
+    # kvbench.p2p.gpu_select)
+    assert "Traceback" not in log and not re.search(r"-m kvbench\.(p2p|matrix)(\s|$)", log, re.M)
     assert list(job.out_root.iterdir()) == []  # and nothing written
 
 

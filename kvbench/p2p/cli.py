@@ -70,8 +70,10 @@ NOT_LINK_ZERO = "moves no bytes"
 
 
 def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
-    """The record's frozen 'what was measured' (everything but the payload size)."""
-    prefill, decode = pattern.roles()
+    """The record's frozen 'what was measured' (everything but the payload size). A record
+    that names its pair (the matrix) has that pair's roles."""
+    pair = fields.get("pair")
+    prefill, decode = ([pair[0]], [pair[1]]) if pair else pattern.roles()
     if common["block_size"] is not None and "block_size" in fields:  # a block-size sweep
         common = {**common, "block_size": fields["block_size"]}
     return HandoffSpec(**common, pattern=pattern.name, variant=fields.get("variant"),
@@ -220,7 +222,7 @@ def measure_all(ctx: PatternContext, pats, points, order: str) -> list[tuple]:
         runs = [p.setup(pt) for p, pt in group]
         try:
             local = measure(comm, ctx.settings, [h for r in runs for h in r.handoffs],
-                            points=len(runs), on_round=on_round)
+                            points=sum(r.points for r in runs), on_round=on_round)
             WATCHDOG.phase("gathering samples")
             loops = critical_paths(comm, local, clock.offset_s)
             k = 0
@@ -228,8 +230,7 @@ def measure_all(ctx: PatternContext, pats, points, order: str) -> list[tuple]:
                 mine = loops[k:k + len(run.handoffs)] if loops else None
                 k += len(run.handoffs)
                 WATCHDOG.phase("data check")
-                wrong = (ctx.engine.check(run.checked, ctx.args.debug_corrupt_elements)
-                         if ctx.args.check and run.checked else None)
+                wrong = check_run(ctx, run.checked) if ctx.args.check and run.checked else None
                 WATCHDOG.phase("gathering records")
                 out.append((p, pt, run.records(mine, wrong)))
                 progress.finish("; ".join(f"{f.get('variant') or p.name} p50 "
@@ -240,8 +241,16 @@ def measure_all(ctx: PatternContext, pats, points, order: str) -> list[tuple]:
     return out
 
 
-def run(argv: Sequence[str] | None, comm) -> int:
-    """The benchmark on every rank (collective); returns this rank's exit status."""
+def check_run(ctx: PatternContext, checked):
+    """This rank's wrong elements of the checked handoff (a list: of each checked handoff)."""
+    if isinstance(checked, list):
+        return [ctx.engine.check(h, ctx.args.debug_corrupt_elements) for h in checked]
+    return ctx.engine.check(checked, ctx.args.debug_corrupt_elements)
+
+
+def run(argv: Sequence[str] | None, comm, written: dict | None = None) -> int:
+    """The benchmark on every rank (collective); returns this rank's exit status. `written`
+    (rank 0): gets the records file's path under "records" once it is written."""
     rank, world = comm.Get_rank(), comm.Get_size()
     argv = list(sys.argv[1:] if argv is None else argv)
     WATCHDOG.phase("validation")
@@ -265,7 +274,8 @@ def run(argv: Sequence[str] | None, comm) -> int:
             return usage_exit(rank, error)
     dev = make_device(device)
     try:
-        return _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points)
+        return _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points,
+                    written)
     finally:
         dev.close()
 
@@ -276,7 +286,8 @@ def usage_exit(rank: int, error: UsageError | str) -> int:
     return getattr(error, "exit_code", EXIT_USAGE)
 
 
-def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points) -> int:
+def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, points,
+         written=None) -> int:
     rank = comm.Get_rank()
     WATCHDOG.phase("preparation")
     settings = LoopSettings(args.warmup, args.iters, args.min_iters, args.seconds_per_point)
@@ -317,11 +328,16 @@ def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, point
     records = assemble(args, comm, dev.name, measured, spec_common, base_common, notice)
     WATCHDOG.phase("tear-down")
     info = transport.info()
+    pairs = sorted({pair for p in pats if p.per_pair for pair in p.pairs()})
+    by_pair = transport.info_by_pair(info, pairs) if pairs else {}  # (collective)
     with WATCHDOG.bounded(f"closing the {transport.name} transport"):
         transport.close()
     if rank != 0:
         return 0
-    return report(args, records, info, envs, notice)
+    for rec in records:  # a record that names its pair gets that pair's path
+        if rec.get("pair"):
+            rec["transport_info"] = by_pair.get(tuple(rec["pair"]), info)
+    return report(args, records, info, envs, notice, written)
 
 
 def common_fields(args, argv, comm, hosts, gpus, dev, model, dtype, transport, points
@@ -412,11 +428,12 @@ def peak_memory_line(records: list[dict]) -> str | None:
     return f"peak memory per rank: {'; '.join(parts)} the largest payload ({largest / GiB:.2f} GiB)"
 
 
-def report(args, records: list[dict], info: dict, envs: list[dict], notice: float) -> int:
+def report(args, records: list[dict], info: dict, envs: list[dict], notice: float,
+           written: dict | None = None) -> int:
     """Rank 0: finish the records, print the table, write the files, return the exit status."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for rec in records:
-        rec["transport_info"] = info
+        rec.setdefault("transport_info", info)
         rec["env"] = {"ranks": envs, **{k: envs[0][k] for k in ("torch", "mpi4py", "mpi_library",
                                                                   "nccl", "nixl", "gpu", "cpu")}}
         rec["timestamp"] = stamp
@@ -436,6 +453,8 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return exc.exit_code
         print(f"records: {jpath}  (csv: {cpath.name})")
+        if written is not None:
+            written["records"] = jpath
     wrong = sum(r["wrong"] or 0 for r in records)
     if wrong:
         print(f"{PROG}: error: data check failed: {wrong} wrong elements received", file=sys.stderr)
@@ -443,9 +462,9 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
     return 0
 
 
-def cli(argv: Sequence[str] | None = None) -> int:
+def cli(argv: Sequence[str] | None = None, written: dict | None = None) -> int:
     """`python -m kvbench.p2p`: MPI started and ended here (unless the caller already runs
-    it), every wait on a peer bounded by --timeout (kvbench.p2p.watchdog)."""
+    it), every wait on a peer bounded by --timeout (kvbench.p2p.watchdog). `written`: see run."""
     argv = list(sys.argv[1:] if argv is None else argv)
     timeout, stop_at = prescan(argv)
     WATCHDOG.start(PROG, timeout, stop_at)
@@ -454,7 +473,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     WATCHDOG.rank = comm.Get_rank()
     code = 1
     try:
-        code = run(argv, comm)
+        code = run(argv, comm, written)
     except SystemExit as exc:
         code = int(exc.code or 0)
     except PeerReported:

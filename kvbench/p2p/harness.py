@@ -148,6 +148,7 @@ class LoopResult:
     rank_ms: list[list[float] | None] = field(default_factory=list)  # per rank: t1 - start
     rank_start_ms: list[list[float] | None] = field(default_factory=list)  # per sender: t0 - start
     rank_cold_ms: list[float | None] = field(default_factory=list)  # per rank: cold t1 - start
+    rank_cold_start_ms: list[float | None] = field(default_factory=list)  # per sender: cold t0 - start
 
 
 @dataclass
@@ -236,6 +237,7 @@ def critical_paths(comm, loops: list[LocalLoop], offsets_s: list[float] | None =
         out.append(LoopResult(
             cold_ms=cold[0] if cold else None,
             rank_cold_ms=cold[1] if cold else [None] * len(every),
+            rank_cold_start_ms=cold[2] if cold else [None] * len(every),
             warmup_ms=[w[0] for w in warm if w is not None],
             samples=Measurement([c[0] for c in timed]),
             iters=len(lp.samples),

@@ -90,6 +90,13 @@ class NcclLog:
         nics = self.used_nics()
         return ", ".join(self.transports()) + (f" ({', '.join(nics)})" if nics else "")
 
+    def for_pair(self, src: int, dst: int) -> NcclLog:
+        """The same facts with only the connections from rank src to rank dst (the ranks of
+        the communicator, which are the job's: kvbench uses the world group)."""
+        return NcclLog(self.version, self.network, self.nics, self.absent_networks,
+                       self.gpu_link, [c for c in self.connections
+                                       if (c.src, c.dst) == (src, dst)])
+
     def as_dict(self) -> dict:
         return {"version": self.version, "network": self.network, "gpu_link": self.gpu_link,
                 "transports": self.transports(), "nics": self.used_nics(),

@@ -51,6 +51,9 @@ def _add_link_args(p: ArgumentParser) -> None:
     g.add_argument("--fit", metavar="FITTED.json", help="output of kvbench fit")
     g.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="with --fit: only groups whose KEY equals VALUE (repeatable)")
+    g.add_argument("--pair", default=None, metavar="slowest|I,J",
+                   help="with --fit of a kvbench matrix file: plan with the slowest pair a route "
+                        "may take (default) or with pair I,J (sender rank I, receiver rank J)")
     g.add_argument("--gbps", metavar="R[,R...]", help="sustained effective rate(s) in decimal GB/s")
     g.add_argument("--setup-ms", default=None, metavar="MS", help="with --gbps: setup per handoff")
     g.add_argument("--includes-setup", action="store_true",

@@ -248,6 +248,8 @@ def build_parser() -> ArgumentParser:
                               "Details and each tool's sources: docs/planners.md")
     p.add_argument("--fit", required=True, metavar="FITTED.json", help="output of kvbench fit")
     p.add_argument("--where", action="append", metavar="KEY=VALUE", help="pick the fit group (repeatable)")
+    p.add_argument("--pair", default=None, metavar="slowest|I,J",
+                   help="with a kvbench matrix file: the slowest pair (default) or pair I,J")
     p.add_argument("--to", required=True, choices=TOOLS, help="the tool to write for")
     p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
     p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
@@ -275,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.out:
         check_new_file(args.out)
-    links = links_from_fit(args.fit, parse_where(args.where))
+    links = links_from_fit(args.fit, parse_where(args.where), args.pair)
     if len(links) > 1:
         raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
                          f"({'; '.join(link.label for link in links)})")

@@ -35,7 +35,7 @@ from kvbench.model import (
 from kvbench.plan.route import (
     LinkCost,
 )
-from kvbench.records.schema.fit import load_fit_document
+from kvbench.records.schema.matrix import load_fit_or_matrix
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 
 SCHEMA_PLAN = "kvbench.plan/1"
@@ -143,11 +143,16 @@ def _draws(d: dict | None) -> np.ndarray | None:
     return arr[np.all(np.isfinite(arr), axis=1)]
 
 
-def load_fit(path: str) -> dict:
+def load_fit(path: str, pair: str | None = None) -> dict:
     """A fit file through the typed, bounded fit model (kvbench.records.schema.fit): every field plan
     computes with is finite and of its type, so no NaN, infinity, denormal rate or string
-    reaches the arithmetic or the table; any problem is one line naming the key path."""
-    return load_fit_document(path).model_dump(by_alias=True)
+    reaches the arithmetic or the table; any problem is one line naming the key path.
+    A kvbench matrix file is read as the fit of one of its pairs: `pair` ("I,J"), or the
+    slowest (kvbench.records.schema.matrix.as_fit_document); a note names the pair."""
+    doc, note = load_fit_or_matrix(path, pair)
+    if note:
+        print(f"kvbench plan: note: {note}", file=sys.stderr)
+    return doc.model_dump(by_alias=True)
 
 
 def _group_not_link(g: dict) -> str | None:
@@ -208,9 +213,10 @@ def _chosen_groups(doc: dict, path: str, where: dict[str, str]) -> list[dict]:
     return chosen
 
 
-def links_from_fit(path: str, where: dict[str, str]) -> list[Link]:
-    """Every matching group that is a link with a fitted rate; the rest named in one note."""
-    doc = load_fit(path)
+def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[Link]:
+    """Every matching group that is a link with a fitted rate; the rest named in one note.
+    A matrix file gives one link: its slowest pair's, or `pair`'s."""
+    doc = load_fit(path, pair)
     links, skipped = [], [f"[{s.get('label')}] ({s.get('reason')})"
                           for s in doc.get("skipped") or []
                           if not where or matches(s.get("group") or {}, where)]
@@ -262,9 +268,11 @@ def resolve_links(args) -> list[Link]:
             raise UsageError("--setup-ms is for --gbps; with --fit the fitted setup is used")
         if getattr(args, "us_per_desc", None) is not None:
             raise UsageError("--us-per-desc is for --gbps; with --fit the fitted term is used")
-        return links_from_fit(args.fit, where)
+        return links_from_fit(args.fit, where, getattr(args, "pair", None))
     if where:
         raise UsageError("--where selects groups of a --fit file")
+    if getattr(args, "pair", None) is not None:
+        raise UsageError("--pair picks a pair of a --fit matrix file (kvbench matrix)")
     if not args.gbps:
         raise UsageError("give the link: --fit FITTED.json, or --gbps R[,R...] with --setup-ms S")
     us = getattr(args, "us_per_desc", None)

@@ -19,7 +19,8 @@ from tests.conftest import PY, ROOT
 
 JOBS = ROOT / "jobs"
 SCRIPTS = sorted(JOBS.glob("*.sbatch"))
-GPU_SCRIPTS = {"intra_node_nvlink", "inter_node_rdma", "sharded_tp"}
+P2P_SCRIPTS = [s for s in SCRIPTS if s.stem != "matrix"]  # the matrix job fits itself
+GPU_SCRIPTS = {"intra_node_nvlink", "inter_node_rdma", "sharded_tp", "matrix"}
 
 
 def job_env(**extra: str) -> dict[str, str]:
@@ -53,7 +54,7 @@ def test_script_stops_on_errors_before_doing_anything(script):
     assert "SLURM_SUBMIT_DIR" in text  # sbatch runs a spooled copy: $0's folder is the spool
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", P2P_SCRIPTS, ids=lambda p: p.name)
 def test_dry_run_prints_commands_the_benchmark_and_the_fit_accept(script, tmp_path):
     r = run_job(script, "--dry-run", KVBENCH_OUT_ROOT=str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -71,6 +72,28 @@ def test_dry_run_prints_commands_the_benchmark_and_the_fit_accept(script, tmp_pa
     assert float(fargs.line_rate_gbps) > 0 and fargs.expect_link  # armed from the declared link
     if script.stem in GPU_SCRIPTS:
         assert "--require-cuda" in cmds[0]  # the GPU check comes before any launch
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_matrix_dry_run_prints_steps_kvbench_matrix_accepts(tmp_path):
+    """One `kvbench matrix` step per transport, armed with the declared link; no fit step (the
+    matrix fits every pair itself); the GPU check first; the flags are the matrix's and p2p's."""
+    from kvbench.matrix import cli as matrix
+
+    r = run_job(JOBS / "matrix.sbatch", "--dry-run", KVBENCH_OUT_ROOT=str(tmp_path),
+                KVBENCH_TRANSPORTS="nccl,nixl", KVBENCH_EXPECT_LOCAL_LINK="nvlink")
+    assert r.returncode == 0, r.stderr
+    cmds = commands(r.stdout)
+    assert "--require-cuda" in cmds[0]
+    steps = [c for c in cmds if "kvbench.matrix" in c]
+    assert len(steps) == 2 == len(cmds) - 1 and not any("kvbench.fit" in c for c in cmds)
+    for c, transport in zip(steps, ("nccl", "nixl"), strict=True):
+        assert c[0] == "srun" and "--mpi=pmix" in c
+        rules, rest = matrix.measure_parser().parse_known_args(c[c.index("kvbench.matrix") + 1:])
+        assert (rules.expect_link, rules.expect_local_link) == ("rdma", "nvlink")  # ib-ndr
+        args = p2p.build_parser().parse_args(matrix._p2p_argv(rest))
+        assert (args.pattern, args.transport, args.sizes) == ("matrix", transport, "300,2000,8192")
+        assert args.min_iters == 10 and args.schedule == "rounds"
     assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
 
 

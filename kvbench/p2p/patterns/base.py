@@ -62,19 +62,21 @@ class PatternContext:
         return self.comm.Get_rank()
 
 
-def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None) -> KVSpec:
+def kv_spec(ctx: PatternContext, point: Point, heads: list[int] | None = None,
+            origin: int = 0) -> KVSpec:
     """The KV geometry a rank holds for a token point (all heads unless `heads` is given)."""
     return KVSpec(ctx.model, ctx.dtype, point.prompt_tokens, list(heads or []),
-                  ctx.args.layout, point.block_size(ctx.args.block_size))
+                  ctx.args.layout, point.block_size(ctx.args.block_size), origin=origin)
 
 
 def make_data(ctx: PatternContext, point: Point, heads: list[int] | None = None,
-              table_seed: int = 0) -> KVCache | RawBuffer:
-    """The KV (or raw buffer) one rank holds for a point; values seeded by the prefill side."""
+              table_seed: int = 0, origin: int = 0) -> KVCache | RawBuffer:
+    """The KV (or raw buffer) one rank holds for a point; values seeded by the prefill side
+    (`origin`: which one, when several send)."""
     where = ctx.dev.torch_device
     if point.raw_bytes is not None:
-        return RawBuffer(point.raw_bytes, where)
-    spec = kv_spec(ctx, point, heads)
+        return RawBuffer(point.raw_bytes, where, origin=origin)
+    spec = kv_spec(ctx, point, heads, origin)
     return KVCache(spec, where, table_seed=table_seed,
                    pack_kernel=getattr(ctx.args, "pack_kernel", "torch"))
 
@@ -130,8 +132,9 @@ def per_rank_or_none(values: list | None) -> list | None:
     return values if values and any(v is not None for v in values) else None
 
 
-# (loops on rank 0 or None elsewhere, this rank's wrong count or None) -> record fields (rank 0)
-RecordsFn = Callable[[list[LoopResult] | None, int | None], list[dict]]
+# (loops on rank 0 or None elsewhere, this rank's wrong count (a list when `checked` is one) or
+# None) -> record fields (rank 0)
+RecordsFn = Callable[[list[LoopResult] | None, int | list[int] | None], list[dict]]
 
 
 @dataclass
@@ -139,14 +142,18 @@ class PointRun:
     """One point of one pattern, set up on every rank and ready to time.
 
     `handoffs` are timed together in interleaved rounds (their LoopResults come back in the
-    same order); `checked` is the handoff whose received data is verified afterwards;
-    `records` (collective) turns the loops and the check into record fields on rank 0."""
+    same order); `checked` is the handoff whose received data is verified afterwards (a list:
+    each is checked, and `records` gets this rank's wrong count of each, in order);
+    `records` (collective) turns the loops and the check into record fields on rank 0.
+    `points`: how many points' worth of --seconds-per-point the handoffs share (the matrix
+    times each schedule round of a size as a point of its own)."""
 
     point: Point
     handoffs: list[Handoff]
-    checked: Handoff | None
+    checked: Handoff | list[Handoff] | None
     links: list[Link | None]
     records: RecordsFn
+    points: int = 1
 
 
 NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"
@@ -190,6 +197,10 @@ class Pattern(ABC):
     def spec_fields(self) -> dict:
         """Spec entries this pattern adds (e.g. layerwise compute settings)."""
         return {}
+
+    # Records name their own pair (`pair: [src, dst]`): the spec's roles are that pair's, and
+    # each record's transport_info is the pair's own (Transport.info_by_pair).
+    per_pair: ClassVar[bool] = False
 
     @abstractmethod
     def bytes_per_rank(self, point: Point) -> int:

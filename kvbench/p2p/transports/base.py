@@ -217,6 +217,17 @@ class Transport(ABC):
         """What actually carried the data, as far as the backend can tell."""
         return {}
 
+    def note_peer(self, peer: int) -> None:
+        """Whatever the backend said since the last note came from this rank's work with
+        `peer` (connecting, a first handoff): a backend whose log names no peer (UCX's
+        protocol tables) keeps it for `info_by_pair`. Local, no communication."""
+
+    def info_by_pair(self, info: dict, pairs: Sequence[tuple[int, int]]) -> dict:
+        """{(src, dst): what carried that pair's bytes}, collective (every rank calls it with
+        the same pairs). By default every pair gets the run's `info`: a backend that cannot
+        tell pairs apart (MPI, Gloo) says nothing per pair it does not know."""
+        return {tuple(p): info for p in pairs}
+
     def record_fields(self) -> dict:
         """Top-level fields this transport adds to every record (e.g. the operation measured,
         so that fits group by it)."""

@@ -68,12 +68,20 @@ class NCCLTransport(TorchDistTransport):
         if self.debug_file and self.debug_file.exists():
             mine = nccl_log.parse(self.debug_file.read_text(errors="replace"))
         logs = [log for log in self.ctx.comm.allgather(mine) if log is not None]
-        merged = nccl_log.merge(logs) if logs else None
-        path = merged.path() if merged else None
+        self.merged = merged = nccl_log.merge(logs) if logs else None
+        return {**super().info(), **self._path_fields(merged),
+                "nccl_debug": os.environ.get("NCCL_DEBUG")}
+
+    def _path_fields(self, log: nccl_log.NcclLog | None) -> dict:
+        path = log.path() if log else None
         if path is None:
             path = ("unknown (NCCL_DEBUG set by the user: see the job log)" if not self.debug_file
                     else "unknown (NCCL logged no channel connection)")
-        return {**super().info(),
-                "path": path,
-                "nccl": merged.as_dict() if merged else None,
-                "nccl_debug": os.environ.get("NCCL_DEBUG")}
+        return {"path": path, "nccl": log.as_dict() if log else None}
+
+    def info_by_pair(self, info: dict, pairs) -> dict:
+        """Per pair, the channel connections NCCL logged from its sender to its receiver (every
+        rank holds the merged log `info` gathered: no communication)."""
+        merged = getattr(self, "merged", None)
+        return {(s, d): {**info, **self._path_fields(merged.for_pair(s, d) if merged else None)}
+                for s, d in pairs}

@@ -60,6 +60,8 @@ from kvbench.p2p.transports.ucx_info import (  # noqa: F401  (parse_ucx_proto_in
     _ucx_version,
     parse_ucx_proto_info,
     path_category,
+    peer_rows,
+    read_complete_lines,
     summarize_path,
 )
 
@@ -694,6 +696,8 @@ class NIXLTransport(Transport):
         # asked for UCX logging themselves). UCX reads these when the backend is created.
         self.ucx_log = _ucx_probe()
         self.ucx_log_offset = 0
+        self._noted_at: int | None = None  # note_peer's place in the UCX log
+        self._peer_rows: dict[int, list[dict]] = {}
         probe = {}
         if self.ucx_log is not None:
             _flush_c_stdio()
@@ -826,6 +830,31 @@ class NIXLTransport(Transport):
             f.seek(self.ucx_log_offset)
             text = f.read().decode(errors="replace")
         return [r for r in parse_ucx_proto_info(text) if path_category(r)]
+
+    def note_peer(self, peer: int) -> None:
+        """The UCX tables printed since the last note are this rank's endpoint to `peer`."""
+        if not self.ucx_log:
+            return
+        if self._noted_at is None:
+            self._noted_at = self.ucx_log_offset
+        text, self._noted_at = read_complete_lines(self.ucx_log, self._noted_at)
+        rows = [r for r in parse_ucx_proto_info(text) if path_category(r)]
+        self._peer_rows.setdefault(peer, []).extend(rows)
+
+    def info_by_pair(self, info: dict, pairs) -> dict:
+        """Per pair, the protocols of the initiator's endpoint to the other rank (the sender's
+        with --nixl-op write, the receiver's with read), as noted by `note_peer`. Collective."""
+        every = self.comm.allgather((self._peer_rows, self._local_protocols()))
+        out = {}
+        for src, dst in pairs:
+            me, peer = (src, dst) if self.op == "write" else (dst, src)
+            noted, all_rows = every[me]
+            rows, how = peer_rows(noted.get(peer, []), all_rows, self.op)
+            path = summarize_path(rows, self.op) or f"unknown ({how})"
+            out[(src, dst)] = {**info, "path": f"UCX {path}", "path_source":
+                               f"rank {me}'s endpoint to rank {peer}: {how}",
+                               "ucx_protocols": [dict(r, rank=me) for r in rows]}
+        return out
 
     def info(self) -> dict:
         """Collective over the world (p2p calls it on every rank): gathers every rank's UCX

@@ -110,3 +110,54 @@ def summarize_path(rows: list[dict], op: str) -> str | None:
         return None
     order = ["RMA write", "RMA read", "notifications (AM)"]
     return "; ".join(f"{k}: {', '.join(parts[k])}" for k in order if k in parts)
+
+
+# ---------------------------------------------------------------------------
+# per peer: UCX's tables name an endpoint configuration ("kv-0 inter-node cfg#2"), never the
+# peer. A table is printed once per configuration, when it is first used; the transport notes
+# which peer it was working with when each table appeared (NIXLTransport.note_peer).
+
+
+def read_complete_lines(path: Path, offset: int) -> tuple[str, int]:
+    """The complete lines of a log from `offset` on, and the offset after them (a line UCX
+    is still writing is left for the next read)."""
+    _flush_c_stdio()
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return "", offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode(errors="replace"), offset + end
+
+
+def _config_rows(rows: list[dict], op: str) -> dict[str, list[dict]]:
+    """Rows by endpoint configuration, keeping only configurations that did `op`'s RMA."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["endpoint"], []).append(r)
+    return {k: v for k, v in by.items()
+            if any(path_category(r) == f"RMA {op}" for r in v)}
+
+
+def peer_rows(noted: list[dict], every: list[dict], op: str) -> tuple[list[dict], str]:
+    """The rows that describe this rank's endpoint to one peer, and how they were found.
+
+    `noted`: the rows that appeared while this rank worked with that peer; `every`: all this
+    rank's rows. The endpoint's configuration is the one whose `op` table was printed with the
+    peer (the last one, when wire-up printed a first configuration and then the final one),
+    and its rows are all the rows of that configuration, whenever UCX printed them (an active
+    message table may come later, at the first notification). None printed: the peer's
+    endpoint reused a configuration printed earlier, which is known only when this rank used
+    one configuration in all."""
+    configs = _config_rows(every, op)
+    mine = [c for c in _config_rows(noted, op) if c in configs]
+    if mine:
+        return configs[mine[-1]], "printed while connecting to the peer"
+    if len(configs) == 1:
+        return next(iter(configs.values())), "the only endpoint configuration this rank used"
+    if not configs:
+        return [], "UCX reported no protocol selection"
+    return [], (f"ambiguous: the endpoint reused one of {len(configs)} configurations printed "
+                f"earlier ({', '.join(configs)})")

@@ -8,6 +8,7 @@
     slo.py        SLO request records, vLLM bench results, metric scrapes, mapping files
     p2p.py        a kvbench.p2p/1 result record (fields of CONTRACTS.md section 1 included)
     fit.py        a kvbench.fit/1 document (the groups plan and export read)
+    matrix.py     a kvbench.matrix/1 document (kvbench matrix), and one pair of it as a fit
     clients.py    AIPerf and GuideLLM exports (the fields slo convert reads)
     engine.py     the engine-shaped handoff's block-id and poll (step-time) files
 

@@ -204,9 +204,11 @@ class FitDocument(Open):
     skipped: list[SkippedGroup] = []
 
 
-def load_fit_document(path: str | Path) -> FitDocument:
-    """A fit file, bounded and typed; any problem is one line naming the key path."""
-    raw = load_json(path, MAX_FIT_BYTES, "fit file", missing="no such file")
+def load_fit_document(path: str | Path, raw: object = None) -> FitDocument:
+    """A fit file, bounded and typed; any problem is one line naming the key path. `raw`: the
+    file's JSON when the caller has read it already (kvbench.records.schema.matrix)."""
+    if raw is None:
+        raw = load_json(path, MAX_FIT_BYTES, "fit file", missing="no such file")
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: expected a JSON object written by kvbench fit")
     if raw.get("schema") not in SCHEMAS:

@@ -1,0 +1,310 @@
+"""From a matrix run's records to the matrix document: one fit per ordered pair, each pair's
+path in the transport's words, and the verdict that names outliers.
+
+The verdict's rules (every setting is written into the document):
+
+  slow          a pair whose rate's 95% interval lies wholly below the other pairs' (its
+                upper end under the median of their lower ends) AND whose rate is below
+                `slow_fraction` (default 0.8) of the median of their rates: below the others
+                beyond the intervals, and by enough to matter. A pair without an interval is
+                not judged (its `no_fit` or warnings say why).
+  path_differs  a pair whose path, as the transport named it (devices included), is not the
+                majority's among the pairs of its kind: pairs across hosts and pairs within one
+                host are compared separately (an NVLink pair inside a node is no outlier among
+                network pairs). No path held by more than half of a kind: no majority, and no
+                pair of that kind is named by this rule.
+  expect_link   a pair whose path cannot be shown to be the kind of link expected
+                (`--expect-link`, `--expect-local-link` for pairs within one host), by
+                kvbench.p2p.linkpath's classification of the transport's own words.
+  wrong_data    the pair's receiver counted wrong elements in the data check.
+  no_fit        no rate could be fitted (the fit's warning says why).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvbench.cli import UsageError
+from kvbench.fit.data import Group, read_groups
+from kvbench.fit.fitting import METHOD, fit_group
+from kvbench.p2p import linkpath
+from kvbench.records.schema.matrix import SCHEMA_MATRIX, MatrixDocument
+from kvbench.records.schema.p2p import iter_p2p_records
+
+DEFAULT_SLOW_FRACTION = 0.8
+ACROSS, WITHIN = "across hosts", "same host"
+SPEC_PER_PAIR = ("world", "variant")  # spec keys that differ between the pairs of one matrix
+
+
+@dataclass
+class PairData:
+    """What the records say about one pair, gathered before the fit."""
+
+    pair: tuple[int, int]
+    hosts: tuple[str, str]
+    paths: Counter = field(default_factory=Counter)  # transport_info.path -> records
+    kinds: Counter = field(default_factory=Counter)  # LinkPath -> records
+    sources: set = field(default_factory=set)  # transport_info.path_source
+    n_records: int = 0
+    wrong: int | None = None
+    wireup_ms: float | None = None
+
+    @property
+    def same_host(self) -> bool:
+        return self.hosts[0] == self.hosts[1]
+
+
+@dataclass
+class Run:
+    """The matrix records of the inputs: one configuration, its pairs and their groups."""
+
+    transport: str
+    world_size: int
+    hosts: list[str]
+    schedules: set
+    pairs: dict[tuple[int, int], PairData]
+    groups: dict[tuple[int, int], Group]
+    skipped: int  # records of other patterns, left out
+
+
+def _matrix_key(spec: dict) -> str:
+    return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR}, sort_keys=True)
+
+
+def _pair_of_spec(spec: dict | None) -> tuple[int, int] | None:
+    if not spec or spec.get("pattern") != "matrix":
+        return None
+    w = spec.get("world") or {}
+    src, dst = w.get("prefill_ranks") or [], w.get("decode_ranks") or []
+    return (src[0], dst[0]) if len(src) == 1 and len(dst) == 1 else None
+
+
+def read_run(paths: Sequence[str]) -> Run:
+    """The matrix records of the files (others are counted and left out); refuses files that
+    hold no matrix, or records of more than one configuration (transport, sizes' kind,
+    hosts, ...): a matrix compares pairs measured alike."""
+    groups, _ = read_groups(paths, keep_paths=True)
+    by_pair, keys = {}, {}
+    for g in groups:
+        pair = _pair_of_spec(g.spec)
+        if pair is not None:
+            by_pair[pair] = g
+            keys.setdefault(_matrix_key(g.spec), []).append(pair)
+    if not by_pair:
+        raise UsageError(f"no matrix records in {', '.join(paths)} (records of kvbench matrix, "
+                         "pattern matrix)")
+    if len(keys) > 1:
+        raise UsageError(f"{', '.join(paths)} hold {len(keys)} different matrices (transport, "
+                         "layout, dtype, hosts or world differ); give the files of one run")
+    spec = next(iter(by_pair.values())).spec
+    pairs, schedules, skipped = {}, set(), 0
+    for _, rec in iter_p2p_records(paths):
+        pair = _pair_of_spec(rec.spec.model_dump() if rec.spec else None)
+        if pair is None:
+            skipped += 1
+            continue
+        _add_record(pairs, pair, rec, spec["hosts"])
+        schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
+    return Run(spec["transport"], spec["world"]["size"], list(spec["hosts"]), schedules - {None},
+               pairs, by_pair, skipped)
+
+
+def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> None:
+    extra = rec.model_extra or {}
+    d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
+    info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
+    d.paths[str(info.get("path") or "no path recorded")] += 1
+    d.kinds[linkpath.classify(rec.transport, info)] += 1
+    if info.get("path_source"):
+        d.sources.add(str(info["path_source"]))
+    d.n_records += 1
+    if rec.wrong is not None:
+        d.wrong = (d.wrong or 0) + rec.wrong
+    w = extra.get("wireup_ms")
+    if isinstance(w, (int, float)) and not isinstance(w, bool):
+        d.wireup_ms = w if d.wireup_ms is None else min(d.wireup_ms, w)
+
+
+# ---------------------------------------------------------------------------
+# the fits
+
+
+def fit_pairs(run: Run, n_boot: int, seed: int) -> dict[tuple[int, int], dict]:
+    """Each pair's group fitted as kvbench fit fits a group: {pair: fit record, or
+    {"not_fitted": why}}."""
+    out = {}
+    for pair, g in sorted(run.groups.items()):
+        if g.not_link:
+            out[pair] = {"not_fitted": f"not a link: {g.not_link}"}
+            continue
+        try:
+            rec = fit_group(g, n_boot, seed, None).record
+        except UsageError as exc:  # e.g. every record of the pair received wrong data
+            out[pair] = {"not_fitted": str(exc)}
+            continue
+        if rec["effective_gb_s"] is None:
+            codes = [w["message"] for w in rec["warnings"]
+                     if w["code"] in ("no_rate", "fewer_than_two_sizes", "excluded_wrong")]
+            rec["not_fitted"] = "; ".join(codes) or "no rate fitted"
+        out[pair] = rec
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the verdict's rules, each on plain per-pair entries (dicts shaped like PairEntry)
+
+
+def _fmt_ci(ci) -> str:
+    return "no interval" if not ci else (f"[{ci[0]:.4g}, "
+                                         f"{'unbounded' if ci[1] is None else format(ci[1], '.4g')}]")
+
+
+def slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
+    """{pair: why} for the pairs below the others beyond the intervals (module doc)."""
+    rated = [e for e in entries if e.get("effective_gb_s") is not None]
+    out = {}
+    for e in rated:
+        ci = e.get("effective_gb_s_ci95")
+        others = [o for o in rated if o is not e]
+        lows = [o["effective_gb_s_ci95"][0] for o in others
+                if o.get("effective_gb_s_ci95") and o["effective_gb_s_ci95"][0] is not None]
+        if not ci or ci[1] is None or not lows:
+            continue
+        ref_lo = statistics.median(lows)
+        ref = statistics.median(o["effective_gb_s"] for o in others)
+        rate = e["effective_gb_s"]
+        if ci[1] < ref_lo and rate < fraction * ref:
+            out[tuple(e["pair"])] = (
+                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(others)} pairs beyond "
+                f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
+                f"{rate / ref:.0%} of their median")
+    return out
+
+
+def majority_paths(entries: list[dict]) -> dict[str, str | None]:
+    """Per kind of pair (across hosts, same host): the path more than half of them took, or
+    None when none did (kinds with no pair are left out)."""
+    out = {}
+    for kind in (ACROSS, WITHIN):
+        paths = Counter(e["path"] for e in entries if (e["same_host"]) == (kind == WITHIN))
+        if paths:
+            path, n = paths.most_common(1)[0]
+            out[kind] = path if n * 2 > sum(paths.values()) else None
+    return out
+
+
+def odd_paths(entries: list[dict], majority: dict[str, str | None]) -> dict[tuple, str]:
+    out = {}
+    for e in entries:
+        kind = WITHIN if e["same_host"] else ACROSS
+        want = majority.get(kind)
+        if want is not None and e["path"] != want:
+            n = sum(1 for o in entries if o["same_host"] == e["same_host"] and o["path"] == want)
+            total = sum(1 for o in entries if o["same_host"] == e["same_host"])
+            out[tuple(e["pair"])] = (f"path {e['path']!r} differs from the one {n} of {total} "
+                                     f"pairs {kind} took: {want!r}")
+    return out
+
+
+def link_failures(entries: list[dict], kinds: dict[tuple, frozenset], expect: str | None,
+                  expect_local: str | None) -> dict[tuple, str]:
+    out = {}
+    for e in entries:
+        want = expect_local if e["same_host"] and expect_local else expect
+        have = kinds[tuple(e["pair"])]
+        if want and want not in have:
+            out[tuple(e["pair"])] = (f"expected the bytes on {want}, the transport's own words "
+                                     f"say {e['path']!r} ({e['link']})")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the document
+
+
+def _entry(d: PairData, fit: dict) -> dict:
+    path, _ = d.paths.most_common(1)[0]
+    kinds, _ = d.kinds.most_common(1)[0]
+    source = "; ".join(sorted(d.sources)) or None
+    if len(d.paths) > 1:  # records of one pair that named different paths (several runs)
+        others = ", ".join(f"{p!r} in {n}" for p, n in d.paths.items() if p != path)
+        source = f"{source or ''}; other records said {others}".lstrip("; ")
+    fitted = "not_fitted" not in fit
+    e = {"pair": list(d.pair), "sender": {"rank": d.pair[0], "host": d.hosts[0]},
+         "receiver": {"rank": d.pair[1], "host": d.hosts[1]}, "same_host": d.same_host,
+         "path": path, "link": kinds.label, "path_source": source, "n_records": d.n_records,
+         "wrong_elements": d.wrong, "wireup_ms": d.wireup_ms,
+         "fit": {k: v for k, v in fit.items() if k != "not_fitted"} if fit.get("sizes") else None,
+         "not_fitted": fit.get("not_fitted"), "findings": []}
+    for k in ("setup_ms", "setup_ms_ci95", "effective_gb_s", "effective_gb_s_ci95"):
+        e[k] = fit.get(k) if fitted else None
+    return e
+
+
+def _findings(entries: list[dict], run: Run, slow_fraction: float, expect: str | None,
+              expect_local: str | None) -> dict[str, str | None]:
+    """Each entry's findings added in place; returns the majority paths."""
+    kinds = {d.pair: d.kinds.most_common(1)[0][0].kinds for d in run.pairs.values()}
+    majority = majority_paths(entries)
+    rules = {"slow": slow_pairs(entries, slow_fraction),
+             "path_differs": odd_paths(entries, majority),
+             "expect_link": link_failures(entries, kinds, expect, expect_local)}
+    for e in entries:
+        key = tuple(e["pair"])
+        for code, found in rules.items():
+            if key in found:
+                e["findings"].append({"code": code, "message": found[key]})
+        if e["wrong_elements"]:
+            e["findings"].append({"code": "wrong_data", "message": f"{e['wrong_elements']} wrong "
+                                  "elements received in the data check: the pair measured "
+                                  "nothing worth fitting"})
+        if e["not_fitted"]:
+            e["findings"].append({"code": "no_fit", "message": e["not_fitted"]})
+    return majority
+
+
+def verdict_line(entries: list[dict], n_expected: int) -> str:
+    named = [e for e in entries if e["findings"]]
+    head = f"{len(entries)} of {n_expected} ordered pairs measured"
+    if not named:
+        return head + "; no pair named: no rate below the others beyond the intervals, no odd path"
+    parts = [f"[{e['pair'][0]},{e['pair'][1]}] {e['sender']['host']} -> {e['receiver']['host']}: "
+             + ", ".join(f["code"] for f in e["findings"]) for e in named]
+    return f"{head}; named {len(named)}: " + "; ".join(parts)
+
+
+def analyze(paths: Sequence[str], *, expect_link: str | None = None,
+            expect_local_link: str | None = None, slow_fraction: float = DEFAULT_SLOW_FRACTION,
+            n_boot: int = 1000, seed: int = 0) -> MatrixDocument:
+    """The matrix document of a run's records (typed: the model checks what is written)."""
+    from kvbench.records.schema.types import parse
+
+    run = read_run(paths)
+    fits = fit_pairs(run, n_boot, seed)
+    entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
+               for p in sorted(run.pairs)]
+    majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
+    n = run.world_size
+    doc = {
+        "schema": SCHEMA_MATRIX, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "inputs": [str(p) for p in paths],
+        "transport": run.transport, "world_size": n, "hosts": run.hosts,
+        "schedule": ",".join(sorted(run.schedules)) or None,
+        "rules": {"slow": "rate's 95% interval wholly below the median of the other pairs' "
+                          "lower ends, and rate below slow_fraction x the median of their rates",
+                  "slow_fraction": slow_fraction,
+                  "path": "the transport's own words (devices included), compared with the "
+                          "majority of the pairs of the same kind (across hosts / same host)",
+                  "expect_link": expect_link, "expect_local_link": expect_local_link},
+        "majority_path": majority,
+        "fit_method": {**METHOD, "resamples": n_boot, "seed": seed,
+                       "per_pair": "one kvbench fit group per ordered pair (its spec names the "
+                                   "pair's roles)"},
+        "pairs": entries,
+        "verdict": verdict_line(entries, n * (n - 1)),
+    }
+    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")

@@ -1,0 +1,215 @@
+"""A `kvbench.matrix/1` document: the link matrix of one run, fitted pair by pair, typed.
+
+`kvbench matrix` writes it (one entry per ordered pair: who sent, who received, on which
+hosts, the path the transport named, the pair's fit as `kvbench fit` writes a group, and what
+the verdict found), and `kvbench plan` / `plan export` read it: `as_fit_document` reduces a
+matrix to the one pair a plan uses (the slowest, or a named one) as a `kvbench.fit/2`
+document with that pair's group, so the planner code reads one format only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from kvbench.cli import UsageError
+from kvbench.records.schema.fit import (
+    MAX_FIT_BYTES,
+    FitDocument,
+    FitGroup,
+    Interval,
+    load_fit_document,
+)
+from kvbench.records.schema.read import MiB, load_json
+from kvbench.records.schema.types import (
+    AnyText,
+    Count,
+    Fraction,
+    GBps,
+    Open,
+    SignedMs,
+    Strict,
+    Text,
+    TimeMs,
+    UtcStamp,
+    parse,
+    refuse,
+    show,
+)
+
+SCHEMA_MATRIX = "kvbench.matrix/1"
+MAX_MATRIX_BYTES = 256 * MiB
+Rank = Annotated[int, Field(ge=0, le=2**20)]
+# what the verdict can say about a pair
+FINDINGS = ("slow", "path_differs", "expect_link", "wrong_data", "no_fit")
+Code = Literal["slow", "path_differs", "expect_link", "wrong_data", "no_fit"]
+
+
+class Endpoint(Strict):
+    rank: Rank
+    host: Text
+
+
+class Finding(Strict):
+    code: Code
+    message: AnyText
+
+
+class PairEntry(Strict):
+    """One ordered pair: its ends, its path in the transport's words and as a kind of link,
+    its fitted setup and rate with 95% intervals (copied from `fit`), and the findings."""
+
+    pair: Annotated[list[Rank], Field(min_length=2, max_length=2)]
+    sender: Endpoint
+    receiver: Endpoint
+    same_host: bool
+    path: AnyText  # transport_info.path of the pair's records
+    link: Text  # kvbench.p2p.linkpath kinds, e.g. "tcp", "nvlink|pcie", "unknown"
+    path_source: AnyText | None = None  # how the transport tied the path to this pair
+    n_records: Count
+    wrong_elements: Count | None = None  # summed over the pair's records; None: not checked
+    wireup_ms: TimeMs | None = None  # the pair's first handoff (4 KiB, connection set-up)
+    setup_ms: SignedMs | None = None
+    setup_ms_ci95: Interval | None = None
+    effective_gb_s: GBps | None = None
+    effective_gb_s_ci95: Interval | None = None
+    fit: FitGroup | None = None  # the pair's group as kvbench fit writes it
+    not_fitted: AnyText | None = None  # why there is no fit
+    findings: list[Finding] = []
+
+    @model_validator(mode="after")
+    def _ends_agree(self):
+        if self.pair != [self.sender.rank, self.receiver.rank]:
+            raise refuse(f"pair {self.pair} does not match sender rank {self.sender.rank} and "
+                         f"receiver rank {self.receiver.rank}")
+        if self.pair[0] == self.pair[1]:
+            raise refuse(f"pair {self.pair}: a rank does not hand off to itself")
+        return self
+
+
+class Rules(Strict):
+    """The verdict's rules, with their settings, as applied."""
+
+    slow: AnyText
+    slow_fraction: Fraction
+    path: AnyText
+    expect_link: Text | None = None
+    expect_local_link: Text | None = None
+
+
+class MatrixDocument(Open):
+    schema_: Literal["kvbench.matrix/1"] = Field(alias="schema")
+    created: UtcStamp
+    inputs: list[AnyText]
+    transport: Text
+    world_size: Annotated[int, Field(ge=2, le=2**20)]
+    hosts: list[Text]
+    schedule: Text | None = None
+    rules: Rules
+    majority_path: dict[str, AnyText | None] = {}  # "across hosts" / "same host" -> path
+    fit_method: dict[str, Any] = {}
+    pairs: list[PairEntry] = Field(min_length=1)
+    verdict: AnyText
+
+    @model_validator(mode="after")
+    def _pairs_fit_world(self):
+        if len(self.hosts) != self.world_size:
+            raise refuse(f"{len(self.hosts)} hosts for world_size {self.world_size}")
+        seen = set()
+        for p in self.pairs:
+            key = tuple(p.pair)
+            if key in seen:
+                raise refuse(f"pair {list(key)} is listed twice")
+            seen.add(key)
+            if max(key) >= self.world_size:
+                raise refuse(f"pair {list(key)} names a rank outside world_size {self.world_size}")
+        return self
+
+    def pair(self, src: int, dst: int) -> PairEntry | None:
+        return next((p for p in self.pairs if p.pair == [src, dst]), None)
+
+
+def is_matrix(raw: object) -> bool:
+    return isinstance(raw, dict) and raw.get("schema") == SCHEMA_MATRIX
+
+
+def load_matrix_document(path: str | Path, raw: object | None = None) -> MatrixDocument:
+    """A matrix file, bounded and typed; any problem is one line naming the key path."""
+    if raw is None:
+        raw = load_json(path, MAX_MATRIX_BYTES, "matrix file", missing="no such file")
+    if not is_matrix(raw):
+        raise UsageError(f"{path}: expected a {SCHEMA_MATRIX} document written by kvbench matrix, "
+                         f"got schema {show(raw.get('schema') if isinstance(raw, dict) else raw)}")
+    return parse(MatrixDocument, raw, str(path))
+
+
+# ---------------------------------------------------------------------------
+# a matrix as the fit of one pair (kvbench plan, plan export)
+
+
+def parse_pair_choice(text: str | None) -> tuple[int, int] | None:
+    """--pair: None or 'slowest' -> None (the slowest pair); 'I,J' -> (I, J)."""
+    if text is None or text.strip() == "slowest":
+        return None
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and len(p.strip()) < 8 for p in parts):
+        raise UsageError(f"--pair expects 'slowest' or two ranks I,J (e.g. 0,3), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def choose_pair(doc: MatrixDocument, path: str, choice: tuple[int, int] | None) -> PairEntry:
+    """The named pair, or the slowest fitted pair (lowest effective GB/s: at the payloads a
+    plan asks about the rate, not the setup, sets the handoff)."""
+    fitted = [p for p in doc.pairs if p.fit is not None and p.effective_gb_s is not None]
+    if choice is not None:
+        p = doc.pair(*choice)
+        if p is None:
+            raise UsageError(f"{path}: no pair {list(choice)} in the matrix (ranks 0.."
+                             f"{doc.world_size - 1}, i != j)")
+        if p not in fitted:
+            raise UsageError(f"{path}: pair {p.pair} has no fitted rate"
+                             + (f" ({p.not_fitted})" if p.not_fitted else ""))
+        return p
+    if not fitted:
+        raise UsageError(f"{path}: no pair of the matrix has a fitted rate")
+    return min(fitted, key=lambda p: p.effective_gb_s)
+
+
+def pair_label(p: PairEntry) -> str:
+    return (f"pair [{p.pair[0]},{p.pair[1]}] {p.sender.host} -> {p.receiver.host} "
+            f"({p.path})")
+
+
+def as_fit_document(doc: MatrixDocument, path: str, choice: tuple[int, int] | None
+                    ) -> tuple[dict, str]:
+    """(a kvbench.fit/2 document holding the chosen pair's group, one line saying which pair
+    and why). The group keeps its fields and gets the pair's ends in its label and group."""
+    p = choose_pair(doc, path, choice)
+    group = p.fit.model_dump(by_alias=True)
+    group["label"] = f"{pair_label(p)}: {group['label']}"
+    group["group"] = {**group["group"], "pair": list(p.pair), "sender_host": p.sender.host,
+                      "receiver_host": p.receiver.host}
+    how = "named" if choice is not None else (
+        f"the slowest of {sum(1 for q in doc.pairs if q.effective_gb_s is not None)} fitted pairs")
+    note = (f"{pair_label(p)}, {p.effective_gb_s:.4g} GB/s: {how} in matrix {path}")
+    fit = {"schema": "kvbench.fit/2", "line_rate_gb_s": None, "inputs": list(doc.inputs),
+           "groups": [group], "skipped": [], "matrix": {"file": path, "pair": list(p.pair),
+                                                        "chosen": how}}
+    return fit, note
+
+
+def load_fit_or_matrix(path: str | Path, pair: str | None = None
+                       ) -> tuple[FitDocument, str | None]:
+    """A fit file, or a matrix file reduced to one pair's fit (`pair`: --pair's text; None
+    is the slowest); with the line saying which pair a matrix gave. Read once, bounded."""
+    raw = load_json(path, max(MAX_FIT_BYTES, MAX_MATRIX_BYTES), "fit file", missing="no such file")
+    if not is_matrix(raw):
+        if pair is not None:
+            raise UsageError(f"--pair picks a pair of a kvbench matrix file; {path} is not one "
+                             f"(schema {show(raw.get('schema') if isinstance(raw, dict) else raw)})")
+        return load_fit_document(path, raw), None
+    fit, note = as_fit_document(load_matrix_document(path, raw), str(path),
+                                parse_pair_choice(pair))
+    return parse(FitDocument, fit, f"{path} (the chosen pair's fit)"), note
