@@ -3,7 +3,7 @@
 
 Simulates engine runs and p2p jobs whose transfers are made as the lab's are (a post that
 sometimes loses a scheduler tick, a READ sometimes still in flight at its step's look and
-seen a step later; both shares moving from run to run: kvbench/lab/agree_sim.py), builds
+seen a step later; both shares moving from run to run: kvbench/lab/agree/sim.py), builds
 agree's interval for each ratio (post, xfer, xfer over the plain fit's prediction) and, for
 comparison, an interval that pools requests as if independent, and prints per scenario the
 share of simulated runs whose interval contains the true ratio, how many intervals held a
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kvbench.cli import ArgumentParser  # noqa: E402
-from kvbench.lab.agree_sim import ENGINE, KVBENCH, agree_method, coverage  # noqa: E402
+from kvbench.lab.agree.sim import ENGINE, KVBENCH, agree_method, coverage  # noqa: E402
 from tests.lab.pooled_interval import pooled_requests  # noqa: E402
 
 SCENARIOS = [

@@ -17,8 +17,8 @@ COMMANDS = {
     "slo": ("kvbench.slo.cli", "serving SLO analysis: TTFT/TPOT/ITL, attainment, capacity"),
     "report": ("kvbench.report.cli", "summarise a results folder: tables, fits, environment, warnings"),
     "lab": ("kvbench.lab", "a real local vLLM (CPU): install, up, down"),
-    "sweep": ("kvbench.lab.sweep", "rate sweep of a plan's deployments (vllm bench serve, AIPerf or GuideLLM), judged"),
-    "faults": ("kvbench.lab.faults", "inject failed KV transfers into the P/D deployment and audit"),
+    "sweep": ("kvbench.lab.sweep.main", "rate sweep of a plan's deployments (vllm bench serve, AIPerf or GuideLLM), judged"),
+    "faults": ("kvbench.lab.faults.main", "inject failed KV transfers into the P/D deployment and audit"),
 }
 
 

@@ -26,7 +26,7 @@ HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "
 PARSERS = {  # command -> module with build_parser (p2p: every transport's flags included)
     "model": "kvbench.model", "fit": "kvbench.fit.cli", "report": "kvbench.report.cli",
     "plan": "kvbench.plan.cli", "plan export": "kvbench.plan.export", "lab": "kvbench.lab.cli",
-    "lab agree": "kvbench.lab.agree", "faults": "kvbench.lab.faults", "sweep": "kvbench.lab.sweep",
+    "lab agree": "kvbench.lab.agree.main", "faults": "kvbench.lab.faults.main", "sweep": "kvbench.lab.sweep.main",
     "slo": "kvbench.slo.cli", "p2p": "kvbench.p2p.args",
 }
 
@@ -124,16 +124,16 @@ def test_byte_sizes_take_ascii_digits_only():
 
 
 def test_lab_agree_refuses_non_ascii_repeats_and_rates_before_reading_the_plan(tmp_path):
-    import kvbench.lab.agree
+    import kvbench.lab.agree.main
 
     for argv, fragment in ((["--repeats", "１２"], "argument --repeats"),
                            (["--repeats", "51"], "argument --repeats"),
                            (["--p2p-iters", "0"], "argument --p2p-iters")):
-        rc, _, err = run(kvbench.lab.agree.main, "/nonexistent-plan.yaml", *argv)
+        rc, _, err = run(kvbench.lab.agree.main.main, "/nonexistent-plan.yaml", *argv)
         assert rc == 2 and err.count("\n") == 1 and fragment in err, err
     with pytest.raises(UsageError, match=r"--rates \(rps\) must be"):
-        kvbench.lab.agree.parse_rates("1,１", None)
-    assert kvbench.lab.agree.parse_rates("4, 1", None) == [1.0, 4.0]
+        kvbench.lab.agree.main.parse_rates("1,１", None)
+    assert kvbench.lab.agree.main.parse_rates("4, 1", None) == [1.0, 4.0]
 
 
 def test_a_bad_master_port_is_one_answer_for_every_rank(monkeypatch):

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvbench.fit.cli
-import kvbench.lab.faults
-import kvbench.lab.sweep
+import kvbench.lab.faults.main
+import kvbench.lab.sweep.main
 import kvbench.model
 import kvbench.plan.cli
 import kvbench.report.cli
@@ -344,8 +344,8 @@ FLAGS = [
     # (issue 25) flags that were raw int(): the folder or plan does not exist, so an accepted
     # value ends in "no such ..." (exit 2) before any work; a hostile one must be refused first
     (kvbench.report.cli.cli, ("/nonexistent-kvbench-folder",), "--bootstrap"),
-    (kvbench.lab.sweep.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
-    (kvbench.lab.faults.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
+    (kvbench.lab.sweep.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
+    (kvbench.lab.faults.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
     (kvbench.fit.cli.cli, (str(ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
 ]
 

@@ -1,8 +1,10 @@
 """The package layout keeps data flowing one way: measure -> record -> fit -> plan -> decide.
 
 Walks every import statement of kvbench (module level and inside functions: a lazy import
-is still a dependency) and fails on an import cycle between modules or on a lower layer
-importing a higher one. The checker itself is proven on planted graphs.
+is still a dependency) and fails on an import cycle between modules, on a lower layer
+importing a higher one, or on a module of kvbench/lab/venv (it runs inside the lab's own
+vLLM venv) importing kvbench outside lab.venv. The checkers themselves are proven on
+planted graphs and planted source trees.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ LAYERS = (
     ("kvbench.matrix",),
     ("kvbench.plan",),
     ("kvbench.slo",),
+    # the lab, lowest first: what runs in its own venv, the plan's lab section, load and
+    # reference fits, the serving stack, the commands; the lab CLI on top of them all
+    ("kvbench.lab.venv",),
+    ("kvbench.lab.config",),
+    ("kvbench.lab.planfile",),
+    ("kvbench.lab.load",),
+    ("kvbench.lab.stack",),
+    ("kvbench.lab.sweep", "kvbench.lab.faults"),
+    ("kvbench.lab.agree",),
     ("kvbench.lab", "kvbench.report"),
     ("kvbench.__main__", "kvbench.results"),  # the dispatcher and the users' facade
 )
@@ -42,19 +53,22 @@ def layer_of(module: str) -> tuple[int, str]:
     return best
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path | None = None) -> str:
+    parts = list(path.relative_to((root or ROOT).parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports_of(path: Path, known: set[str]) -> set[str]:
-    """kvbench modules one file imports; `from pkg import mod` counts as importing pkg.mod."""
-    name = module_name(path)
+def imports_of(path: Path, known: set[str], root: Path | None = None,
+               top_level_only: bool = False) -> set[str]:
+    """kvbench modules one file imports; `from pkg import mod` counts as importing pkg.mod.
+    top_level_only: only the imports run when the module itself is imported."""
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (tree.body if top_level_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "kvbench")
         elif isinstance(node, ast.ImportFrom):
@@ -73,8 +87,31 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     files = sorted(root.rglob("*.py"))
-    known = {module_name(f) for f in files}
-    return {module_name(f): imports_of(f, known) for f in files}
+    known = {module_name(f, root) for f in files}
+    return {module_name(f, root): imports_of(f, known, root) for f in files}
+
+
+VENV = "kvbench.lab.venv"
+
+
+def venv_leaks(root: Path = ROOT) -> list[str]:
+    """What the lab-venv modules would drag into the lab venv: any import (lazy ones too) of
+    kvbench outside lab.venv, and any module-level kvbench import of a package __init__ that
+    `python -m kvbench.lab.venv.X` runs on the way (kvbench, kvbench.lab)."""
+    files = sorted(root.rglob("*.py"))
+    known = {module_name(f, root) for f in files}
+    bad = []
+    for f in files:
+        mod = module_name(f, root)
+        if mod == VENV or mod.startswith(VENV + "."):
+            deps = imports_of(f, known, root)
+        elif f.name == "__init__.py" and VENV.startswith(mod + "."):
+            deps = imports_of(f, known, root, top_level_only=True)
+        else:
+            continue
+        bad += [f"{mod} imports {d}" for d in sorted(deps)
+                if d != VENV and not d.startswith(VENV + ".")]
+    return bad
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -130,6 +167,30 @@ def test_no_layer_imports_a_higher_one():
     assert upward_imports(import_graph()) == []
 
 
+def test_lab_venv_modules_import_no_kvbench():
+    assert (ROOT / "lab" / "venv" / "proxy.py").exists()  # the rule still looks where they are
+    assert venv_leaks() == []
+
+
+@pytest.mark.parametrize("where, source, finds", [
+    ("lab/venv/proxy.py", "def main():\n    from kvbench.cli import UsageError\n",
+     "kvbench.lab.venv.proxy imports kvbench.cli"),
+    ("lab/venv/client.py", "import kvbench.records.write\n",
+     "kvbench.lab.venv.client imports kvbench.records.write"),
+    ("lab/__init__.py", "from kvbench.lab.stack import env\n", "kvbench.lab imports kvbench.lab.stack.env"),
+])
+def test_the_venv_checker_catches_a_planted_import(tmp_path, where, source, finds):
+    """The real tree copied, one planted import added: the checker names it, and only it."""
+    import shutil
+
+    root = tmp_path / "kvbench"
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns("__pycache__"))
+    assert venv_leaks(root) == []
+    target = root / where
+    target.write_text(target.read_text() + "\n" + source)
+    assert venv_leaks(root) == [finds]
+
+
 def test_every_package_init_says_what_it_owns_and_may_import():
     for init in ROOT.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
@@ -142,6 +203,8 @@ def test_every_package_init_says_what_it_owns_and_may_import():
 @pytest.mark.parametrize("planted, finds", [
     ({"kvbench.records.write": {"kvbench.fit.data"}, "kvbench.fit.data": set()}, "upward"),
     ({"kvbench.lab.x": {"kvbench.report.y"}, "kvbench.report.y": set()}, "upward"),
+    ({"kvbench.lab.sweep.main": {"kvbench.lab.cli"}, "kvbench.lab.cli": set()}, "upward"),
+    ({"kvbench.lab.load.bench": {"kvbench.lab.stack.deploy"}, "kvbench.lab.stack.deploy": set()}, "upward"),
     ({"kvbench.fit.a": {"kvbench.fit.b"}, "kvbench.fit.b": {"kvbench.fit.a"}}, "cycle"),
 ])
 def test_the_checker_catches_planted_faults(planted, finds):
@@ -160,10 +223,5 @@ def test_the_checker_reads_lazy_imports(tmp_path):
     (pkg / "plan").mkdir()
     (pkg / "plan" / "__init__.py").write_text('"""x"""\n')
     (pkg / "plan" / "floors.py").write_text("")
-    global ROOT
-    saved, ROOT = ROOT, pkg
-    try:
-        bad = upward_imports(import_graph(pkg))
-    finally:
-        ROOT = saved
+    bad = upward_imports(import_graph(pkg))
     assert bad == ["kvbench.records.w (layer 1) imports kvbench.plan.floors (layer 6)"]

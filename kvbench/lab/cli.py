@@ -17,23 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int
-from kvbench.lab import deploy
-from kvbench.lab import env as labenv
-from kvbench.lab.procs import LabState, run_interruptible, stop_all, stop_on_exit, write_state
-
-
-def state_dir() -> Path:
-    """Where `lab up` records what it started ($KVBENCH_LAB_RUN, else <lab home>/run)."""
-    import os
-
-    env = os.environ.get("KVBENCH_LAB_RUN")
-    return Path(env) if env else labenv.lab_home() / "run"
-
-
-def require_env() -> None:
-    reason = labenv.missing_reason()
-    if reason:
-        raise UsageError(reason)
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.env import require_env, state_dir
+from kvbench.lab.stack.procs import LabState, run_interruptible, stop_all, stop_on_exit, write_state
 
 
 def build_parser() -> ArgumentParser:
@@ -128,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(deploy.model_for(load_lab_section(args.plan)))
         return 0
     if args.command == "capture-metrics":
-        from kvbench.lab.capture import capture_metrics
+        from kvbench.lab.stack.capture import capture_metrics
 
         require_env()
         return capture_metrics(Path(args.out_dir), args.requests)

@@ -30,7 +30,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from kvbench.cli import UsageError
-from kvbench.lab.tinymodel import TinyModelSpec
+from kvbench.lab.venv.tinymodel import TinyModelSpec
 from kvbench.p2p.transports.nixl_import import MAX_PROGRESS_DELAY_US
 from kvbench.records.schema.types import (
     MAX_TOKENS,
@@ -52,7 +52,7 @@ PORTS_PER_LAB = 300
 
 @dataclass(frozen=True)
 class Workarounds:
-    """The two stack defects worked around in kvbench.lab.connector; each switchable off."""
+    """The two stack defects worked around in kvbench.lab.venv.connector; each switchable off."""
 
     nixl_poll_delay_us: int = 1000  # 0 = NIXL's own busy-poll (pthrDelay 0)
     keep_model_thread_affinity: bool = True  # False = let vLLM re-pin to the last core

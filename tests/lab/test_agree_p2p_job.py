@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvbench.lab import agree_p2p
+from kvbench.lab.agree import p2p as agree_p2p
 from kvbench.p2p.transports import nixl_import
 from tests.conftest import ROOT
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from kvbench.lab import agree_engine as ae
-from kvbench.lab import agree_report as ar
-from kvbench.lab.agree_p2p import FEATURES, factorial_cells
+from kvbench.lab.agree import engine as ae
+from kvbench.lab.agree import report as ar
+from kvbench.lab.agree.p2p import FEATURES, factorial_cells
 
 INF = float("inf")
 
@@ -112,7 +112,7 @@ def test_the_factorial_recovers_a_known_model():
 
 
 def test_engine_shaped_prediction_interpolates_and_never_extrapolates():
-    from kvbench.lab.handoff import engine_shaped_at
+    from kvbench.lab.load.handoff import engine_shaped_at
 
     pts = [(1000, 0.1, 2.0), (3000, 0.3, 4.0)]
     assert engine_shaped_at(pts, 2000) == {"post_ms": pytest.approx(0.2), "xfer_ms": pytest.approx(3.0)}
@@ -149,7 +149,7 @@ class _FakeAgent:
 
 
 def test_the_engine_trace_records_each_transfer_as_the_engine_sees_it(tmp_path, monkeypatch):
-    from kvbench.lab import nixltrace
+    from kvbench.lab.venv import nixltrace
 
     path = tmp_path / "trace.jsonl"
     monkeypatch.setenv(nixltrace.ENV, str(path))
@@ -183,7 +183,7 @@ def _transfers(post: list, xfer: list, late: list, done: list) -> dict:
 
 
 def test_the_remainder_is_the_in_flight_share_times_the_wait():
-    from kvbench.lab.agree_remainder import decompose, remainder
+    from kvbench.lab.agree.remainder import decompose, remainder
 
     # planted: 10 transfers a run, 2 of them late by 10 ms, on fast posts that were not done
     eng = _transfers([0.2] * 5 + [4.0] * 5, [0.25, 0.25, 0.25, 10.2, 10.2] + [4.0] * 5,
@@ -209,7 +209,7 @@ def test_the_remainder_is_the_in_flight_share_times_the_wait():
 def test_posts_are_split_by_what_the_worker_did_before_them(tmp_path):
     import json
 
-    from kvbench.lab.agree_remainder import posts_by_worker_state
+    from kvbench.lab.agree.remainder import posts_by_worker_state
 
     events = tmp_path / "events.jsonl"
     rows = [("a", "decode_sent", 10.00), ("a", "decode_done", 10.40),
@@ -265,8 +265,8 @@ def test_look_intervals_come_from_the_trace():
 
 
 def test_the_replica_takes_its_inputs_from_the_engines_runs(tmp_path):
-    from kvbench.lab.agree import MIN_LOOKS, replica_inputs
-    from kvbench.lab.agree_p2p import configs, replica_flags, seeded
+    from kvbench.lab.agree.main import MIN_LOOKS, replica_inputs
+    from kvbench.lab.agree.p2p import configs, replica_flags, seeded
 
     def run(itl, looks):
         return {"metrics": {"itl": {"mean": itl}}, "look_intervals_ms": looks}
@@ -292,8 +292,8 @@ def test_the_replica_takes_its_inputs_from_the_engines_runs(tmp_path):
 
 
 def test_kvbench_posts_are_split_by_decodes_idle_time_as_the_engines_are():
-    from kvbench.lab.agree_p2p import summary
-    from kvbench.lab.agree_remainder import posts_by_worker_state
+    from kvbench.lab.agree.p2p import summary
+    from kvbench.lab.agree.remainder import posts_by_worker_state
 
     tel = {"post_ms": [4.0, 2.0, 0.2, 0.3], "xfer_ms": [4.0, 2.0, 0.2, 0.3],
            "post_done": [1, 1, 1, 1], "looks": [0, 0, 0, 0],

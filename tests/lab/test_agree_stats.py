@@ -1,5 +1,5 @@
 """`kvbench lab agree`'s intervals: positive, refused when the runs cannot support one, and
-covering the truth in simulation (kvbench.lab.agree_sim) at least 90% of the time.
+covering the truth in simulation (kvbench.lab.agree.sim) at least 90% of the time.
 
 The planted case is the one a new user met: 2 repeats whose Student-t interval over paired
 ratios printed post 1.07 [-2.05, 4.19] and xfer 1.28 [-4.42, 6.97]. The coverage test can
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvbench.lab import agree_report as ar
-from kvbench.lab.agree_sim import ENGINE, KVBENCH, agree_method, coverage
-from kvbench.lab.agree_stats import MIN_RUNS, diff_interval, ratio_interval
+from kvbench.lab.agree import report as ar
+from kvbench.lab.agree.sim import ENGINE, KVBENCH, agree_method, coverage
+from kvbench.lab.agree.stats import MIN_RUNS, diff_interval, ratio_interval
 from tests.lab.pooled_interval import pooled_requests
 
 TRIALS = 400  # per scenario: well under a second each
@@ -104,7 +104,7 @@ def test_the_coverage_check_catches_an_interval_that_ignores_runs():
 
 
 def test_the_simulated_truth_is_what_long_runs_give():
-    from kvbench.lab.agree_sim import simulate
+    from kvbench.lab.agree.sim import simulate
 
     sim = simulate(np.random.default_rng(1), ENGINE, 400, 400)
     for q in ("post", "xfer"):

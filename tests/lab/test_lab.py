@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.lab import env as labenv
-from kvbench.lab import procs
 from kvbench.lab.config import PORTS_PER_LAB
-from kvbench.lab.snapshot import fetch
+from kvbench.lab.load.snapshot import fetch
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack import procs
 from tests.conftest import default_signals
 
 ROOT = Path(__file__).resolve().parents[2]

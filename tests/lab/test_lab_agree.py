@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.lab import env as labenv
+from kvbench.lab.stack import env as labenv
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = labenv.missing_reason()

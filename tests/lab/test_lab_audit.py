@@ -1,13 +1,13 @@
 """The fault auditor on planted faults: each must be flagged, and a clean run must pass.
 
-Records have the shape kvbench.lab.client writes; the clean one is modelled on a real
+Records have the shape kvbench.lab.venv.client writes; the clean one is modelled on a real
 streamed completion from the lab (a chunk per token with its id, finish_reason on the
 last token chunk, a usage chunk, then [DONE]).
 """
 
 import copy
 
-from kvbench.lab import audit
+from kvbench.lab.faults import audit
 
 
 def clean_record(rid="r0", tokens=(5, 7, 7, 9)):

@@ -1,7 +1,7 @@
 """The `lab` group: AIPerf and GuideLLM driven by the sweep's own code against the lab's vLLM.
 
 One aggregated deployment is brought up once; for each client the sweep runs one short
-open-loop point (kvbench.lab.sweep.Sweep.run_point: the client from its own venv, bounded,
+open-loop point (kvbench.lab.sweep.main.Sweep.run_point: the client from its own venv, bounded,
 /metrics scraped) and converts it with `kvbench slo convert --from CLIENT`; the records are
 then judged by `kvbench slo analyze --plan`. Kept short for the lab group's CI time: 12
 requests at 2 rps per client. A client whose venv is missing is skipped with the install line.
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import UsageError
-from kvbench.lab import env as labenv
-from kvbench.lab.clients import find_client
+from kvbench.lab.load.clients import find_client
+from kvbench.lab.stack import env as labenv
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = labenv.missing_reason()
@@ -63,9 +63,9 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
     exe, why = available(tool)
     if exe is None:
         pytest.skip(why)
-    from kvbench.lab.deploy import model_for
     from kvbench.lab.planfile import load_lab_plan
-    from kvbench.lab.sweep import Point, Sweep, lab_target
+    from kvbench.lab.stack.deploy import model_for
+    from kvbench.lab.sweep.main import Point, Sweep, lab_target
 
     p, lab = load_lab_plan(str(plan))
     target = lab_target(lab_aggregated, model_for(lab))
@@ -91,7 +91,7 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
 @pytest.fixture(scope="module")
 def lab_aggregated(plan, tmp_path_factory):
     """`kvbench lab up --deployment aggregated` once for the module; `lab down` afterwards."""
-    from kvbench.lab import procs
+    from kvbench.lab.stack import procs
 
     run = {"KVBENCH_LAB_RUN": str(tmp_path_factory.mktemp("labrun"))}
     kvbench("lab", "up", plan, "--deployment", "aggregated", env_extra=run)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import UsageError
-from kvbench.lab import bench
-from kvbench.lab.clients import client_run, find_client
-from kvbench.lab.sweep import Point, Sweep, open_out
+from kvbench.lab.load import bench
+from kvbench.lab.load.clients import client_run, find_client
+from kvbench.lab.sweep.main import Point, Sweep, open_out
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
@@ -115,21 +115,21 @@ def test_start_up_allowance_delays_the_stall_watch(tmp_path):
 
 
 def test_sweep_without_the_client_installed_is_one_line(tmp_path, monkeypatch):
-    import kvbench.lab.sweep
+    import kvbench.lab.sweep.main
     from tests.test_robust import run
 
     monkeypatch.setenv("KVBENCH_CLIENTS_HOME", str(tmp_path / "none"))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-    monkeypatch.setattr(kvbench.lab.sweep.labenv, "missing_reason", lambda: None)  # CI may lack the lab venv
-    rc, _, err = run(kvbench.lab.sweep.cli, EXAMPLE, "--client", "guidellm", "--out", tmp_path / "s")
+    monkeypatch.setattr(kvbench.lab.sweep.main.labenv, "missing_reason", lambda: None)  # CI may lack the lab venv
+    rc, _, err = run(kvbench.lab.sweep.main.cli, EXAMPLE, "--client", "guidellm", "--out", tmp_path / "s")
     assert rc == 2 and err.count("\n") == 1 and "pip install guidellm==0.8.1" in err, err
     assert not (tmp_path / "s").exists()
-    rc, _, err = run(kvbench.lab.sweep.cli, EXAMPLE, "--client", "locust")
+    rc, _, err = run(kvbench.lab.sweep.main.cli, EXAMPLE, "--client", "locust")
     assert rc == 2 and "invalid choice: 'locust'" in err
 
 
 def test_report_provenance_names_the_load_generator(tmp_path):
-    from kvbench.lab.sweepreport import provenance
+    from kvbench.lab.sweep.report import provenance
 
     for client, label in (("aiperf", "aiperf 0.13.0"), ("guidellm", "guidellm 0.8.1"), ("vllm", "vllm bench serve")):
         out = tmp_path / client

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import UsageError
-from kvbench.lab import procs, snapshot
 from kvbench.lab.config import parse_lab
+from kvbench.lab.load import snapshot
 from kvbench.lab.planfile import load_lab_plan, load_lab_section
-from kvbench.lab.sweep import Point, open_out, points, scrape_endpoints, scraping, set_aside
-from kvbench.lab.sweepreport import adjusted_capacity
+from kvbench.lab.stack import procs
+from kvbench.lab.sweep.main import Point, open_out, points, scrape_endpoints, scraping, set_aside
+from kvbench.lab.sweep.report import adjusted_capacity
 from tests.conftest import committed, free_port, jsonl_kinds, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,7 +273,7 @@ def _fake_runs(tmp_path, plan_path, metrics_url) -> tuple:
 
 @pytest.mark.slow  # four real scrapes of three readings each: out of make check
 def test_report_shows_capacity_queues_kv_distribution_and_the_models_band(tmp_path, metrics_server):
-    from kvbench.lab.sweepreport import write_report
+    from kvbench.lab.sweep.report import write_report
     from kvbench.plan.floors import links_from_fit
 
     plan_path = _plan_2x2(tmp_path)
@@ -422,7 +423,7 @@ def test_bad_fault_choice_is_one_line_exit_2(tmp_path):
 # --- the bounded load-generator run -------------------------------------------------------
 
 def test_a_stalled_deployment_gets_the_run_killed(tmp_path):
-    from kvbench.lab.bench import run_bounded
+    from kvbench.lab.load.bench import run_bounded
 
     ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0)
     assert not ok and "stopped answering" in why
@@ -430,7 +431,7 @@ def test_a_stalled_deployment_gets_the_run_killed(tmp_path):
 
 def test_the_stall_watch_waits_out_the_client_start_up(tmp_path):
     """No token during the start-up grace is not a stall; after it, it is."""
-    from kvbench.lab.bench import run_bounded
+    from kvbench.lab.load.bench import run_bounded
 
     ok, why = run_bounded(["sleep", "4.5"], tmp_path / "log", 50, progress=lambda: (7,), stall_s=1.0,
                           startup_s=30)
@@ -441,7 +442,7 @@ def test_the_stall_watch_waits_out_the_client_start_up(tmp_path):
 
 
 def test_a_progressing_run_is_left_to_finish(tmp_path):
-    from kvbench.lab.bench import run_bounded
+    from kvbench.lab.load.bench import run_bounded
 
     ticks = iter(range(1000))
     ok, why = run_bounded(["sleep", "4.5"], tmp_path / "log", 50, progress=lambda: next(ticks), stall_s=1.0)
@@ -449,7 +450,7 @@ def test_a_progressing_run_is_left_to_finish(tmp_path):
 
 
 def test_the_hard_bound_kills_and_says_so(tmp_path):
-    from kvbench.lab.bench import run_bounded
+    from kvbench.lab.load.bench import run_bounded
 
     ok, why = run_bounded(["sleep", "60"], tmp_path / "log", 1.0)
     assert not ok and "no result within" in why

@@ -144,7 +144,7 @@ def test_a_huge_id_sizes_the_pool_the_memory_check_sees(tmp_path, side, rank):
 def test_the_step_times_kvbench_lab_writes_are_read(tmp_path):
     """kvbench reads what kvbench writes: lab agree turns vLLM's inter-token histogram (bounds
     10 ms .. 80 s, a +Inf bucket, a "source" key) into the poll file p2p draws from."""
-    from kvbench.lab.agree_engine import step_draws
+    from kvbench.lab.agree.engine import step_draws
 
     bounds = [10.0, 25.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 400.0, 500.0, 750.0, 1000.0,
               2500.0, 5000.0, 7500.0, 10000.0, 20000.0, 40000.0, 80000.0]

@@ -397,7 +397,7 @@ def test_planted_faults_fail_the_data_check(engine_job, fault):
 
 
 def test_progress_delay_reaches_the_binding_for_one_call():
-    """The lab's vLLM runs NIXL's progress thread with a 1000 us delay (kvbench.lab.connector);
+    """The lab's vLLM runs NIXL's progress thread with a 1000 us delay (kvbench.lab.venv.connector);
     the engine-shaped run sets it through the same seam, for its own agent only."""
     import sys
     import types

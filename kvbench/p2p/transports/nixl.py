@@ -617,7 +617,7 @@ class NIXLTransport(Transport):
         e.add_argument("--nixl-progress-delay-us", type=arg_int(0, MAX_PROGRESS_DELAY_US), default=0,
                        metavar="US",
                        help="the progress thread's delay between polls (NIXL's Python agent fixes "
-                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.connector; "
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.venv.connector; "
                             f"at most {MAX_PROGRESS_DELAY_US:,})")
         e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
                        help="idle time before each handoff, outside the timed window (an engine "

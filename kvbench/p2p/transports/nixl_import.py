@@ -61,7 +61,7 @@ def agent_with_progress_delay(mod, name: str, cfg, delay_us: int):
     """nixl_agent(name, cfg) with the progress thread's delay set to `delay_us`.
 
     nixl 1.5.1's Python agent hard-codes `agent_config.pthrDelay = 0` (nixl_cu12/_api.py:226).
-    The lab's vLLM sets another delay the same way (kvbench.lab.connector wraps the binding's
+    The lab's vLLM sets another delay the same way (kvbench.lab.venv.connector wraps the binding's
     agent constructor), so an engine-shaped run that reproduces the lab must too: the
     binding seen by `_api` is swapped for this one call only, then put back."""
     if delay_us <= 0:

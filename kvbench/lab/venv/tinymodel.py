@@ -8,7 +8,7 @@ tokens mean, and greedy decoding of fixed weights is still deterministic.
 
 The tokenizer is trained with the `tokenizers` library on Python's own stdlib sources
 (present on every machine), so the build needs no download. Runs inside the lab venv
-(it needs transformers): `python -m kvbench.lab.tinymodel OUT_DIR [--hidden ...]`.
+(it needs transformers): `python -m kvbench.lab.venv.tinymodel OUT_DIR [--hidden ...]`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, arg_int
+from kvbench.lab.venv.args import OneLineParser, number
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -104,10 +104,10 @@ def build(out: Path, spec: TinyModelSpec) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m kvbench.lab.tinymodel")
+    p = OneLineParser(prog="python -m kvbench.lab.venv.tinymodel")
     p.add_argument("out")
     for name, value in asdict(TinyModelSpec()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=arg_int(1, 1 << 20), default=value)
+        p.add_argument(f"--{name.replace('_', '-')}", type=number(int, 1, 1 << 20), default=value)
     args = vars(p.parse_args(argv))
     out = Path(args.pop("out"))
     build(out, TinyModelSpec(**args))
@@ -136,7 +136,7 @@ def ensure_model(spec: TinyModelSpec, home: Path, python: Path, repo_root: Path)
     shutil.rmtree(tmp, ignore_errors=True)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
     env = dict(os.environ, PYTHONPATH=str(repo_root), HF_HUB_OFFLINE="1")
-    subprocess.run([str(python), "-m", "kvbench.lab.tinymodel", str(tmp), *args], check=True,
+    subprocess.run([str(python), "-m", "kvbench.lab.venv.tinymodel", str(tmp), *args], check=True,
                    env=env, stdout=subprocess.DEVNULL)
     tmp.rename(out)
     return out

@@ -21,10 +21,10 @@ import urllib.request
 from pathlib import Path
 
 import kvbench
-from kvbench.lab import env as labenv
 from kvbench.lab.config import LabConfig
-from kvbench.lab.procs import LabState, Service, spawn, stop_all
-from kvbench.lab.tinymodel import ensure_model
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import LabState, Service, spawn, stop_all
+from kvbench.lab.venv.tinymodel import ensure_model
 
 SERVED_NAME = "tiny"
 REPO_ROOT = Path(kvbench.__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def nixl_env(cfg: LabConfig, side_port: int) -> dict:
 
 def kv_transfer_config(cfg: LabConfig, role: str) -> str:
     return json.dumps({
-        "kv_connector": "NixlConnector", "kv_connector_module_path": "kvbench.lab.connector",
+        "kv_connector": "NixlConnector", "kv_connector_module_path": "kvbench.lab.venv.connector",
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
         "kv_buffer_device": "cpu", "kv_load_failure_policy": cfg.kv_load_failure_policy,
         "kv_connector_extra_config": {"kv_lease_duration": cfg.kv_lease_s}})
@@ -75,7 +75,7 @@ def serve_cmd(cfg: LabConfig, model_dir: Path, port: int, core: int, role: str) 
 
 
 def proxy_cmd(mode: str, port: int, events: Path, **urls: list[str]) -> list[str]:
-    cmd = [str(labenv.lab_python()), "-m", "kvbench.lab.proxy", "--mode", mode,
+    cmd = [str(labenv.lab_python()), "-m", "kvbench.lab.venv.proxy", "--mode", mode,
            "--port", str(port), "--events", str(events)]
     for flag, values in urls.items():
         for url in values:

@@ -1,6 +1,6 @@
 """Measure the two stack findings of docs/lab.md section 3 with each workaround on and off.
 
-    python -m kvbench.lab.findings PLAN.yaml --out DIR [--rate 4] [--seconds 20]
+    python -m kvbench.lab.stack.findings PLAN.yaml --out DIR [--rate 4] [--seconds 20]
 
 For each configuration (both workarounds on; NIXL's own busy-poll; vLLM's re-pinning)
 the disaggregated deployment is started, then measured:
@@ -24,10 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbench.cli import arg_float
-from kvbench.lab import bench, deploy
-from kvbench.lab import env as labenv
 from kvbench.lab.config import Workarounds
-from kvbench.lab.procs import stop_on_exit
+from kvbench.lab.load import bench
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import stop_on_exit
 
 CONFIGS = {
     "workarounds on": Workarounds(1000, True),
@@ -97,7 +98,7 @@ def ttft(st, model_dir: Path, rate: float, seconds: float, folder: Path) -> dict
 
 
 def measure(cfg, name: str, w: Workarounds, out: Path, rate: float, seconds: float) -> dict:
-    from kvbench.lab.deploy import model_for
+    from kvbench.lab.stack.deploy import model_for
 
     cfg = replace(cfg, workarounds=w)
     folder = out / name.split(" (")[0].replace(" ", "-")
@@ -131,7 +132,7 @@ def markdown(results: list[dict], rate: float) -> str:
 def main(argv=None) -> int:
     from kvbench.lab.planfile import load_lab_section
 
-    p = argparse.ArgumentParser(prog="python -m kvbench.lab.findings")
+    p = argparse.ArgumentParser(prog="python -m kvbench.lab.stack.findings")
     p.add_argument("plan")
     p.add_argument("--out", required=True)
     p.add_argument("--rate", type=arg_float(0, 1e6, lo_open=True), default=4.0)

@@ -3,23 +3,23 @@
     kvbench lab agree examples/lab-plan.yaml --rates 1,4 --repeats 3 --out results/lab/agree
 
 1. The plan's disaggregated deployment comes up (or the one `kvbench lab up` left running),
-   decode's NIXL READs traced (kvbench.lab.nixltrace), and is warmed up (warm_up);
+   decode's NIXL READs traced (kvbench.lab.venv.nixltrace), and is warmed up (warm_up);
    per rate and repeat one bounded `vllm bench serve` run with the plan's workload, prefix
    cache reset first (every request pulls its whole KV), the decode instance's NIXL
-   histograms read before and after (kvbench.lab.agree_engine: exact means from
+   histograms read before and after (kvbench.lab.agree.engine: exact means from
    _sum/_count, bucket fractions, never interpolated percentiles).
 2. The deployment goes down; per repeat one MPI job runs the engine-shaped p2p
-   (kvbench.lab.agree_p2p) on the lab model's geometry, the engine's block size and the
+   (kvbench.lab.agree.p2p) on the lab model's geometry, the engine's block size and the
    engine's block count per transfer, on the instances' cores, with the lab's UCX
    environment and progress-thread delay: the engine configuration, every on/off
    combination of its features (a 2^4 factorial), a few what-ifs, the engine polled at
    decode's measured step times of each rate, and decode as it runs at each rate
    (`replica@R`: Poisson gaps, its work per request, vLLM's worker waits, the traced look
-   cadence; replica_inputs, kvbench.lab.agree_p2p.replica_flags).
-3. The plain p2p fit the sweep uses (kvbench.lab.handoff) predicts the same transfers.
+   cadence; replica_inputs, kvbench.lab.agree.p2p.replica_flags).
+3. The plain p2p fit the sweep uses (kvbench.lab.load.handoff) predicts the same transfers.
 4. DIR/agreement.json and DIR/agreement.md: per rate, engine mean vs prediction for post
-   and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree_stats), where
-   xfer goes beyond post on each side (kvbench.lab.agree_remainder), the feature costs, and
+   and transfer time, ratio with a 95% interval over runs (kvbench.lab.agree.stats), where
+   xfer goes beyond post on each side (kvbench.lab.agree.remainder), the feature costs, and
    the plain fit's ratio beside it.
 """
 
@@ -32,16 +32,20 @@ import time
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int, parse_positive_floats
-from kvbench.lab import agree_engine, agree_p2p, bench, deploy, nixltrace
-from kvbench.lab import env as labenv
-from kvbench.lab.agree_report import analyse, markdown
-from kvbench.lab.handoff import ENGINE_BLOCK_TOKENS
-from kvbench.lab.procs import run_interruptible, stop_on_exit
-from kvbench.lab.sweep import Point, Sweep, lab_target, running_lab
+from kvbench.lab.agree import engine as agree_engine
+from kvbench.lab.agree import p2p as agree_p2p
+from kvbench.lab.agree.report import analyse, markdown
+from kvbench.lab.load import bench
+from kvbench.lab.load.handoff import ENGINE_BLOCK_TOKENS
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import run_interruptible, stop_on_exit
+from kvbench.lab.sweep.main import Point, Sweep, lab_target, running_lab
+from kvbench.lab.venv import nixltrace
 from kvbench.records.write import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.agree/1"
-ENGINE_TRACE = "engine-trace.jsonl"  # decode's per-transfer NIXL trace (kvbench.lab.nixltrace)
+ENGINE_TRACE = "engine-trace.jsonl"  # decode's per-transfer NIXL trace (kvbench.lab.venv.nixltrace)
 
 
 def build_parser() -> ArgumentParser:
@@ -116,7 +120,7 @@ def warm_up(endpoint: str, input_len: int, trace: Path) -> dict:
     warm as kvbench's timed handoffs are: the deployment's first READ pays UCX's lazy
     connection set-up (10-45 ms measured here, against ~2 ms warm), which would otherwise
     land in the first run's mean. Its trace is kept and reported apart, like kvbench's cold."""
-    from kvbench.lab.capture import post_json, prompt
+    from kvbench.lab.stack.capture import post_json, prompt
 
     first = len(agree_engine.read_trace(trace))
     for i in range(WARMUP_REQUESTS):
@@ -210,7 +214,7 @@ def replica_inputs(engine: dict, draws: dict[str, Path], out: Path,
 
 
 def plain_fit(lab, out: Path) -> str | None:
-    from kvbench.lab.handoff import reference_fit
+    from kvbench.lab.load.handoff import reference_fit
 
     print("agree: the plain p2p fit the sweep uses", file=sys.stderr, flush=True)
     try:

@@ -100,7 +100,7 @@ def step_draws(itl: dict | None) -> dict | None:
 
 
 def read_trace(path, start: int = 0) -> list[dict]:
-    """The engine's per-transfer trace lines (kvbench.lab.nixltrace) from line `start` on;
+    """The engine's per-transfer trace lines (kvbench.lab.venv.nixltrace) from line `start` on;
     [] when there is no file. A torn last line (the engine still writing) is left out."""
     import json
     from pathlib import Path
@@ -119,7 +119,7 @@ def read_trace(path, start: int = 0) -> list[dict]:
 
 
 def trace_transfers(recs: list[dict]) -> dict | None:
-    """The traced transfers as agree's remainder reads them (kvbench.lab.agree_remainder), in
+    """The traced transfers as agree's remainder reads them (kvbench.lab.agree.remainder), in
     the same form as kvbench's per-handoff telemetry: post and xfer (NIXL's, ms), whether the
     post itself returned DONE, whether the look in the posting step still saw it in flight
     (`late`), and whether a notification (a lease heartbeat) went out between post and look."""

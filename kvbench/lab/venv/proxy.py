@@ -1,6 +1,6 @@
 """The two front doors of the lab: a round-robin proxy and the prefill/decode (P/D) proxy.
 
-Both run in the lab's venv (`python -m kvbench.lab.proxy ...`, aiohttp) and stream the
+Both run in the lab's venv (`python -m kvbench.lab.venv.proxy ...`, aiohttp) and stream the
 answer back chunk by chunk, so the client measures TTFT/ITL through the same kind of
 hop in both deployments (one proxy each: a fair comparison).
 
@@ -27,7 +27,7 @@ import uuid
 
 from aiohttp import ClientOSError, ClientSession, ClientTimeout, ServerDisconnectedError, web
 
-from kvbench.cli import ArgumentParser, arg_int
+from kvbench.lab.venv.args import OneLineParser, number
 
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -190,9 +190,9 @@ def _first_decode(proxy: Proxy):
 
 
 def main(argv=None) -> None:
-    p = ArgumentParser(prog="python -m kvbench.lab.proxy")
+    p = OneLineParser(prog="python -m kvbench.lab.venv.proxy")
     p.add_argument("--mode", choices=("rr", "pd"), required=True)
-    p.add_argument("--port", type=arg_int(1, 65_535), required=True)
+    p.add_argument("--port", type=number(int, 1, 65_535), required=True)
     p.add_argument("--backend", action="append", help="rr: base URL of an instance (repeat)")
     p.add_argument("--prefill", action="append", help="pd: base URL of a prefill instance")
     p.add_argument("--decode", action="append", help="pd: base URL of a decode instance")

@@ -2,7 +2,7 @@
 
 vLLM's histograms give the exact mean of a run's transfers but not where each one's time
 went. With `KVBENCH_NIXL_TRACE=FILE` in a decode instance's environment,
-kvbench.lab.connector wraps four calls of the worker's NIXL agent (nothing else changes):
+kvbench.lab.venv.connector wraps four calls of the worker's NIXL agent (nothing else changes):
 
     transfer(handle)          the post: its start/end on this process's clock and the state
                               NIXL returned ("DONE" when the READ finished inside the call)
@@ -21,7 +21,7 @@ Line (times in microseconds from the post's start, perf_counter):
 So each transfer says whether the READ was still in flight at the look in its own step
 (`looks[0]` is PROC) and how long the next step took to look again. The cost is one
 perf_counter per call and one short write per transfer (< 0.1 ms), outside the timed
-post. kvbench.lab.agree_engine reads the lines back.
+post. kvbench.lab.agree.engine reads the lines back.
 """
 
 from __future__ import annotations

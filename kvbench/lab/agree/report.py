@@ -2,7 +2,7 @@
 
 Per rate the engine's mean (each run's exact mean from its histogram's _sum/_count; the mean
 over runs) is divided by kvbench's (each p2p job's NIXL telemetry mean; the mean over jobs),
-with a 95% interval built for a positive ratio (kvbench.lab.agree_stats: log scale, the run
+with a 95% interval built for a positive ratio (kvbench.lab.agree.stats: log scale, the run
 as the unit, none from fewer than 3 runs a side, the reason printed instead). Predictions:
 
     engine-shaped  NIXL telemetry means of `kvbench p2p --nixl-shape engine` (postDuration,
@@ -10,7 +10,7 @@ as the unit, none from fewer than 3 runs a side, the reason printed instead). Pr
     drawn poll     the same, completion polled at decode's measured step times at that rate
     paced          drawn poll plus a transfer every 1000/R ms (--nixl-gap-ms): the engine as it
                    runs at rate R, progress thread idle between requests
-    replica        decode as it runs at rate R under the lab's client (kvbench.lab.agree_p2p.
+    replica        decode as it runs at rate R under the lab's client (kvbench.lab.agree.p2p.
                    replica_flags): Poisson gaps, decode's work per request inside them, its
                    threads waiting as vLLM's worker waits (--nixl-waits engine), looks on the
                    cadence of the engine's trace; the targets are judged on it when present
@@ -18,7 +18,7 @@ as the unit, none from fewer than 3 runs a side, the reason printed instead). Pr
     plain          the sweep's plain p2p fit (link shape), setup + bytes/rate at the engine's
                    mean bytes, with the fit's band; it predicts a transfer time, so only xfer
 Targets (judged on a quiet machine only): post within 10 %, xfer within 15 % at the lowest
-rate. The xfer remainder (kvbench.lab.agree_remainder): where xfer - post goes on each side,
+rate. The xfer remainder (kvbench.lab.agree.remainder): where xfer - post goes on each side,
 from the engine's per-transfer trace and kvbench's per-handoff telemetry. Feature costs: the
 main effect of each engine feature in the 2^k factorial (per repeat: mean over the cells with
 it on minus mean over those with it off; paired t interval over repeats), two-feature
@@ -31,9 +31,9 @@ from __future__ import annotations
 import itertools
 import statistics
 
-from kvbench.lab.agree_p2p import FEATURES, UNPINNED, VARIANTS, factorial_cells
-from kvbench.lab.agree_remainder import remainder
-from kvbench.lab.agree_stats import DIFF_METHOD, RATIO_METHOD, diff_interval, ratio_interval
+from kvbench.lab.agree.p2p import FEATURES, UNPINNED, VARIANTS, factorial_cells
+from kvbench.lab.agree.remainder import remainder
+from kvbench.lab.agree.stats import DIFF_METHOD, RATIO_METHOD, diff_interval, ratio_interval
 
 TARGETS = {"post": 0.10, "xfer": 0.15}
 
@@ -309,7 +309,7 @@ def _remainder_markdown(a: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Where xfer goes beyond post (per transfer: NIXL telemetry; engine: "
-             "kvbench.lab.nixltrace in vLLM's decode worker)", "",
+             "kvbench.lab.venv.nixltrace in vLLM's decode worker)", "",
              "xfer - post = in-flight share x wait: a READ still in flight at the look in its "
              "posting step is seen a step later. Fast posts (<= 0.5 ms) that returned before "
              "the READ was done are the READs that can be late.", "",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.cli import UsageError
-from kvbench.lab import bench
+from kvbench.lab.load import bench
 
 CLIENTS = ("vllm", "aiperf", "guidellm")
 # start-up of AIPerf (its services, tokenizer, dataset) and GuideLLM (tokenizer, synthetic data,

@@ -2,9 +2,9 @@
 
 For every deployment x cache state x offered rate (x repeat) one bounded open-loop
 run of the chosen load generator (`--client`: `vllm bench serve`, AIPerf or GuideLLM,
-kvbench.lab.clients), with the deployment's /metrics recorded during it by `kvbench slo
+kvbench.lab.load.clients), with the deployment's /metrics recorded during it by `kvbench slo
 scrape`; records converted and analysed (with the scrapes) by `kvbench slo`; one report
-(kvbench.lab.sweepreport). With a `lab:` section and no endpoints the deployments are
+(kvbench.lab.sweep.report). With a `lab:` section and no endpoints the deployments are
 started locally, one at a time (an idle deployment would share the cores), and stopped
 after their runs or on any failure or Ctrl-C. Every run's files stay in the output
 folder; a run folder with run.json is done, so a second invocation on the same folder
@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int
-from kvbench.lab import bench, deploy
-from kvbench.lab import env as labenv
-from kvbench.lab.clients import CLIENTS, client_run, find_client
-from kvbench.lab.procs import run_interruptible, stop_on_exit
+from kvbench.lab.load import bench
+from kvbench.lab.load.clients import CLIENTS, client_run, find_client
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import run_interruptible, stop_on_exit
 from kvbench.records.write import utc_stamp, write_new_file
 
 SCHEMA = "kvbench.lab.sweep/1"
@@ -70,7 +71,7 @@ def _post(url: str) -> None:
 
 def progress(metrics: dict[str, list[str]]):
     """Tokens generated so far over every instance (None where unreadable): the stall watch."""
-    from kvbench.lab.snapshot import fetch
+    from kvbench.lab.load.snapshot import fetch
 
     def total():
         snaps = [fetch(u, timeout_s=3) for urls in metrics.values() for u in urls]
@@ -195,8 +196,8 @@ class Sweep:
 
 def running_lab(name: str, lab):
     """The deployment `kvbench lab up` left running for this plan's lab (same ports), if alive."""
-    from kvbench.lab.cli import state_dir
-    from kvbench.lab.procs import LabState
+    from kvbench.lab.stack.env import state_dir
+    from kvbench.lab.stack.procs import LabState
 
     path = state_dir() / f"{name}.json"
     if not path.exists():
@@ -253,7 +254,7 @@ def run_deployment(sweep: Sweep, name: str, todo: list[Point], counter: list[int
             metrics = {role: list(urls) for role, urls in spec.metrics_endpoints.items()}
             target = Target(spec.endpoint, metrics, [], load.model, load.tokenizer)
         else:
-            from kvbench.lab.deploy import model_for
+            from kvbench.lab.stack.deploy import model_for
 
             model = model_for(lab)
             st = running_lab(name, lab)
@@ -280,7 +281,7 @@ def build_parser() -> ArgumentParser:
                    "and the spread across them (default 1)")
     p.add_argument("--client", choices=CLIENTS, default="vllm",
                    help="load generator: vllm (vllm bench serve, the lab's), aiperf or guidellm (each from "
-                        "its own venv, see kvbench.lab.clients; default vllm)")
+                        "its own venv, see kvbench.lab.load.clients; default vllm)")
     p.add_argument("--no-handoff-model", action="store_true",
                    help="skip the p2p NIXL references (plain and engine-shaped) and the "
                         "engine-vs-model comparison")
@@ -289,7 +290,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv=None) -> int:
     from kvbench.lab.planfile import load_lab_plan
-    from kvbench.lab.sweepreport import write_report
+    from kvbench.lab.sweep.report import write_report
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -320,16 +321,16 @@ def main(argv=None) -> int:
 
 
 def reference_fit(lab, out: Path) -> Path:
-    from kvbench.lab.deploy import model_for
-    from kvbench.lab.handoff import reference_fit as run_fit
+    from kvbench.lab.load.handoff import reference_fit as run_fit
+    from kvbench.lab.stack.deploy import model_for
 
     print("sweep: measuring the NIXL reference with kvbench p2p + fit first", file=sys.stderr, flush=True)
     return run_fit(model_for(lab), out / "handoff-model", out / "handoff-model.log")
 
 
 def engine_reference(lab, out: Path) -> Path:
-    from kvbench.lab.deploy import model_for, nixl_env
-    from kvbench.lab.handoff import engine_reference as run_engine
+    from kvbench.lab.load.handoff import engine_reference as run_engine
+    from kvbench.lab.stack.deploy import model_for, nixl_env
 
     print("sweep: measuring the engine-shaped NIXL reference (kvbench p2p --nixl-shape engine)",
           file=sys.stderr, flush=True)

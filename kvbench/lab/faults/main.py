@@ -13,7 +13,7 @@ runs a small open-loop workload whose first request is held by the P/D proxy bet
   kill_prefill  the prefill instance is SIGKILLed (its whole process group), then decode
                 is released; later requests find no prefill at all.
 
-Then the deployment drains and kvbench.lab.audit judges the requests and the instances.
+Then the deployment drains and kvbench.lab.faults.audit judges the requests and the instances.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int
-from kvbench.lab import audit, deploy
-from kvbench.lab import env as labenv
-from kvbench.lab.procs import LabState, run_interruptible, stop, stop_on_exit
-from kvbench.lab.snapshot import fetch
+from kvbench.lab.faults import audit
+from kvbench.lab.load.snapshot import fetch
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import LabState, run_interruptible, stop, stop_on_exit
 from kvbench.records.write import utc_stamp, write_new_file
 
 INJECTIONS = ("side_channel", "stop_prefill", "kill_prefill")
@@ -68,7 +69,7 @@ def run_client(endpoint: str, reqs: list[dict], out: Path, deadline_s: float) ->
     spec = out.with_suffix(".requests.json")
     spec.write_text(json.dumps(reqs))
     env = dict(os.environ, PYTHONPATH=str(deploy.REPO_ROOT))
-    return subprocess.Popen([str(labenv.lab_python()), "-m", "kvbench.lab.client", str(spec),
+    return subprocess.Popen([str(labenv.lab_python()), "-m", "kvbench.lab.venv.client", str(spec),
                              "--endpoint", endpoint, "--out", str(out), "--deadline-s", str(deadline_s)],
                             env=env)
 
@@ -210,7 +211,7 @@ class FaultRun:
 
 
 def run_policy(cfg, policy: str, injections, out: Path, n: int) -> list[dict]:
-    from kvbench.lab.deploy import model_for
+    from kvbench.lab.stack.deploy import model_for
 
     cfg = replace(cfg, kv_load_failure_policy=policy)
     out.mkdir(parents=True, exist_ok=True)
@@ -258,8 +259,8 @@ def _choices(text: str, allowed: tuple, what: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from kvbench.lab.cli import require_env
     from kvbench.lab.planfile import load_lab_section
+    from kvbench.lab.stack.env import require_env
 
     args = build_parser().parse_args(argv)
     policies = _choices(args.policies, POLICIES, "--policies")

@@ -181,8 +181,8 @@ def kv_table(roles: dict[tuple, list[dict]], engine_points: list | None = None) 
 
 def _engine_shaped(totals: list[dict], points: list | None) -> dict | None:
     """kvbench p2p --nixl-shape engine's NIXL xferDuration mean at each repeat's mean bytes,
-    and the engine's mean time over it (kvbench.lab.handoff.engine_shaped_at)."""
-    from kvbench.lab.handoff import engine_shaped_at
+    and the engine's mean time over it (kvbench.lab.load.handoff.engine_shaped_at)."""
+    from kvbench.lab.load.handoff import engine_shaped_at
 
     if not points:
         return None
@@ -230,8 +230,8 @@ def machine_note(runs: list[dict]) -> dict:
 
 def provenance(out: Path) -> dict:
     """Command, versions and kvbench commit: what a results/ file must say about itself."""
-    from kvbench.lab import deploy
-    from kvbench.lab import env as labenv
+    from kvbench.lab.stack import deploy
+    from kvbench.lab.stack import env as labenv
 
     meta = json.loads((out / "sweep.json").read_text())
     try:
@@ -245,8 +245,8 @@ def provenance(out: Path) -> dict:
 
 
 def client_label(client: str) -> str:
-    """The load generator and the version its converter was checked on (kvbench.lab.clients)."""
-    from kvbench.lab.clients import VERSIONS
+    """The load generator and the version its converter was checked on (kvbench.lab.load.clients)."""
+    from kvbench.lab.load.clients import VERSIONS
 
     return "vllm bench serve" if client == "vllm" else f"{client} {VERSIONS[client]}"
 
@@ -271,14 +271,14 @@ def _capacities(analyses: dict, runs: list[dict], plan) -> tuple[dict, dict]:
 
 
 def write_report(out: Path, plan, pts, fit: Path | None, engine_ref: Path | None = None) -> str:
-    from kvbench.lab.sweepfmt import markdown, plot_sweep
+    from kvbench.lab.sweep.fmt import markdown, plot_sweep
 
     runs = load_runs(out, pts)
     reps = sorted({p.repeat for p in pts})
     analyses = {k: run_analyze(out, plan, k, [r for r in runs if r["p"].repeat == k], fit) for k in reps}
     capacity, verdicts = _capacities(analyses, runs, plan)
     roles = engine_roles(analyses)
-    from kvbench.lab.handoff import engine_shaped_points
+    from kvbench.lab.load.handoff import engine_shaped_points
 
     engine_points = engine_shaped_points(engine_ref) if engine_ref else None
     report = {"schema": "kvbench.lab.sweep-report/2", "plan": plan.path, "machine": machine_note(runs),

@@ -16,10 +16,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvbench.lab import deploy
-from kvbench.lab import env as labenv
 from kvbench.lab.config import parse_lab
-from kvbench.lab.procs import stop_on_exit
+from kvbench.lab.stack import deploy
+from kvbench.lab.stack import env as labenv
+from kvbench.lab.stack.procs import stop_on_exit
 from kvbench.records.write import write_new_file
 
 WORDS = "import os sys json time def class return if else for in while with as try except".split()
@@ -75,6 +75,6 @@ def capture_metrics(out_dir: Path, n: int) -> int:
 
 
 def deploy_model(cfg):
-    from kvbench.lab.deploy import model_for
+    from kvbench.lab.stack.deploy import model_for
 
     return model_for(cfg)

@@ -6,7 +6,7 @@ the engine as deployed (`engine`: what vLLM 0.32.0 + the lab's connector do), ev
 combination of its features (a 2^4 factorial, so each feature's cost is a measured main
 effect), and a few what-ifs one step from the engine.
 The prefill rank runs on the prefill instance's core, the decode rank on the decode
-instance's (taskset, as `kvbench.lab.deploy` binds them), with the lab's UCX environment.
+instance's (taskset, as `kvbench.lab.stack.deploy` binds them), with the lab's UCX environment.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvbench.lab.handoff import mpirun
+from kvbench.lab.load.handoff import mpirun
 
 DRIVER = """\
 import shlex, sys
@@ -166,7 +166,7 @@ def _record(folder: Path) -> dict | None:
 
 def summary(rec: dict | None) -> dict | None:
     """The numbers agree compares: NIXL telemetry means, kvbench's p50, the merged count, and
-    per timed handoff what the xfer remainder is made of (kvbench.lab.agree_remainder)."""
+    per timed handoff what the xfer remainder is made of (kvbench.lab.agree.remainder)."""
     if rec is None:
         return None
     tel = rec.get("nixl_telemetry") or {}

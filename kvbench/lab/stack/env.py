@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvbench.cli import UsageError
+
 VLLM_VERSION = "0.32.0"
 NIXL_VERSION = "1.5.1"
 TORCH_PIN = "torch==2.13.0"
@@ -68,6 +70,19 @@ def missing_reason() -> str | None:
     if not is_installed():
         return f"vLLM lab environment not installed at {venv_dir()} (run: kvbench lab install)"
     return None
+
+
+def require_env() -> None:
+    """A UsageError line when the lab cannot run (the commands that start vLLM call it)."""
+    reason = missing_reason()
+    if reason:
+        raise UsageError(reason)
+
+
+def state_dir() -> Path:
+    """Where `lab up` records what it started ($KVBENCH_LAB_RUN, else <lab home>/run)."""
+    env = os.environ.get("KVBENCH_LAB_RUN")
+    return Path(env) if env else lab_home() / "run"
 
 
 def _pip(*args: str, quiet: bool = True) -> None:

@@ -116,8 +116,8 @@ def coverage(method, trials: int, runs: int, requests: int, p2p_runs: int | None
 
 
 def agree_method(e: dict, k: dict, q: str) -> list[float] | None:
-    """The interval `kvbench lab agree` prints (kvbench.lab.agree_stats), for `coverage`."""
-    from kvbench.lab.agree_stats import ratio_interval
+    """The interval `kvbench lab agree` prints (kvbench.lab.agree.stats), for `coverage`."""
+    from kvbench.lab.agree.stats import ratio_interval
 
     if q == "plain":
         return ratio_interval(e["xfer"], k["plain"][0], k["plain"][1])["ci95"]

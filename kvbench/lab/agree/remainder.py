@@ -14,7 +14,7 @@ A READ is in flight at the look essentially only when the post returned before t
 finished (NIXL's transfer() said PROC, not DONE), which happens on fast posts: a slow post
 (one that lost the core to NIXL's progress thread) finishes the READ while it waits.
 
-Both sides give the same per-transfer record (the engine from kvbench.lab.nixltrace inside
+Both sides give the same per-transfer record (the engine from kvbench.lab.venv.nixltrace inside
 vLLM's decode worker, kvbench from its per-handoff telemetry), so each term is compared.
 """
 

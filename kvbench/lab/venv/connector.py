@@ -1,6 +1,6 @@
 """vLLM's own NixlConnector with two workarounds for small CPU hosts, each switchable off.
 
-Loaded inside the vLLM processes through `kv_connector_module_path=kvbench.lab.connector`
+Loaded inside the vLLM processes through `kv_connector_module_path=kvbench.lab.venv.connector`
 with `kv_connector=NixlConnector` (the class keeps vLLM's name so every check vLLM makes
 on the connector name still holds). It only runs in the lab's vLLM environment.
 
@@ -18,7 +18,7 @@ the thread's affinity back as it was before the worker was built
 (`KVBENCH_KEEP_MODEL_THREAD_AFFINITY=1`, the default; 0 keeps vLLM's re-pinning).
 
 Measurement hook (no behaviour change): with `KVBENCH_NIXL_TRACE=FILE` the worker's NIXL
-agent calls are traced per transfer (kvbench.lab.nixltrace; `kvbench lab agree` sets it on
+agent calls are traced per transfer (kvbench.lab.venv.nixltrace; `kvbench lab agree` sets it on
 the decode instance).
 
 Versions are pinned: the workarounds reach into private code of exactly these releases,
@@ -46,7 +46,7 @@ def _check_versions() -> None:
     found = {"vllm": vllm.__version__, "nixl": version("nixl-cu12")}
     for name, want in PINNED.items():
         if found[name].split("+")[0] != want:
-            raise RuntimeError(f"kvbench.lab.connector is written for {name} {want}, found "
+            raise RuntimeError(f"kvbench.lab.venv.connector is written for {name} {want}, found "
                                f"{found[name]}; set no workarounds or update the connector")
 
 
@@ -74,7 +74,7 @@ def _install_poll_delay(delay_us: int) -> None:
     shim.__dict__.update({k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
     shim.nixlAgent = agent
     api.nixlBind = shim
-    print(f"kvbench.lab.connector: NIXL progress-thread delay {delay_us} us", file=sys.stderr)
+    print(f"kvbench.lab.venv.connector: NIXL progress-thread delay {delay_us} us", file=sys.stderr)
 
 
 class NixlConnector(_VllmNixlConnector):
@@ -92,11 +92,11 @@ class NixlConnector(_VllmNixlConnector):
             action = "restored" if keep_affinity() else "left as vLLM set it"
             if keep_affinity():
                 os.sched_setaffinity(0, before)
-            print(f"kvbench.lab.connector: NIXL worker re-pinned the model thread from cores "
+            print(f"kvbench.lab.venv.connector: NIXL worker re-pinned the model thread from cores "
                   f"{sorted(before)} to {sorted(after)}; {action}", file=sys.stderr)
         if self.connector_worker is not None:
-            from kvbench.lab import nixltrace
+            from kvbench.lab.venv import nixltrace
 
             if nixltrace.install(self.connector_worker) is not None:
-                print(f"kvbench.lab.connector: tracing NIXL transfers to "
+                print(f"kvbench.lab.venv.connector: tracing NIXL transfers to "
                       f"{os.environ[nixltrace.ENV]}", file=sys.stderr)

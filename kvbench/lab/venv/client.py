@@ -1,6 +1,6 @@
 """A streaming client that keeps every chunk: the fault audit's eyes.
 
-Runs in the lab venv (aiohttp): `python -m kvbench.lab.client REQUESTS.json --endpoint URL
+Runs in the lab venv (aiohttp): `python -m kvbench.lab.venv.client REQUESTS.json --endpoint URL
 --out CHUNKS.jsonl`. Each request is sent at its scheduled offset (open loop), at most
 `--concurrency` in flight, with `stream`, `return_token_ids` and `ignore_eos`, so every
 chunk names the token ids it carries. One JSON line per request records: the schedule,
@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from kvbench.cli import ArgumentParser, arg_float, arg_int
+from kvbench.lab.venv.args import OneLineParser, number
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -99,12 +99,12 @@ async def run_all(endpoint: str, requests: list[dict], concurrency: int, deadlin
 
 
 def main(argv=None) -> None:
-    p = ArgumentParser(prog="python -m kvbench.lab.client")
+    p = OneLineParser(prog="python -m kvbench.lab.venv.client")
     p.add_argument("requests", help="JSON list of {id, model, prompt, max_tokens, send_at_s}")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--concurrency", type=arg_int(1, 100_000), default=16)
-    p.add_argument("--deadline-s", type=arg_float(0, 1e7, lo_open=True), default=120.0)
+    p.add_argument("--concurrency", type=number(int, 1, 100_000), default=16)
+    p.add_argument("--deadline-s", type=number(float, 0, 1e7, lo_open=True), default=120.0)
     args = p.parse_args(argv)
     host = urlparse(args.endpoint).hostname
     if host not in LOOPBACK:

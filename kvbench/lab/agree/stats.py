@@ -21,7 +21,7 @@ is the ratio of their long-run means, engine / kvbench. Why the interval is buil
   95% band as a known log-scale standard error, and the engine runs' degrees of freedom
   (Welch-Satterthwaite's larger df undercovers there: ~92% in the simulation).
 
-Coverage is checked by simulation (kvbench.lab.agree_sim, tests/lab/test_agree_coverage.py,
+Coverage is checked by simulation (kvbench.lab.agree.sim, tests/lab/test_agree_coverage.py,
 benchmarks/agree_coverage.py). Feature costs are differences (they can be negative): a paired
 Student t over repeats (the factorial's cells of one repeat share its MPI job), with the
 same minimum.
