@@ -49,6 +49,19 @@ def test_no_flag_takes_a_raw_int_or_float():
     assert _raw_number_types() == []
 
 
+@pytest.mark.parametrize("kind", [int, float])
+def test_lab_venv_number_flags_refuse_the_hostile_values(kind):
+    """The lab-venv modules (proxy, client, tiny-model builder) parse numbers without
+    kvbench.cli (they import no kvbench outside lab.venv): the same values are refused."""
+    from kvbench.lab.venv.args import number
+
+    parse = number(kind, 0, 1e7, lo_open=True)
+    for bad in HOSTILE + ["0", "-1", "1e8"]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)
+    assert parse("12") == 12
+
+
 def _parsers():
     for name, module in PARSERS.items():
         mod = importlib.import_module(module)

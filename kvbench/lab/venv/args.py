@@ -35,8 +35,9 @@ def number(kind: type, lo: float, hi: float, lo_open: bool = False):
         except ValueError:
             value = None
         if value is None or not math.isfinite(value) or value > hi or value < lo \
-                or (lo_open and value == lo):
-            bound = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
+                or (lo_open and value == lo) or 0 < abs(value) < sys.float_info.min:
+            show = (lambda v: str(int(v))) if kind is int else (lambda v: f"{v:g}")
+            bound = f"{'(' if lo_open else '['}{show(lo)}, {show(hi)}]"
             raise argparse.ArgumentTypeError(f"must be a{'n integer' if kind is int else ' number'} "
                                              f"in {bound}, got {text[:40]!r}")
         return value
