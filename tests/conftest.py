@@ -7,6 +7,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -112,6 +114,19 @@ def run_mpi(n: int, *args: str, timeout: float = 180, cwd=None, extra_env=None,
     cmd = [mpirun, "-n", str(n), *mpi_args, PY, "-m", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                           cwd=cwd or ROOT)
+
+
+def run_cases(n: int, lines: list[str], folder: Path, timeout: float = 300, **kw):
+    """The p2p argument `lines` as one job (`kvbench p2p --cases`, its file in `folder`):
+    (the process, {the case's --out: (exit status, seconds)} from rank 0's per-case lines)."""
+    path = folder / "cases.txt"
+    path.write_text("\n".join(lines) + "\n")
+    res = run_mpi(n, "kvbench.p2p", "--cases", str(path), timeout=timeout, **kw)
+    done = {}
+    for m in re.finditer(r"^case \d+/\S+: exit (-?\d+) in ([\d.]+) s: (.*)$", res.stdout, re.M):
+        argv = shlex.split(m[3])
+        done[argv[argv.index("--out") + 1] if "--out" in argv else None] = (int(m[1]), float(m[2]))
+    return res, done
 
 
 def gpu_share_args(transport: str, ranks: int = 2) -> tuple[str, ...]:

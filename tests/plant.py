@@ -3,8 +3,9 @@ planted out, and report what each run saw. Used by tests/p2p/test_engine.py:
 
     mpirun -n N python -m tests.plant FAULT CASES_FILE
 
-Each line of CASES_FILE is `name<TAB>p2p arguments`; the driver runs `kvbench.p2p.cli` on it
-(records go where its --out says) and rank 0 prints one JSON line per case:
+Each line of CASES_FILE is `name<TAB>p2p arguments`; the cases run in one job through
+kvbench.p2p.cases (what `kvbench p2p --cases` runs; records go where each --out says) and
+rank 0 prints one JSON line per case:
 {"case": name, "rc": exit status, "waits": host waits per rank, "seconds": wall time}.
 
 Faults (each removes exactly one ordering the engine owes the device; see kvbench/p2p/engine.py):
@@ -20,12 +21,10 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
-
-from mpi4py import MPI
 
 from kvbench.p2p import cli as p2p
 from kvbench.p2p import engine
+from kvbench.p2p.cases import run_cases
 
 
 def plant(fault: str) -> None:
@@ -50,7 +49,10 @@ def plant(fault: str) -> None:
 
 
 def main() -> None:
-    fault, cases = sys.argv[1], sys.argv[2]
+    """Read the named cases, plant the fault, and run them as one job (kvbench.p2p.cases);
+    after each, rank 0 prints its JSON line with every rank's host waits."""
+    fault, path = sys.argv[1], sys.argv[2]
+    named = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()]
     plant(fault)
     made = []
     make = p2p.make_device
@@ -60,17 +62,14 @@ def main() -> None:
         return made[-1]
 
     p2p.make_device = recording
-    comm = MPI.COMM_WORLD
-    for line in open(cases):
-        if not line.strip():
-            continue
-        name, args = line.rstrip("\n").split("\t")
-        t0 = time.perf_counter()
-        rc = p2p.cli(shlex.split(args))
+
+    def report(case, comm) -> None:
         waits = comm.gather(made[-1].host_waits if made else None, root=0)
         if comm.Get_rank() == 0:
-            print(json.dumps({"case": name, "rc": rc, "waits": waits,
-                              "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
+            print(json.dumps({"case": named[case.index - 1][0], "rc": case.rc, "waits": waits,
+                              "seconds": round(case.seconds, 2)}), flush=True)
+
+    run_cases([shlex.split(args) for _, args in named], after=report)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`mpirun -n 2 python -m kvbench.p2p ...` (= `kvbench p2p`).
+"""`mpirun -n 2 python -m kvbench.p2p ...` (= `kvbench p2p`); with `--cases FILE`, every
+argument line of FILE in turn in one job (kvbench.p2p.cases).
 
 The job needs the `p2p` extra (torch for the KV tensors, mpi4py for the ranks), which
 `pip install kvbench` leaves out so that fit, plan, slo, report and model install light.
@@ -34,6 +35,11 @@ def cli(argv=None) -> int:
               "pip install 'kvbench[p2p]' (fit, plan, slo, report and model run without it)",
               file=sys.stderr)
         return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--cases" or a.startswith("--cases=") for a in argv):  # many runs, one job
+        from kvbench.p2p.cases import cli as run_cases
+
+        return run_cases(argv)
     from kvbench.p2p.cli import cli as run
 
     return run(argv)

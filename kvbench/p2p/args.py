@@ -63,6 +63,7 @@ examples:
       --block-size 1,2,4,8,16,32,64 --block-ids scattered,contiguous   # descriptor sweep
   mpirun -n 2 python -m kvbench.p2p --bytes 4K,1M,64M             # raw link sweep
   mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
+  mpirun -n 2 python -m kvbench.p2p --cases FILE   # each line of FILE (these flags) in turn, one job
 """
 
 

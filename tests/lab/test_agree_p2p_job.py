@@ -1,6 +1,6 @@
 """`kvbench lab agree`'s p2p job without a lab: `agree_p2p.run_job` runs its configurations
-as one real MPI job (the engine-shaped NIXL handoff on a tiny model, ranks unpinned) and
-leaves in the run folder the cases file and the records, never the generated driver."""
+as one real MPI job through `kvbench p2p --cases` (the engine-shaped NIXL handoff on a tiny
+model, ranks unpinned) and leaves in the run folder the cases file and the records, no code."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ TINY = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
 @pytest.mark.mpi
 @pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
 def test_run_job_records_every_configuration_and_leaves_no_code(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the driver imports this checkout's kvbench
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the job imports this checkout's kvbench
     model = tmp_path / "config.json"
     model.write_text(json.dumps(TINY))
     base = agree_p2p.base_flags(model, 16, 32, 3, 1000)  # 2 blocks of 16 tokens, 3 handoffs
@@ -31,6 +31,8 @@ def test_run_job_records_every_configuration_and_leaves_no_code(tmp_path, monkey
     assert all(r is not None and r["wrong"] == 0 and r["n_samples"] == 3 for r in got.values()), \
         log.read_text()[-3000:]
     assert got["off:threads"]["spec"]["transport_options"] != got["engine"]["spec"]["transport_options"]
+    assert [ln.split(" in ")[0] for ln in log.read_text().splitlines() if ln.startswith("case ")] \
+        == ["case 1/2: exit 0", "case 2/2: exit 0"], log.read_text()[-3000:]
     kept = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert "cases-free.txt" in kept and not [p for p in kept if p.endswith(".py")], kept
     assert all(p == "cases-free.txt" or p.split("/")[0] in cfgs for p in kept), kept

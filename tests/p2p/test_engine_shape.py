@@ -22,7 +22,7 @@ from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.transports import nixl_import
-from tests.conftest import ROOT, run_mpi
+from tests.conftest import run_cases
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
@@ -294,16 +294,6 @@ def test_predicted_descriptor_count_is_nixls(tiny, case):
 ENGINE = ("--transport nixl --nixl-shape engine --layout paged --granularity block "
           "--block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 --quiet "
           "--no-nixl-progress-thread --nixl-threads 0")
-DRIVER = """\
-import shlex, sys
-from mpi4py import MPI
-from kvbench.p2p import cli as p2p
-
-for line in open(sys.argv[1]):
-    rc = p2p.cli(shlex.split(line))
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print("RC", rc, line.split("--out ")[1].strip(), flush=True)
-"""
 RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl-waits spin",
         "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed",
@@ -317,12 +307,8 @@ def engine_job(tiny, tmp_path_factory):
     """One MPI job (torch + NIXL start once): the telemetry run, then two planted faults."""
     tmp = tmp_path_factory.mktemp("engine")
     lines = [f"{ENGINE} --model-config {tiny} {flags} --out {tmp / name}" for name, flags in RUNS.items()]
-    (tmp / "cases.txt").write_text("\n".join(lines) + "\n")
-    (tmp / "driver.py").write_text(DRIVER)
-    res = run_mpi(2, "driver", str(tmp / "cases.txt"), cwd=tmp, timeout=300,
-                  extra_env={"PYTHONPATH": str(ROOT)})
-    rcs = {line.split()[2].rsplit("/", 1)[1]: int(line.split()[1])
-           for line in res.stdout.splitlines() if line.startswith("RC ")}
+    res, done = run_cases(2, lines, tmp, timeout=300)
+    rcs = {name: done[str(tmp / name)][0] for name in RUNS if str(tmp / name) in done}
     recs = {name: [json.loads(x) for f in (tmp / name).glob("*.jsonl") for x in f.open()]
             for name in RUNS}
     return rcs, recs, res

@@ -1,26 +1,25 @@
 """NIXL transport: real `mpirun -n 2` jobs on this CPU machine (DRAM buffers, UCX backend).
 
 Starting torch + NIXL costs several seconds per rank here, so the write/read x whole/layer/
-block x reuse/recreate/reregister matrix runs as one MPI job: a small driver calls
-`kvbench.p2p.cli` (what `python -m kvbench.p2p` runs) once per configuration, each writing
-its own records, and ends with a stalled handoff, which must abort the job at --timeout.
-That --timeout is derived from readiness, not fixed: twice the slowest healthy configuration
-of the same job (at least 5 s), so every healthy wait before the stall (NIXL's connect, its
-metadata exchange) fits inside it however busy the machine is. A failed post and a missing
-NIXL get their own runs.
+block x reuse/recreate/reregister matrix runs as one MPI job (`kvbench p2p --cases`: one
+configuration per line, each writing its own records). A stalled handoff, which must abort
+its job at --timeout, runs after it in a job of its own; that --timeout is derived from
+readiness, not fixed: twice the slowest healthy configuration of the matrix job (at least
+5 s), so every healthy wait before the stall (NIXL's connect, its metadata exchange) fits
+inside it however busy the machine is. A failed post and a missing NIXL get their own runs.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 import textwrap
 
 import pytest
 
 from kvbench.p2p.transports import nixl as nixl_transport
 from kvbench.p2p.transports import nixl_import
-from tests.conftest import ROOT, gpu_share_args, mpi_env, run_cli, run_mpi
+from tests.conftest import gpu_share_args, mpi_env, run_cases, run_cli, run_mpi
 
 HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL,
@@ -56,37 +55,18 @@ CONFIGS = {
 }
 LAYERWISE = f"{FAST} --nixl-op read --pattern layerwise --layer-compute-ms 0.2 --warmup 0"
 
-DRIVER = textwrap.dedent("""\
-    import math, shlex, sys
-    from mpi4py import MPI
-    from kvbench.p2p import cli as p2p
-
-    slowest = 0.0
-    for line in open(sys.argv[1]):
-        if line.startswith("STALL "):  # --timeout: twice the slowest healthy case, >= 5 s
-            timeout = MPI.COMM_WORLD.bcast(max(5, math.ceil(2 * slowest)), root=0)
-            line = f"{line[6:].strip()} --timeout {timeout}"
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                print(f"STALL --timeout {timeout}", flush=True)
-        t0 = MPI.Wtime()
-        rc = p2p.cli(shlex.split(line))
-        slowest = max(slowest, MPI.Wtime() - t0)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print("RC", rc, f"{MPI.Wtime() - t0:.1f}s", line.strip(), flush=True)
-""")
-
-
 def _records(out) -> list[dict]:
     return [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.open()]
 
 
 FAULT = "--sizes 16 --warmup 0 --iters 2 --min-iters 2 --no-write --quiet"
-STALL = f"{FAULT} --nixl-inject stall"  # its --timeout: from the healthy cases (DRIVER)
+STALL = f"{FAULT} --nixl-inject stall"  # its --timeout: from the healthy cases (stall_job)
 
 
 @pytest.fixture(scope="module")
 def matrix_job(tmp_path_factory):
-    """One MPI job: every configuration, then the stall. ({name: [records]}, process, seconds)."""
+    """One MPI job, every configuration (`kvbench p2p --cases`):
+    ({name: [records]}, process, {name: (exit status, seconds) or None})."""
     from kvbench.p2p import patterns
 
     tmp = tmp_path_factory.mktemp("nixl")
@@ -94,21 +74,32 @@ def matrix_job(tmp_path_factory):
     if "layerwise" in patterns.available():
         configs["layerwise"] = LAYERWISE
     lines = [f"--transport nixl {SMALL} {flags} --out {tmp / name}" for name, flags in configs.items()]
-    lines.append(f"STALL --transport nixl {STALL}")
-    (tmp / "cases.txt").write_text("\n".join(lines) + "\n")
-    (tmp / "nixl_matrix.py").write_text(DRIVER)
-    # the driver runs from tmp: point it at this checkout, not whatever kvbench is installed;
-    # 900 s only turns a hang into a failure
-    res = run_mpi(2, "nixl_matrix", str(tmp / "cases.txt"), cwd=tmp, timeout=900,
-                  extra_env={"PYTHONPATH": str(ROOT)})
-    return {name: _records(tmp / name) for name in configs}, res
+    res, done = run_cases(2, lines, tmp, timeout=900)  # 900 s only turns a hang into a failure
+    return ({name: _records(tmp / name) for name in configs}, res,
+            {name: done.get(str(tmp / name)) for name in configs})
 
 
 @pytest.fixture(scope="module")
 def matrix(matrix_job):
-    records, res = matrix_job
-    assert res.stdout.count("RC 0 ") == len(records), res.stdout[-3000:] + res.stderr[-3000:]
+    records, res, done = matrix_job
+    assert all(d is not None and d[0] == 0 for d in done.values()), \
+        res.stdout[-3000:] + res.stderr[-3000:]
     return records
+
+
+@pytest.fixture(scope="module")
+def stall_job(matrix_job):
+    """The stalled handoff in a job of its own; its --timeout from readiness, not fixed: twice
+    the slowest healthy configuration of the matrix job (at least 5 s; the first one includes
+    NIXL's start), so every healthy wait before the stall (NIXL's connect, its metadata
+    exchange) fits inside it however busy the machine is. (process, --timeout in s)"""
+    _, res, done = matrix_job
+    seconds = [d[1] for d in done.values() if d is not None]
+    assert seconds, res.stdout[-3000:] + res.stderr[-3000:]
+    timeout = max(5, math.ceil(2 * max(seconds)))
+    stall = run_mpi(2, "kvbench.p2p", "--transport", "nixl", *STALL.split(), "--timeout",
+                    str(timeout), timeout=timeout + 240)
+    return stall, timeout
 
 
 ONE_OFF = {"reuse": ["nixl_register_prefill_ms", "nixl_register_decode_ms", "nixl_metadata_ms",
@@ -187,13 +178,13 @@ def test_layerwise_pattern_runs_over_nixl(matrix):
 
 @pytest.mark.mpi
 @needs_nixl
-def test_stall_past_timeout_aborts_cleanly(matrix_job):
+def test_stall_past_timeout_aborts_cleanly(stall_job):
     """The prefill side never posts its WRITE: both ranks give up at --timeout, release their
     NIXL handles and registrations, and the job exits non-zero instead of hanging."""
-    _, res = matrix_job
+    res, timeout = stall_job
     assert res.returncode != 0, "the stalled handoff must end the job with an error"
     err = res.stderr
-    assert re.search(r"^STALL --timeout \d+$", res.stdout, re.M), res.stdout[-2000:]
+    assert timeout >= 5
     assert "did not complete before the --timeout" in err, err[-2000:]
     assert "aborting the job" in err
     assert "handoff 1 aborted; released" in err and "1 registration(s)" in err, err[-2000:]

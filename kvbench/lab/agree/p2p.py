@@ -1,7 +1,7 @@
 """kvbench's side of `kvbench lab agree`: the engine-shaped p2p on the lab's exact geometry.
 
-One `mpirun -n 2` job per repeat runs every configuration in turn (`kvbench.p2p.cli` called
-once per configuration, each into its own folder, so the torch/NIXL start-up is paid once):
+One `mpirun -n 2` job per repeat runs every configuration in turn (`kvbench p2p --cases`,
+each into its own folder, so the torch/NIXL start-up is paid once):
 the engine as deployed (`engine`: what vLLM 0.32.0 + the lab's connector do), every on/off
 combination of its features (a 2^4 factorial, so each feature's cost is a measured main
 effect), and a few what-ifs one step from the engine.
@@ -17,19 +17,9 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from kvbench.lab.load.handoff import mpirun
-
-DRIVER = """\
-import shlex, sys
-from mpi4py import MPI  # MPI is this driver's: each p2p.cli call leaves it up for the next
-from kvbench.p2p import cli as p2p
-
-for line in open(sys.argv[1]):
-    p2p.cli(shlex.split(line))
-"""
 
 # The engine's own features, each on as vLLM 0.32.0 + the lab run it: the flags that turn it
 # off. Every on/off combination is run (a 2^4 factorial, `engine` = all on), so a feature's
@@ -139,12 +129,9 @@ def run_job(folder: Path, base: str, cfgs: dict[str, str], cores: tuple[int, int
     cases.write_text("\n".join(lines) + "\n")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", **ucx_env)
-    # The driver is code, not a result: it lives in a temporary folder for the job's length,
-    # and the run folder keeps only the cases (the exact p2p lines) and the records.
-    with tempfile.TemporaryDirectory(prefix="kvbench-agree-") as tmp, open(log, "ab") as fh:
-        driver = Path(tmp) / "driver.py"
-        driver.write_text(DRIVER)
-        py = [sys.executable, str(driver), str(cases)]
+    # The run folder keeps the cases (the exact p2p lines) and the records.
+    with open(log, "ab") as fh:
+        py = [sys.executable, "-m", "kvbench.p2p", "--cases", str(cases)]
         if cores is None:
             cmd = [mpirun(), "--bind-to", "none", "-n", "2", *py]
         else:

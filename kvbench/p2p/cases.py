@@ -1,0 +1,166 @@
+"""`mpirun -n 2 python -m kvbench.p2p --cases FILE`: many p2p runs in one MPI job.
+
+Starting torch, MPI and NIXL costs seconds per rank, so a set of configurations (lab agree's
+factorial, a test's matrix) runs as one job: FILE holds one p2p argument line per line (the
+flags `kvbench p2p` takes, shell-quoted as on a command line; blank lines and `#` comments
+are skipped). Each case runs in turn in the same MPI world, exactly as `kvbench p2p` with
+those flags would (same validation, same records, same table), and rank 0 prints one line
+after it:
+
+    case 2/5: exit 0 in 3.1 s: --transport nixl --sizes 16 --out runs/a
+
+A case that fails (a data check, a flag its run refuses) is reported and the next one runs;
+the job exits with the first failing case's status, 0 when all pass. A FILE that cannot be
+read, a line that does not parse (quoting, an unknown flag, a bad value, a nested --cases)
+or ranks that read different cases end the job in one line before any case runs (exit 2).
+
+This module: reading and checking the cases, and the loop (`run_cases`, which tests with a
+planted fault call with their own per-case hook).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.cli import EXIT_USAGE, UsageError, one_line
+from kvbench.p2p import cli as p2p
+from kvbench.p2p import world as mpi_world
+from kvbench.p2p.args import PROG, build_parser, prescan
+from kvbench.p2p.watchdog import WATCHDOG, env_rank
+
+FLAG = "--cases"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case's outcome on this rank: its place (1-based), its flags, exit status, wall time."""
+
+    index: int
+    total: int | None  # None: the cases came from a generator
+    argv: tuple[str, ...]
+    rc: int
+    seconds: float
+
+    def line(self) -> str:
+        return (f"case {self.index}/{self.total or '?'}: exit {self.rc} in {self.seconds:.1f} s: "
+                f"{shlex.join(self.argv)}")
+
+
+def check_case(argv: Sequence[str], where: str) -> None:
+    """The case's flags parse as `kvbench p2p`'s; else a UsageError naming the line."""
+    if FLAG in argv or any(a.startswith(FLAG + "=") for a in argv):
+        raise UsageError(f"{where}: a case cannot hold {FLAG}")
+    parser = build_parser(rank=1)  # silent: the error is raised, and printed once by rank 0
+
+    def refuse(message: str):
+        raise UsageError(f"{where}: {one_line(message)}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    try:
+        parser.parse_args(list(argv))
+    except SystemExit:  # --help in a case
+        raise UsageError(f"{where}: a case cannot ask for --help") from None
+
+
+def read_cases(path: str) -> list[list[str]]:
+    """FILE's cases, each checked; a UsageError line for the first bad one."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{FLAG} {path}: cannot read it ({exc.__class__.__name__}: "
+                         f"{getattr(exc, 'strerror', None) or exc})") from None
+    cases = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{FLAG} {path} line {lineno}"
+        try:
+            argv = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        check_case(argv, where)
+        cases.append(argv)
+    if not cases:
+        raise UsageError(f"{FLAG} {path}: no cases (one p2p argument line per line)")
+    return cases
+
+
+def _agreed_cases(comm, path: str) -> list[list[str]]:
+    """Every rank reads FILE; all end together, in one line, if any could not or if they differ."""
+    cases, error = [], None
+    try:
+        cases = read_cases(path)
+    except UsageError as exc:
+        error = exc
+    error = p2p.agree(comm, error)
+    if error is None:
+        digest = hashlib.sha256(repr(cases).encode()).hexdigest()
+        if len(set(comm.allgather(digest))) > 1:
+            error = UsageError(f"{FLAG} {path}: the ranks read different cases (one file per job)")
+    if error is not None:
+        raise error
+    return cases
+
+
+def run_cases(cases: Iterable[Sequence[str]],
+              after: Callable[[CaseResult, object], None] | None = None) -> int:
+    """Each case through `kvbench p2p` in this MPI job (started here unless the caller runs
+    it); `after(result, comm)` on every rank after each case (default: rank 0 prints its line).
+    `cases` may be a generator (then read lazily: a case can depend on the ones before it)."""
+    if not hasattr(cases, "__next__"):
+        cases = list(cases)
+    total = len(cases) if isinstance(cases, list) else None
+    WATCHDOG.start(PROG, prescan([])[0])
+    owned = mpi_world.init()
+    comm = mpi_world.world()
+    first_failure = 0
+    try:
+        for index, argv in enumerate(cases, 1):
+            t0 = time.perf_counter()
+            rc = p2p.cli(list(argv))
+            result = CaseResult(index, total, tuple(argv), rc, time.perf_counter() - t0)
+            if after is not None:
+                after(result, comm)
+            elif comm.Get_rank() == 0:
+                print(result.line(), flush=True)
+            first_failure = first_failure or rc
+    finally:
+        if owned:
+            WATCHDOG.phase("tear-down")
+            mpi_world.finalize()
+    return first_failure
+
+
+def cli(argv: Sequence[str]) -> int:
+    """`kvbench p2p --cases FILE` (nothing else on the command line: flags go on each line)."""
+    argv = list(argv)
+    if len(argv) == 2 and argv[0] == FLAG:
+        path = argv[1]
+    elif len(argv) == 1 and argv[0].startswith(FLAG + "="):
+        path = argv[0].split("=", 1)[1]
+    else:
+        if env_rank() in (None, 0):
+            print(f"{PROG}: error: {FLAG} takes one FILE and nothing else (the flags go on each "
+                  "of its lines)", file=sys.stderr)
+        return EXIT_USAGE
+    WATCHDOG.start(PROG, prescan([])[0])
+    owned = mpi_world.init()
+    try:
+        comm = mpi_world.world()
+        try:
+            cases = _agreed_cases(comm, path)
+        except UsageError as exc:
+            if comm.Get_rank() == 0:
+                print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return run_cases(cases)
+    finally:
+        if owned:
+            WATCHDOG.phase("tear-down")
+            mpi_world.finalize()

@@ -1,0 +1,93 @@
+"""`kvbench p2p --cases FILE`: many p2p runs in one MPI job (kvbench.p2p.cases).
+
+In-process: the file is read and every line checked before anything runs (a bad line is one
+line naming it, exit 2). Under mpirun: a case writes what a separate run with the same flags
+writes, a failing case does not stop the next, and a bad line stops the job before any case.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.cli import UsageError
+from kvbench.p2p.__main__ import cli as p2p_main
+from kvbench.p2p.cases import read_cases
+from tests.conftest import run_cases, run_mpi
+from tests.test_robust import run
+
+QUICK = "--transport mpi --bytes 4K,64K --iters 5 --min-iters 5 --warmup 1 --quiet"
+
+
+def test_cases_are_read_line_by_line_and_comments_skipped(tmp_path):
+    f = tmp_path / "cases.txt"
+    f.write_text("# two runs\n\n--sizes 16 --out 'a b'\n  --bytes 4K --no-write\n")
+    assert read_cases(str(f)) == [["--sizes", "16", "--out", "a b"], ["--bytes", "4K", "--no-write"]]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("--sizes 16\n--sizes 16 --bogus 1\n", "line 2: unrecognized arguments: --bogus 1"),
+    ("--sizes 16\n--iters ١٢\n", "line 2: argument --iters: "),
+    ("--sizes 16 --out 'a\n", "line 1: No closing quotation"),
+    ("--sizes 16 --cases other.txt\n", "line 1: a case cannot hold --cases"),
+    ("--help\n", "line 1: a case cannot ask for --help"),
+    ("# only a comment\n\n", "no cases"),
+    (b"\xff\xfe--sizes", "cannot read it (UnicodeDecodeError"),
+])
+def test_a_bad_line_is_refused_naming_it(tmp_path, capsys, text, says):
+    f = tmp_path / "cases.txt"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UsageError) as exc:
+        read_cases(str(f))
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+    assert capsys.readouterr() == ("", "")  # the check itself prints nothing: rank 0 does
+
+
+@pytest.mark.parametrize("argv", [["--cases"], ["--cases", "f", "--sizes", "16"],
+                                  ["--sizes", "16", "--cases=f"]])
+def test_cases_takes_one_file_and_nothing_else(argv):
+    rc, out, err = run(p2p_main, *argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "--cases takes one FILE and nothing else" in err
+
+
+def _records(folder) -> list[dict]:
+    return [json.loads(x) for f in sorted(folder.glob("kvbench-p2p-*.jsonl")) for x in f.open()]
+
+
+@pytest.mark.mpi
+def test_each_case_writes_what_a_separate_run_writes(tmp_path):
+    """Two cases, the first failing its data check (planted corruption): both run, each its
+    own records; the healthy one matches a separate `kvbench p2p` run of the same flags in
+    everything but the measurement itself, and the job exits with the failing case's 1."""
+    bad, good, alone = tmp_path / "bad", tmp_path / "good", tmp_path / "alone"
+    lines = [f"{QUICK} --debug-corrupt-elements 3 --out {bad}", f"{QUICK} --out {good}"]
+    res, done = run_cases(2, lines, tmp_path, timeout=240)
+    assert {k: rc for k, (rc, _) in done.items()} == {str(bad): 1, str(good): 0}, \
+        res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 1
+    assert any(r["wrong"] > 0 for r in _records(bad))
+    sep = run_mpi(2, "kvbench.p2p", *QUICK.split(), "--out", str(alone), timeout=240)
+    assert sep.returncode == 0, sep.stderr[-3000:]
+    case, single = _records(good), _records(alone)
+    assert len(case) == len(single) == 2
+    for a, b in zip(case, single, strict=True):
+        assert set(a) == set(b)
+        assert a["spec_id"] == b["spec_id"] and a["spec"] == b["spec"]
+        assert a["argv"][3:-1] == b["argv"][3:-1]  # python -m kvbench.p2p FLAGS --out DIR
+        assert (a["bytes"], a["n_samples"], a["wrong"]) == (b["bytes"], b["n_samples"], 0)
+        assert a["run_id"] != b["run_id"]
+
+
+@pytest.mark.mpi
+def test_a_bad_line_ends_the_job_before_any_case(tmp_path):
+    first = tmp_path / "first"
+    lines = [f"{QUICK} --out {first}", f"{QUICK} --iters many"]
+    res, done = run_cases(2, lines, tmp_path, timeout=120)
+    assert res.returncode == 2 and done == {}
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("kvbench")]  # not prterun's
+    assert len(err) == 1, res.stderr
+    assert err[0].startswith(f"kvbench p2p: error: --cases {tmp_path / 'cases.txt'} line 2: "
+                             "argument --iters: ") and "'many'" in err[0]
+    assert not first.exists()
