@@ -35,7 +35,7 @@ def plant(fault: str) -> None:
     elif fault == "no-device-completion":
         engine.Engine._complete_on_device = lambda self: None
     elif fault == "sync-per-post":
-        from kvbench.p2p.transports import nixl
+        from kvbench.p2p.transports.nixl import channel as nixl
 
         post = nixl.NIXLChannel.post
 

@@ -31,7 +31,7 @@ from pydantic import AfterValidator, Field
 
 from kvbench.cli import UsageError
 from kvbench.lab.venv.tinymodel import TinyModelSpec
-from kvbench.p2p.transports.nixl_import import MAX_PROGRESS_DELAY_US
+from kvbench.p2p.transports.nixl.binding import MAX_PROGRESS_DELAY_US
 from kvbench.records.schema.types import (
     MAX_TOKENS,
     Heads,

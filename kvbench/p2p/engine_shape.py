@@ -16,7 +16,7 @@ moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/
 This module holds the parts that need no NIXL: option parsing, the message plan (the page
 plan of kvbench.p2p.cut, where block tables and regions live), descriptor ids and the merged
 count they should give, and the poll schedule. The NIXL side is
-kvbench.p2p.transports.nixl_engine.
+kvbench.p2p.transports.nixl.engine.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvbench.lab.agree import p2p as agree_p2p
-from kvbench.p2p.transports import nixl_import
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import ROOT
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None

@@ -22,7 +22,7 @@ import pytest
 from kvbench.model import PRESETS, get_dtype, resolve_model
 from kvbench.p2p import cut as kc
 from kvbench.p2p.shards import ShardError
-from kvbench.p2p.transports import nixl_import
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import ROOT, run_mpi
 
 BF16 = get_dtype("bf16")

@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from kvbench.p2p.devices import AsyncCPUDevice, CPUDevice, make_device
-from kvbench.p2p.transports import nixl as nixl_transport
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import run_mpi
 
-HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
+HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 TINY = {"model_type": "tiny-4l", "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64, "intermediate_size": 128}
 LAYERS = 4

@@ -110,7 +110,7 @@ def test_planted_constant_gaps_fail_the_check():
 
 def _decode_channel(monkeypatch, initiator: bool, gap_ms: float, busy_ms: float, window_ms: float,
                     mode: str = "engine"):
-    from kvbench.p2p.transports import nixl_engine as ne
+    from kvbench.p2p.transports.nixl import engine as ne
 
     clock = _Clock(monkeypatch)
     ch = object.__new__(ne.EngineChannel)  # only what idle_before() reads
@@ -203,7 +203,7 @@ class _FakeXc:
 def _side(initiator: bool, announce: str, box: list, calls: list):
     from collections import deque
 
-    from kvbench.p2p.transports import nixl_engine as ne
+    from kvbench.p2p.transports.nixl import engine as ne
 
     ch = object.__new__(ne.EngineChannel)  # what pump() and notify() read
     ch.initiator, ch.is_sender, ch.op, ch.cid, ch.h, ch.in_handoff = initiator, not initiator, "read", 1, 1, True

@@ -1,4 +1,4 @@
-"""The engine-shaped handoff's construction (kvbench.p2p.engine_shape, transports/nixl_engine).
+"""The engine-shaped handoff's construction (kvbench.p2p.engine_shape, transports/nixl/engine.py).
 
 Unit tests need no MPI: region tables and ids, the merge count, block tables, the poll
 schedule, the flags' refusals. The merge count is held against NIXL itself: two agents in
@@ -21,7 +21,7 @@ from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
-from kvbench.p2p.transports import nixl_import
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import run_cases
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
@@ -142,7 +142,7 @@ class _Clock:
 
 
 def _waiting_channel(monkeypatch, initiator: bool, poll: str, state: int, waits: str):
-    from kvbench.p2p.transports import nixl_engine as ne
+    from kvbench.p2p.transports.nixl import engine as ne
 
     clock = _Clock(monkeypatch)
     ch = object.__new__(ne.EngineChannel)  # only what idle() reads
@@ -157,7 +157,7 @@ def test_engine_waits_between_looks(monkeypatch, waits):
     thread that spins without yielding keeps the core from NIXL's progress thread, and posts
     then lose a 4 ms scheduler tick (docs/nixl.md). Prefill looks once per engine step, decode
     waiting for a request pauses once per test, decode with a READ in flight waits in check()."""
-    from kvbench.p2p.transports.nixl import _IDLE, _PROC
+    from kvbench.p2p.transports.nixl.channel import _IDLE, _PROC
 
     ch, clock = _waiting_channel(monkeypatch, False, "fixed:2", _IDLE, waits)
     for _ in range(3):
@@ -388,7 +388,7 @@ def test_progress_delay_reaches_the_binding_for_one_call():
     import sys
     import types
 
-    from kvbench.p2p.transports.nixl_import import agent_with_progress_delay
+    from kvbench.p2p.transports.nixl.binding import agent_with_progress_delay
 
     seen = []
     api = types.ModuleType("fake_nixl_api")

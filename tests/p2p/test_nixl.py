@@ -17,11 +17,11 @@ import textwrap
 
 import pytest
 
-from kvbench.p2p.transports import nixl as nixl_transport
-from kvbench.p2p.transports import nixl_import
+from kvbench.p2p.transports import ucx_info
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import gpu_share_args, mpi_env, run_cases, run_cli, run_mpi
 
-HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
+HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL,
                                 reason="NIXL is not importable: pip install 'kvbench[nixl]'")
 
@@ -258,7 +258,7 @@ def test_import_failure_names_the_extra(monkeypatch):
         raise ImportError(f"libcuda.so.1: cannot open shared object file ({name})")
 
     monkeypatch.setattr(nixl_import.importlib, "import_module", broken)
-    mod, why = nixl_transport.import_nixl()
+    mod, why = nixl_import.import_nixl()
     assert mod is None and "does not import" in why and "pip install 'kvbench[nixl]'" in why
     assert "\n" not in why
 
@@ -299,7 +299,7 @@ UCX_LOG = """\
 
 
 def test_ucx_protocol_tables_name_the_path():
-    rows = nixl_transport.parse_ucx_proto_info(UCX_LOG)
+    rows = ucx_info.parse_ucx_proto_info(UCX_LOG)
     assert [(r["endpoint"], r["range"], r["transport"]) for r in rows] == [
         ("kv-0 self cfg#0", "0..inf", "self/memory"),
         ("kv-0 intra-node cfg#1", "0..inf", "cma/memory"),
@@ -307,8 +307,8 @@ def test_ucx_protocol_tables_name_the_path():
         ("kv-0 intra-node cfg#1", "1..16515", "tcp/lo"),
         ("kv-0 intra-node cfg#1", "0..inf", "rc_mlx5/mlx5_0:1"),
     ]
-    assert nixl_transport.summarize_path(rows, "write") == \
+    assert ucx_info.summarize_path(rows, "write") == \
         "RMA write: cma/memory (zero-copy); notifications (AM): tcp/lo"
-    assert nixl_transport.summarize_path(rows, "read") == \
+    assert ucx_info.summarize_path(rows, "read") == \
         "RMA read: rc_mlx5/mlx5_0:1 (zero-copy); notifications (AM): tcp/lo"
-    assert nixl_transport.summarize_path([], "write") is None
+    assert ucx_info.summarize_path([], "write") is None

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.p2p.transports import nixl as nixl_transport
+from kvbench.p2p.transports.nixl import binding as nixl_import
 from kvbench.p2p.watchdog import PHASES, slug
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path
 
@@ -63,7 +63,7 @@ CASES = {  # name: (phase, p2p flags)
     "ipc-set-up": ("set-up", ("--transport", "ipc")),
     "ipc-data-check": ("data-check", ("--transport", "ipc")),
 }
-HAVE_NIXL = nixl_transport.import_nixl()[0] is not None
+HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # 16 jobs, 2-3 min on 2 cores
 # Run inside a private mount namespace: an empty /dev/shm of its own, listed after the job.
 PRIVATE_SHM = """mount -t tmpfs -o size=2g kvbench-shm /dev/shm || exit 90

@@ -37,7 +37,7 @@ from kvbench.p2p.engine_shape import (
     merged_count,
 )
 from kvbench.p2p.transports.base import TransportError, seen_by_both
-from kvbench.p2p.transports.nixl import (
+from kvbench.p2p.transports.nixl.channel import (
     _ANNOUNCE,
     _PROC,
     _SETUP,

@@ -1,0 +1,383 @@
+"""`--transport nixl`: its flags, the rank's NIXL agent (UCX backend), the notifications it
+routes to channels, and what the record says about the path UCX took
+(kvbench.p2p.transports.nixl)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from collections.abc import Sequence
+
+from kvbench.cli import arg_float, arg_int
+from kvbench.p2p.transports import register
+from kvbench.p2p.transports.base import (
+    Channel,
+    Transport,
+    TransportError,
+)
+from kvbench.p2p.transports.nixl.binding import (
+    MAX_NIXL_THREADS,
+    MAX_PROGRESS_DELAY_US,
+    _version,
+    agent_with_progress_delay,
+    import_nixl,
+)
+from kvbench.p2p.transports.nixl.channel import (
+    _NOTIF,
+    CHANNELS,
+    NIXLChannel,
+    default_batch,
+    now,
+)
+from kvbench.p2p.transports.ucx_info import (
+    _flush_c_stdio,
+    _ucx_probe,
+    _ucx_version,
+    parse_ucx_proto_info,
+    path_category,
+    peer_rows,
+    read_complete_lines,
+    summarize_path,
+)
+
+
+@register
+class NIXLTransport(Transport):
+    name = "nixl"
+    description = "NIXL agents, UCX backend: one-sided WRITE/READ + notifications (metadata over MPI)"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        g = parser.add_argument_group("nixl transport (--transport nixl)")
+        g.add_argument("--nixl-op", choices=("write", "read"), default=None,
+                       help="write: prefill pushes into decode's registered buffers; read: decode "
+                            "pulls from prefill's (default write; read with --nixl-shape engine)")
+        g.add_argument("--nixl-recreate", action="store_true",
+                       help="create a new transfer request every handoff (timed) instead of reposting")
+        g.add_argument("--nixl-reregister", action="store_true",
+                       help="register, exchange metadata, prepare and create per handoff (timed), "
+                            "deregister after it")
+        g.add_argument("--nixl-prep", choices=("prepped", "initialize"), default="prepped",
+                       help="prep_xfer_dlist + make_prepped_xfer (default), or initialize_xfer")
+        g.add_argument("--nixl-batch", choices=("message", "layer", "handoff"), default=None,
+                       help="one transfer request per message, per layer, or one for the whole "
+                            "handoff over every message's descriptor (posted with the last "
+                            "message). Default: message for --granularity whole/layer; for "
+                            "block, handoff (layer when a layerwise pattern is in the run)")
+        g.add_argument("--nixl-progress-thread", action=argparse.BooleanOptionalAction, default=True,
+                       help="NIXL's own progress thread (NIXL's default, on); without it progress "
+                            "comes only from polling, which is faster when cores are scarce")
+        e = parser.add_argument_group(
+            "nixl engine-shaped handoff (--nixl-shape engine; docs/nixl.md)")
+        e.add_argument("--nixl-shape", choices=("link", "engine"), default="link",
+                       help="link (default): the message plan moved as fast as NIXL allows, "
+                            "busy-polled; engine: vLLM 0.32's pull connector: per-layer regions, "
+                            "one descriptor per block, region-major ids, a prepped READ per request "
+                            "with the notification on it, completion polled per engine step, "
+                            "NIXL telemetry per handoff (needs --layout paged --granularity block)")
+        e.add_argument("--nixl-per-request", action=argparse.BooleanOptionalAction, default=True,
+                       help="engine shape: make_prepped_xfer + post + release per handoff (default "
+                            "on); off: one handle made once and reposted")
+        e.add_argument("--nixl-poll", default=None, metavar="WHEN",
+                       help="completion polling: busy, fixed:MS (an idle engine steps about every "
+                            "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
+                            "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
+                            "--nixl-shape engine")
+        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin", "engine"), default=None,
+                       help="engine shape: how its threads wait between looks at NIXL and in "
+                            "the harness's own waits: sleep (default), yield (sched_yield "
+                            "spinning), spin (the link harness's busy loop), or engine (what "
+                            "vLLM 0.32's worker does: yield-spin for --nixl-spin-window-ms "
+                            "after its last work, sleep after that; the gap before a handoff "
+                            "is waited the same way; docs/nixl.md)")
+        e.add_argument("--nixl-announce", choices=("mpi", "nixl"), default=None,
+                       help="engine shape: how prefill tells decode a request is ready: mpi "
+                            "(default: outside NIXL, as vLLM's proxy and engine core do) or a "
+                            "NIXL notification (the link shape's way; its arrival is handled by "
+                            "NIXL's progress thread right before the post)")
+        e.add_argument("--nixl-spin-window-ms", type=arg_float(0, 60_000), default=None,
+                       metavar="MS",
+                       help="--nixl-waits engine: how long a thread yield-spins after its last "
+                            "work before it sleeps (default 1000, vLLM 0.32's busy_loop_s)")
+        e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
+                       help="UCX worker threads of the agent (nixl_agent_config num_threads; "
+                            f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
+        e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
+                       help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
+                            "with --nixl-shape engine, which records postDuration/xferDuration)")
+        e.add_argument("--nixl-progress-delay-us", type=arg_int(0, MAX_PROGRESS_DELAY_US), default=0,
+                       metavar="US",
+                       help="the progress thread's delay between polls (NIXL's Python agent fixes "
+                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.venv.connector; "
+                            f"at most {MAX_PROGRESS_DELAY_US:,})")
+        e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
+                       help="idle time before each handoff, outside the timed window (an engine "
+                            "at R requests/s moves a request's KV about every 1000/R ms, and "
+                            "its progress thread idles in between; default 0: back to back; "
+                            "not counted in --seconds-per-point)")
+        e.add_argument("--nixl-gaps", choices=("fixed", "exp"), default="fixed",
+                       help="engine shape: every gap --nixl-gap-ms long (fixed, default), or "
+                            "drawn exponentially with that mean (exp: the gaps of Poisson "
+                            "arrivals, as the lab's `vllm bench serve` sends requests), seeded "
+                            "by --nixl-gap-seed; the drawn gaps are in the record")
+        e.add_argument("--nixl-busy-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
+                       help="engine shape with --nixl-gap-ms: decode works this long after each "
+                            "handoff (decoding the request: its core busy, no yield), inside the "
+                            "gap; a shorter gap makes the next post follow that work (default 0)")
+        e.add_argument("--nixl-gap-seed", type=arg_int(0, 2**31 - 1), default=0, metavar="N",
+                       help="--nixl-gaps exp: the generator's seed (default 0; every rank draws "
+                            "the same gaps)")
+        e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
+                       help=argparse.SUPPRESS)
+        g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
+                       help="test hook: stall (prefill never posts/announces) or error (the "
+                            "initiator drops the peer's metadata before its first post)")
+
+    @classmethod
+    def unavailable_reason(cls, device: str) -> str | None:
+        _mod, why = import_nixl()
+        return why
+
+    def open(self) -> None:
+        mod, why = import_nixl()
+        if mod is None:
+            raise TransportError(why)
+        self.nixl = mod
+        if not os.environ.get("NIXL_LOG_LEVEL"):  # its INFO lines would land in our stdout table
+            logging.getLogger("nixl").setLevel(logging.WARNING)
+        o = self.ctx.options
+        self.shape = getattr(o, "nixl_shape", "link")
+        engine = self.shape == "engine"
+        self.op = o.nixl_op or ("read" if engine else "write")
+        self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
+        self.prep, self.inject = o.nixl_prep, o.nixl_inject
+        self.batch = "handoff" if engine else (
+            o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
+                                          getattr(o, "pattern", "")))
+        self.progress_thread = o.nixl_progress_thread
+        self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
+        self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
+        self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
+        from kvbench.p2p.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
+
+        window = getattr(o, "nixl_spin_window_ms", None)
+        self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
+                           ENGINE_SPIN_WINDOW_MS if window is None else window)
+        if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
+            self.between_tests = self.waits.pause
+        self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.uses_regions = engine
+        self.announce = getattr(o, "nixl_announce", None) or ("mpi" if engine else "nixl")
+        self.progress_delay_us = o.nixl_progress_delay_us
+        self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
+                         getattr(o, "nixl_gap_seed", 0))
+        self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
+        if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
+            os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
+        # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
+        self.comm = self.ctx.comm.Dup()
+        self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
+        self.errors = self.stale = 0
+        self.backend_used: str | None = None
+        self._remotes: dict[int, list] = {}  # peer rank -> [agent name, channels using it]
+        self._channels: dict[tuple[str, int], NIXLChannel] = {}
+        self._orphans: list[tuple[str, bytes]] = []
+        self._seq: dict[int, int] = {}
+        # Ask UCX which protocols it selects, into a private log we parse (if the user has not
+        # asked for UCX logging themselves). UCX reads these when the backend is created.
+        self.ucx_log = _ucx_probe()
+        self.ucx_log_offset = 0
+        self._noted_at: int | None = None  # note_peer's place in the UCX log
+        self._peer_rows: dict[int, list[dict]] = {}
+        probe = {}
+        if self.ucx_log is not None:
+            _flush_c_stdio()
+            self.ucx_log_offset = self.ucx_log.stat().st_size if self.ucx_log.exists() else 0
+            probe = {"UCX_PROTO_INFO": "y", "UCX_LOG_FILE": str(self.ucx_log)}
+        saved = {k: os.environ.get(k) for k in probe}
+        os.environ.update(probe)
+        self.agent_name = f"kvbench-{socket.gethostname()}-{os.getpid()}-r{self.ctx.rank}-{id(self):x}"
+        t0 = now()
+        try:
+            cfg = mod.nixl_agent_config(enable_prog_thread=self.progress_thread, backends=["UCX"],
+                                        num_threads=self.threads,
+                                        capture_telemetry=self.telemetry)
+            self.agent = agent_with_progress_delay(mod, self.agent_name, cfg, self.progress_delay_us)
+        except Exception as exc:  # noqa: BLE001
+            raise TransportError(f"nixl: could not create the NIXL agent: {exc}") from None
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.agent_ms = (now() - t0) * 1e3
+        if "UCX" not in self.agent.backends:
+            raise TransportError("nixl: the UCX backend plugin is missing from this NIXL install "
+                                 f"(plugins: {', '.join(self.agent.get_plugin_list()) or 'none'})")
+
+    def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None,
+                regions=None, blocks=None) -> Channel:
+        if self.shape == "engine":  # kvbench.p2p.transports.nixl.engine adds itself here
+            return CHANNELS["engine"](self, peer, buffers, is_sender, layer_of, regions, blocks)
+        return NIXLChannel(self, peer, buffers, is_sender, layer_of)
+
+    def record_fields(self) -> dict:
+        out = {"nixl_op": self.op, "nixl_mode": self.mode, "nixl_prep": self.prep,
+               "nixl_batch": self.batch, "nixl_progress_thread": self.progress_thread}
+        if self.threads or self.telemetry or self.poll_text != "busy":
+            out.update(nixl_threads=self.threads, nixl_telemetry=self.telemetry,
+                       nixl_poll=self._poll_label())
+        if self.progress_delay_us:
+            out["nixl_progress_delay_us"] = self.progress_delay_us
+        out.update(self.gaps.label())
+        if self.busy_s:
+            out["nixl_busy_ms"] = round(self.busy_s * 1e3, 6)
+        if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.p2p.cut)
+            out.update(nixl_shape="engine",
+                       nixl_per_request=self.per_request,
+                       nixl_mode="per-request" if self.per_request else "reuse",
+                       nixl_announce=self.announce, **self.waits.label())
+            if self.region_order != "natural":
+                out["nixl_region_order"] = self.region_order
+        return out
+
+    def _poll_label(self) -> str:
+        from kvbench.p2p.engine_shape import PollSchedule
+
+        return PollSchedule(self.poll_text).label()
+
+    def spec_options(self) -> dict:
+        """Link runs keep the keys they always had (their spec ids stay); the engine shape and
+        the agent's non-default threads, telemetry or polling add theirs."""
+        return {k.removeprefix("nixl_"): v for k, v in self.record_fields().items()}
+
+    # -- per-peer remote agents and notification dispatch ---------------------
+
+    def next_channel_id(self, peer: int) -> int:
+        self._seq[peer] = self._seq.get(peer, 0) + 1
+        return self._seq[peer]
+
+    def load_remote(self, peer: int, md: bytes) -> str:
+        """Load (or refresh, with new registrations) the peer's agent; counted per channel."""
+        name = self.agent.add_remote_agent(md)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        entry = self._remotes.setdefault(peer, [name, 0])
+        entry[0] = name
+        entry[1] += 1
+        return name
+
+    def forget_remote(self, peer: int) -> None:
+        self._remotes.pop(peer, None)
+
+    def release_remote(self, peer: int) -> None:
+        entry = self._remotes.get(peer)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._remotes[peer]
+            try:
+                self.agent.remove_remote_agent(entry[0])
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+    def attach(self, ch: NIXLChannel) -> None:
+        self._channels[(ch.remote, ch.cid)] = ch
+        orphans, self._orphans = self._orphans, []
+        for agent_name, msg in orphans:
+            self._dispatch(agent_name, msg)
+
+    def detach(self, ch: NIXLChannel) -> None:
+        if self._channels.get((ch.remote, ch.cid)) is ch:
+            del self._channels[(ch.remote, ch.cid)]
+
+    def poll_notifs(self) -> None:
+        for agent_name, msgs in self.agent.get_new_notifs().items():
+            for msg in msgs:
+                self._dispatch(agent_name, msg)
+
+    def _dispatch(self, agent_name, msg: bytes) -> None:
+        agent_name = agent_name.decode() if isinstance(agent_name, bytes) else agent_name
+        m = _NOTIF.match(bytes(msg))
+        if not m:
+            self.stale += 1
+            return
+        cid, kind, h, u = int(m[1]), m[2].decode(), int(m[3]), int(m[4])
+        ch = self._channels.get((agent_name, cid))
+        if ch is None:
+            self._orphans.append((agent_name, msg))
+            return
+        ch.notify(kind, h, u)
+
+    # -- what carried the data ----------------------------------------------------
+
+    def _local_protocols(self) -> list[dict]:
+        """This rank's UCX protocol rows for the peer endpoints, since this transport opened."""
+        if not self.ucx_log or not self.ucx_log.exists():
+            return []
+        _flush_c_stdio()
+        with open(self.ucx_log, "rb") as f:
+            f.seek(self.ucx_log_offset)
+            text = f.read().decode(errors="replace")
+        return [r for r in parse_ucx_proto_info(text) if path_category(r)]
+
+    def note_peer(self, peer: int) -> None:
+        """The UCX tables printed since the last note are this rank's endpoint to `peer`."""
+        if not self.ucx_log:
+            return
+        if self._noted_at is None:
+            self._noted_at = self.ucx_log_offset
+        text, self._noted_at = read_complete_lines(self.ucx_log, self._noted_at)
+        rows = [r for r in parse_ucx_proto_info(text) if path_category(r)]
+        self._peer_rows.setdefault(peer, []).extend(rows)
+
+    def info_by_pair(self, info: dict, pairs) -> dict:
+        """Per pair, the protocols of the initiator's endpoint to the other rank (the sender's
+        with --nixl-op write, the receiver's with read), as noted by `note_peer`. Collective."""
+        every = self.comm.allgather((self._peer_rows, self._local_protocols()))
+        out = {}
+        for src, dst in pairs:
+            me, peer = (src, dst) if self.op == "write" else (dst, src)
+            noted, all_rows = every[me]
+            rows, how = peer_rows(noted.get(peer, []), all_rows, self.op)
+            path = summarize_path(rows, self.op) or f"unknown ({how})"
+            out[(src, dst)] = {**info, "path": f"UCX {path}", "path_source":
+                               f"rank {me}'s endpoint to rank {peer}: {how}",
+                               "ucx_protocols": [dict(r, rank=me) for r in rows]}
+        return out
+
+    def info(self) -> dict:
+        """Collective over the world (p2p calls it on every rank): gathers every rank's UCX
+        protocol selection, since in read mode the decode rank is the one moving the data."""
+        mine = (self._local_protocols(), self.backend_used, self.errors, self.stale)
+        every = self.comm.allgather(mine)
+        flat = [dict(r, rank=rank) for rank, got in enumerate(every) for r in got[0]]
+        path = summarize_path(flat, self.op)
+        if path is None:
+            path = ("unknown (UCX_PROTO_INFO / UCX_LOG_FILE set by the user: see the job log)"
+                    if not self.ucx_log else "unknown (UCX reported no protocol selection)")
+        return {
+            "backend": "UCX",
+            "backend_used": next((got[1] for got in every if got[1]), None),
+            "nixl_module": self.nixl.__kvbench_name__,
+            "nixl_version": _version(self.nixl.__kvbench_name__),
+            "ucx_version": _ucx_version(self.nixl),
+            "ucx_env": self.ucx_env,
+            "path": f"UCX {path}",
+            "ucx_protocols": flat,
+            "agent_create_ms": self.agent_ms,
+            **self.record_fields(),
+            "failed_transfers": sum(got[2] for got in every),
+            "stale_notifications": sum(got[3] for got in every),
+        }
+
+    def close(self) -> None:
+        for peer in list(self._remotes):
+            self._remotes[peer][1] = 0
+            self.release_remote(peer)
+        self._channels.clear()
+        self.agent = None  # the agent's destructor tears down UCX
+        self.comm.Free()
