@@ -1,0 +1,5 @@
+import sys
+
+from kvbench.lab.faults.main import cli
+
+sys.exit(cli())

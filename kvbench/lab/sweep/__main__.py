@@ -1,0 +1,5 @@
+import sys
+
+from kvbench.lab.sweep.main import cli
+
+sys.exit(cli())
