@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kvbench"
 
 # Lowest first. A module may import its own layer's package and anything below.
 LAYERS = (
-    ("kvbench", "kvbench.units", "kvbench.cli"),
+    ("kvbench", "kvbench.units", "kvbench.errors", "kvbench.cli"),
     ("kvbench.records",),
     ("kvbench.model",),
     ("kvbench.p2p",),
@@ -167,3 +167,37 @@ def test_the_checker_reads_lazy_imports(tmp_path):
     finally:
         ROOT = saved
     assert bad == ["kvbench.records.w (layer 1) imports kvbench.plan.floors (layer 6)"]
+
+
+# ---------------------------------------------------------------------------
+# libraries never import the command plumbing
+
+LIBRARIES = ("kvbench.records", "kvbench.fit", "kvbench.plan")
+
+
+def cli_importers(graph: dict[str, set[str]]) -> list[str]:
+    """Library modules (records, fit, plan) that import kvbench.cli: only a package's own
+    command module (its cli.py) may; the errors and bounded numbers come from kvbench.errors."""
+    return sorted(f"{mod} imports kvbench.cli" for mod, deps in graph.items()
+                  if "kvbench.cli" in deps and mod.startswith(LIBRARIES) and not mod.endswith(".cli"))
+
+
+def test_no_library_module_imports_the_cli():
+    assert cli_importers(import_graph()) == []
+
+
+def test_the_cli_check_catches_a_planted_import(tmp_path):
+    pkg = tmp_path / "kvbench"
+    (pkg / "records").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "records" / "__init__.py"):
+        init.write_text('"""x"""\n')
+    (pkg / "cli.py").write_text("")
+    (pkg / "records" / "w.py").write_text("from kvbench.cli import UsageError\n")
+    (pkg / "records" / "ok.py").write_text("from kvbench.errors import UsageError\n")
+    global ROOT
+    saved, ROOT = ROOT, pkg
+    try:
+        graph = import_graph(pkg)
+    finally:
+        ROOT = saved
+    assert cli_importers(graph) == ["kvbench.records.w imports kvbench.cli"]

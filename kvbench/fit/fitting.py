@@ -15,13 +15,12 @@ resampling in kvbench/fit/data.py. docs/fit-and-plan.md has the method and every
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.fit.data import (
     Collected,
     Group,
@@ -50,7 +49,8 @@ from kvbench.fit.stats import (
 )
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
-from kvbench.records.stats import min_samples_for, percentile_if_supported
+from kvbench.records.select import matches, min_samples_for, parse_where  # noqa: F401 (parse_where: re-exported)
+from kvbench.records.stats import percentile_if_supported
 from kvbench.records.write import (
     dumps_json,
     utc_stamp,
@@ -405,26 +405,6 @@ def regime_warnings(tr: TwoRegimes, line_rate: float | None) -> list[dict]:
 
 # ---------------------------------------------------------------------------
 # files and the CLI
-
-
-def parse_where(items: Sequence[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--where expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _as_text(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(str, v))
-    return "null" if v is None else str(v)
-
-
-def matches(group: dict, where: dict[str, str]) -> bool:
-    return all(_as_text(group.get(k)) == v for k, v in where.items())
 
 
 def _check_where(groups: list[Group], where: dict[str, str]) -> list[Group]:

@@ -6,7 +6,7 @@
     export.py    `plan export`: Dynamo, AISimulate, BLIS, Splitwise, JSON
     cli.py       flags and the commands (plan, plan route, plan export)
 
-May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.fit, and the
+May import: kvbench.units, kvbench.errors, kvbench.cli (its cli.py only), kvbench.model, kvbench.records, kvbench.fit, and the
 pure counting of kvbench.p2p.cut / kvbench.p2p.shards (no torch, no MPI).
 Never slo, lab or report.
 """

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.model import DType, KVSizing, ModelSpec
 from kvbench.p2p.cut import Cut, count_pieces, declared_cuts, page_layout
 from kvbench.p2p.shards import ShardError

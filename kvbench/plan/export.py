@@ -23,14 +23,11 @@ Parameter names are checked against each tool's sources (docs/planners.md cites 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
-from kvbench.model import DEFAULT_MODEL, DTYPES, PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.records.schema.types import MAX_TOKENS
-from kvbench.records.write import check_new_file, dumps_json, write_new_file
+from kvbench.errors import UsageError
+from kvbench.model import KVSizing
+from kvbench.records.write import dumps_json
 from kvbench.units import handoff_ms
 
 SCHEMA_MODEL = "kvbench.kv-transfer-model/1"
@@ -233,64 +230,3 @@ def render(doc: dict, tool: str, setup_as: str) -> str:
         return _comment(head) + " ".join(f"{k} {v!r}" for k, v in p.items()) + "\n"
     return _comment([*head, "in the scheduler config (e.g. configs/orchestrator_repo/schedulers/*.yaml); "
                      "transfer_bandwidth is GiB/s (x 2^30 bytes/s)"]) + f"transfer_bandwidth: {p['transfer_bandwidth']!r}\n"
-
-
-# ---------------------------------------------------------------------------
-# CLI (`kvbench plan export`, hooked into kvbench.plan)
-
-
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="kvbench plan export",
-                       description="Write a fitted handoff model as a planning tool's parameters.\n"
-                                   "Source of every format: the kvbench.kv-transfer-model/1 JSON (--to json).",
-                       epilog="examples:\n  kvbench plan export --fit results/run.fit.json --to blis --tp 4\n"
-                              "  kvbench plan export --fit results/run.fit.json --to dynamo --fold-at-tokens 2000\n"
-                              "Details and each tool's sources: docs/planners.md")
-    p.add_argument("--fit", required=True, metavar="FITTED.json", help="output of kvbench fit")
-    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="pick the fit group (repeatable)")
-    p.add_argument("--pair", default=None, metavar="slowest|I,J",
-                   help="with a kvbench matrix file: the slowest pair (default) or pair I,J")
-    p.add_argument("--to", required=True, choices=TOOLS, help="the tool to write for")
-    p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
-    p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
-    p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    p.add_argument("--tp", type=arg_int(1, 65_536), default=1, help="tensor-parallel size of prefill and decode (default 1)")
-    p.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=2000,
-                   help="prompt length at which a folded rate is exact (default 2000)")
-    p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
-                   help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
-    p.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
-                   help="the deployment's block size in tokens: folds a fit's per-descriptor term")
-    p.add_argument("--kv-pages", default=None, choices=("joint", "split"),
-                   help="with --block-size: K and V in one page (joint, default) or two")
-    p.add_argument("--block-ids", default=None, metavar="IDS",
-                   help="with --block-size: contiguous (default), scattered or merged")
-    p.add_argument("--out", metavar="FILE", help="also write to FILE (never overwrites)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from kvbench.fit.fitting import parse_where
-    from kvbench.plan.descriptors import PlannedCut
-    from kvbench.plan.floors import links_from_fit
-
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.out:
-        check_new_file(args.out)
-    links = links_from_fit(args.fit, parse_where(args.where), args.pair)
-    if len(links) > 1:
-        raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
-                         f"({'; '.join(link.label for link in links)})")
-    model = resolve_model(args.model, args.model_config)
-    planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
-    doc = transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
-                         args.fold_at_tokens, planned)
-    text = render(doc, args.to, args.setup_as)
-    if args.out:
-        write_new_file(Path(args.out), text)
-    sys.stdout.write(text)
-    return 0
-
-
-def cli(argv: Sequence[str] | None = None) -> int:
-    return run_main("kvbench plan export", main, argv)

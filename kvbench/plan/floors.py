@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvbench.cli import (
+from kvbench.errors import (
     UsageError,
     bounded_float,
     parse_positive_floats,
 )
-from kvbench.fit.data import not_link_reason
-from kvbench.fit.fitting import SCHEMA_FIT, matches, min_samples_for, parse_where
+from kvbench.fit.fitting import SCHEMA_FIT
 from kvbench.model import (
     KVSizing,
 )
@@ -37,6 +36,7 @@ from kvbench.plan.route import (
 )
 from kvbench.records.schema.matrix import load_fit_or_matrix
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.records.select import matches, min_samples_for, not_link_reason, parse_where
 
 SCHEMA_PLAN = "kvbench.plan/1"
 MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours

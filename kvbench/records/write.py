@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from kvbench.cli import LIVE_TEMPS, UsageError
+from kvbench.errors import LIVE_TEMPS, UsageError
 from kvbench.records.schema.read import path_error, path_kind
 
 SCHEMA_P2P = "kvbench.p2p/1"
@@ -138,7 +138,7 @@ def _umask() -> int:
 
 
 def _new_temp(path: Path) -> tuple[int, str]:
-    """A hidden temp file beside path, registered in kvbench.cli.LIVE_TEMPS before Ctrl-C or
+    """A hidden temp file beside path, registered in kvbench.errors.LIVE_TEMPS before Ctrl-C or
     SIGTERM can land (they are held off between its creation and its registration)."""
     main = threading.current_thread() is threading.main_thread()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if main else None

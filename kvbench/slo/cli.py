@@ -262,8 +262,8 @@ def _fit_link(args):
         if args.where:
             raise UsageError("--where selects a group of a --fit file")
         return None
-    from kvbench.fit.fitting import parse_where
     from kvbench.plan.floors import links_from_fit
+    from kvbench.records.select import parse_where
 
     links = links_from_fit(args.fit, parse_where(args.where))
     if len(links) > 1:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import iter_jsonl
 from kvbench.records.schema.slo import SCRAPE_LINES, ScrapeHeader
 from kvbench.records.schema.types import parse, show

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import MiB, iter_lines, loads, path_error, path_kind
 
 KINDS = {  # kind -> schemas a file of that kind starts with

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.fit import (
     MAX_FIT_BYTES,
     FitDocument,

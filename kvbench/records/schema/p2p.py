@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import decode_line, iter_lines
 from kvbench.records.schema.types import (
     MAX_TEXT,
