@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kvbench"
 
 # Lowest first. A module may import its own layer's package and anything below.
 LAYERS = (
-    ("kvbench", "kvbench.units", "kvbench.errors", "kvbench.cli"),
+    ("kvbench", "kvbench.units", "kvbench.cli"),  # kvbench.errors: under "kvbench", below all
     ("kvbench.records",),
     ("kvbench.model",),
     ("kvbench.p2p",),
