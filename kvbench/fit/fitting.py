@@ -47,18 +47,18 @@ from kvbench.fit.stats import (
     interval_refusal,
     size_summary,
 )
+from kvbench.records.schema.fit import SCHEMA_FIT, SCHEMA_FIT_V1, FitDocument  # noqa: F401 (SCHEMA_FIT_V1: re-exported)
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.select import matches, min_samples_for, parse_where  # noqa: F401 (parse_where: re-exported)
 from kvbench.records.stats import percentile_if_supported
 from kvbench.records.write import (
+    contract_dump,
     dumps_json,
     utc_stamp,
 )
 from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
-SCHEMA_FIT = "kvbench.fit/2"
-SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
 POOR_FIT_REL = 0.10  # a size's median more than 10% (and 3 SE) off the line
 POOR_FIT_SE = 3.0
 LACK_OF_FIT_P = 0.01
@@ -487,7 +487,9 @@ METHOD = {
 
 def fit_document(fits: list[GroupFit], skipped: list[dict], inputs: list[str], n_boot: int,
                  seed: int, line_rate: float | None) -> dict:
-    return {
+    """The `kvbench.fit/2` document, built as its contract (FitDocument, the class plan,
+    report and results.load read it back into) and dumped from it."""
+    return contract_dump(FitDocument, {
         "schema": SCHEMA_FIT,
         "created": utc_stamp(),
         "model_formula": "time_ms = setup_ms + bytes / (effective_gb_s * 1e9) * 1000",
@@ -496,7 +498,7 @@ def fit_document(fits: list[GroupFit], skipped: list[dict], inputs: list[str], n
         "inputs": inputs,
         "groups": [f.record for f in fits],
         "skipped": skipped,
-    }
+    }, "the fit document being written")
 
 
 def dumps(doc: dict) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.fit.data import spec_id
+from kvbench.records.schema.p2p import SCHEMA_P2P
 
 SPEC = {"transport": "sim", "transport_options": {}, "pattern": "sequential", "variant": None,
         "granularity": "whole", "layout": "raw", "block_size": None, "dtype": None,
@@ -50,7 +51,7 @@ class Load:
 
 def _record(nbytes: int, samples: list[float], rounds: list[int], run_id: str, order: str,
             spec: dict = SPEC, **extra) -> dict:
-    return {"schema": "kvbench.p2p/1", "spec": spec, "spec_id": spec_id(spec), "run_id": run_id,
+    return {"schema": SCHEMA_P2P, "spec": spec, "spec_id": spec_id(spec), "run_id": run_id,
             "order": order, "bytes": int(nbytes), "samples_ms": samples, "sample_rounds": rounds,
             "n_samples": len(samples), "fit_as_link": True, "not_link_reason": None,
             "wrong": 0, "_source": "simulated", **extra}

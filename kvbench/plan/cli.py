@@ -26,11 +26,9 @@ from kvbench.model import (
     get_dtype,
     resolve_model,
 )
-from kvbench.plan.export import TOOLS, render, transfer_model
+from kvbench.plan.export import TOOLS, kv_transfer_model, render
 from kvbench.plan.floors import (
     MAX_MS,
-    SCHEMA_PLAN,
-    SCHEMA_ROUTE,
     _f,
     _r,
     format_plan_table,
@@ -44,8 +42,9 @@ from kvbench.plan.route import (
     exposed_ms,
     interference_at,
 )
+from kvbench.records.schema.plan import SCHEMA_PLAN, SCHEMA_ROUTE, PlanDocument, RouteDocument
 from kvbench.records.schema.types import MAX_TOKENS
-from kvbench.records.write import check_new_file, dumps_json, write_new_file
+from kvbench.records.write import check_new_file, contract_dump, dumps_json, write_new_file
 
 
 def _add_link_args(p: ArgumentParser) -> None:
@@ -182,7 +181,7 @@ def plan_main(argv: Sequence[str]) -> int:
     budget = bounded_float(args.budget_ms, "--budget-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
     model, dtype, sizings = _sizings(args)
-    doc = {
+    doc = contract_dump(PlanDocument, {
         "schema": SCHEMA_PLAN,
         "scope": "lower bound on one prefill->decode KV handoff: setup plus bytes at a "
                  "sustained effective rate; excludes queueing, contention and retries",
@@ -191,7 +190,7 @@ def plan_main(argv: Sequence[str]) -> int:
         "dtype": dtype.name,
         "budget_ms": budget,
         "rows": plan_rows(links, sizings, budget, planned_cut(args)),
-    }
+    }, "the plan being written")
     _emit(doc, format_plan_table(doc), args)
     return 0
 
@@ -216,21 +215,21 @@ def route_main(argv: Sequence[str]) -> int:
     decisions, crossings = [], []
     for link in links:
         for sz in sizings:
-            cost, regime, notes, _, _ = link.for_payload(sz.kv_bytes)
-            d = decide(sz.tokens, sz.kv_bytes, model.layers, cost, interf(sz.tokens), p95,
+            pc = link.for_payload(sz.kv_bytes)
+            d = decide(sz.tokens, sz.kv_bytes, model.layers, pc.cost, interf(sz.tokens), p95,
                        target, args.handoff).to_dict()
             d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
-            d.update(link=link.label, regime=regime, notes=notes)
+            d.update(link=link.label, regime=pc.regime, notes=pc.notes)
             decisions.append(d)
 
         def f(t: int, link=link) -> float:
             kv = KVSizing(model, dtype, t, args.scale_mode, args.scale_dtype,
                           args.block_size).kv_bytes
-            cost = link.for_payload(kv)[0]
+            cost = link.for_payload(kv).cost
             return exposed_ms(kv, model.layers, cost, args.handoff)[2] - interf(t)
 
         crossings.append({"link": link.label, **breakeven(f).to_dict()})
-    doc = {
+    doc = contract_dump(RouteDocument, {
         "schema": SCHEMA_ROUTE,
         "source": args.fit or "user",
         "model": model.name,
@@ -242,7 +241,7 @@ def route_main(argv: Sequence[str]) -> int:
         "itl_target_ms": target,
         "decisions": decisions,
         "breakeven": crossings,
-    }
+    }, "the routing decision being written")
     _emit(doc, format_route_table(doc), args)
     return 0
 
@@ -321,8 +320,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
                          f"({'; '.join(link.label for link in links)})")
     model = resolve_model(args.model, args.model_config)
     planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
-    doc = transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
-                         args.fold_at_tokens, planned)
+    doc = kv_transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
+                            args.fold_at_tokens, planned)
     text = render(doc, args.to, args.setup_as)
     if args.out:
         write_new_file(Path(args.out), text)

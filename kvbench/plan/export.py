@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 from kvbench.errors import UsageError
 from kvbench.model import KVSizing
-from kvbench.records.write import dumps_json
+from kvbench.records.schema.plan import SCHEMA_KV_MODEL, KVTransferModel
+from kvbench.records.write import as_contract, dumps_json
 from kvbench.units import handoff_ms
 
-SCHEMA_MODEL = "kvbench.kv-transfer-model/1"
 TOOLS = ("json", "dynamo", "aisimulate", "blis", "splitwise")
 CHECK_TOKENS = (500, 2000, 8000)
 GIB = 2**30
@@ -79,25 +79,27 @@ def _per_rank_bytes_per_token(model, dtype, tp: int) -> tuple[int, dict]:
     return int(shard["bytes_per_rank"]), shard
 
 
-def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
-                   planned=None) -> dict:
-    """The tool-neutral model: every export format is computed from this document only."""
+def kv_transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
+                      planned=None) -> KVTransferModel:
+    """The tool-neutral `kvbench.kv-transfer-model/1` document, built as its contract:
+    every export format is computed from this object only."""
     desc = descriptor_model(link, model, dtype, tp, planned, fold_tokens)
     doc = _two_terms(link, fit_path, model, dtype, tp, fold_tokens)
-    return doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
+    doc = doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
+    return as_contract(KVTransferModel, doc, "the kv-transfer model being written")
 
 
 def _two_terms(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> dict:
     """setup + bytes / rate, as every tool understands it."""
     bpt, shard = _per_rank_bytes_per_token(model, dtype, tp)
-    cost, regime, notes, s_ci, r_ci = link.for_payload(bpt * fold_tokens)  # regime at the fold length
-    setup = max(cost.setup_ms or 0.0, 0.0)
+    pc = link.for_payload(bpt * fold_tokens)  # the regime at the fold length
+    setup, rate = max(pc.cost.setup_ms or 0.0, 0.0), pc.cost.effective_gb_s
     points = sorted({*CHECK_TOKENS, fold_tokens})
     return {
-        "schema": SCHEMA_MODEL,
+        "schema": SCHEMA_KV_MODEL,
         "formula": "handoff_ms = setup_ms + prompt_tokens x bytes_per_token_per_rank / (effective_gb_s x 1e9) x 1000",
-        "setup_ms": setup, "setup_ms_ci95": s_ci,
-        "effective_gb_s": cost.effective_gb_s, "effective_gb_s_ci95": r_ci,
+        "setup_ms": setup, "setup_ms_ci95": pc.setup_ci95,
+        "effective_gb_s": rate, "effective_gb_s_ci95": pc.rate_ci95,
         "units": "ms; GB/s = 1e9 bytes/s (decimal); bytes exact",
         "bytes_per_token_per_rank": bpt,
         "bytes_per_token_all_ranks": model.bytes_per_token(dtype),
@@ -105,11 +107,11 @@ def _two_terms(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> 
         "model": model.name, "dtype": dtype.name,
         "transport": (link.group or {}).get("transport"), "link": link.label,
         "shape": link.shape,
-        "context": {"fit": fit_path, "group": link.group, "regime": regime, "fit_warnings": link.fit_warnings,
-                    "notes": notes},
+        "context": {"fit": fit_path, "group": link.group, "regime": pc.regime,
+                    "fit_warnings": list(link.fit_warnings), "notes": pc.notes},
         "fold": {"prompt_tokens": fold_tokens,
-                 "effective_gb_s_with_setup": folded_gb_s(setup, cost.effective_gb_s, bpt * fold_tokens)},
-        "handoff_ms": {str(t): handoff_ms(setup, bpt * t, cost.effective_gb_s) for t in points},
+                 "effective_gb_s_with_setup": folded_gb_s(setup, rate, bpt * fold_tokens)},
+        "handoff_ms": {str(t): handoff_ms(setup, bpt * t, rate) for t in points},
     }
 
 
@@ -120,7 +122,7 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
     ms, counts = desc.pop("ms"), desc.pop("counts")
     points = [int(t) for t in doc["handoff_ms"]]
     bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
-    per_token_ms = bpt / (rate * 1e9) * 1000.0 + desc["ms_per_token"]
+    per_token_ms = handoff_ms(0.0, bpt, rate) + desc["ms_per_token"]
     base = setup + desc["ms_constant"]
     rate_d = bpt / (per_token_ms / 1000.0) / 1e9
     doc["formula"] = ("handoff_ms = setup_ms + descriptors x us_per_desc / 1000 [+ descriptors "
@@ -138,40 +140,40 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
 # the tools, each from the model document
 
 
-def _descriptor_note(doc: dict, where: str) -> str:
-    d = doc["descriptor"]
-    return (f"a per-descriptor term: {d['ms_constant']:.4g} ms + {d['ms_per_token']:.4g} ms x "
-            f"prompt_tokens of descriptors at block size {d['cut']['block_size']} "
-            f"({d['cut']['kv_pages']}, {d['cut']['block_ids']}): the per-token part is folded "
-            f"into the bandwidth ({d['rate_gb_s']:.6g} GB/s, exact at whole-block prompts), the "
+def _descriptor_note(doc: KVTransferModel, where: str) -> str:
+    d = doc.descriptor
+    return (f"a per-descriptor term: {d.ms_constant:.4g} ms + {d.ms_per_token:.4g} ms x "
+            f"prompt_tokens of descriptors at block size {d.cut['block_size']} "
+            f"({d.cut['kv_pages']}, {d.cut['block_ids']}): the per-token part is folded "
+            f"into the bandwidth ({d.rate_gb_s:.6g} GB/s, exact at whole-block prompts), the "
             f"constant part {where}")
 
 
-def _rate_for(doc: dict, setup_as: str) -> tuple[float, str]:
-    d = doc.get("descriptor")
+def _rate_for(doc: KVTransferModel, setup_as: str) -> tuple[float, str]:
+    d = doc.descriptor
     if setup_as == "drop":
-        rate, base = (d["rate_gb_s"], d["base_ms"]) if d else (doc["effective_gb_s"], doc["setup_ms"])
-        return rate, (f"setup_ms {doc['setup_ms']:.4g} is dropped: every handoff is "
+        rate, base = (d.rate_gb_s, d.base_ms) if d else (doc.effective_gb_s, doc.setup_ms)
+        return rate, (f"setup_ms {doc.setup_ms:.4g} is dropped: every handoff is "
                       f"predicted {base:.4g} ms short")
-    f = doc["fold"]
-    return f["effective_gb_s_with_setup"], (
-        f"setup_ms {doc['setup_ms']:.4g} is folded into an effective {f['effective_gb_s_with_setup']:.6g} GB/s, "
-        f"exact at {f['prompt_tokens']} prompt tokens; shorter prompts are predicted short of the model, "
+    f = doc.fold
+    return f.effective_gb_s_with_setup, (
+        f"setup_ms {doc.setup_ms:.4g} is folded into an effective {f.effective_gb_s_with_setup:.6g} GB/s, "
+        f"exact at {f.prompt_tokens} prompt tokens; shorter prompts are predicted short of the model, "
         "longer ones long")
 
 
-def _tool_ms(doc: dict, gb_s: float, base_ms: float = 0.0) -> dict[str, float]:
-    bpt = doc["bytes_per_token_per_rank"]
-    return {t: base_ms + int(t) * bpt / (gb_s * 1e9) * 1000.0 for t in doc["handoff_ms"]}
+def _tool_ms(doc: KVTransferModel, effective_gb_s: float, base_ms: float = 0.0) -> dict[str, float]:
+    bpt = doc.bytes_per_token_per_rank
+    return {t: handoff_ms(base_ms, int(t) * bpt, effective_gb_s) for t in doc.handoff_ms}
 
 
-def tool_parameters(doc: dict, tool: str, setup_as: str = "fold") -> dict:
+def tool_parameters(doc: KVTransferModel, tool: str, setup_as: str = "fold") -> dict:
     """A tool's parameters, what it predicts, and what it cannot represent."""
-    bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
+    bpt, setup, rate = doc.bytes_per_token_per_rank, doc.setup_ms, doc.effective_gb_s
     missing = ["the 95% intervals (a point estimate only)"]
-    d = doc.get("descriptor")
+    d = doc.descriptor
     if d:  # the tool takes two terms: setup plus constant descriptors, and one bandwidth
-        setup, rate = d["base_ms"], d["rate_gb_s"]
+        setup, rate = d.base_ms, d.rate_gb_s
     if tool == "blis":
         params = {"--pd-transfer-bandwidth": rate, "--pd-transfer-base-latency": setup,
                   "--pd-kv-bytes-per-token": bpt}
@@ -179,44 +181,50 @@ def tool_parameters(doc: dict, tool: str, setup_as: str = "fold") -> dict:
         if d:
             missing.insert(0, _descriptor_note(doc, "is in the base latency (exact)"))
     elif tool in ("dynamo", "aisimulate", "splitwise"):
-        gb_s, how = _rate_for(doc, setup_as)
+        effective_gb_s, how = _rate_for(doc, setup_as)
         missing.insert(0, "a per-handoff setup term: " + how)
         if d:
             missing.insert(1, _descriptor_note(doc, "goes with setup (" + setup_as + ")"))
-        predicted = _tool_ms(doc, gb_s)
-        if tool == "dynamo":
-            params = {"kv_transfer_bandwidth": gb_s, "kv_transfer_bytes_per_token": bpt}
-        elif tool == "aisimulate":
-            params = {"bytes_per_token": bpt, "bandwidth_gb_per_second": gb_s, "timing_mode": "full_prompt"}
-        else:
-            params = {"transfer_bandwidth": gb_s * 1e9 / GIB}
-            missing.append("bytes per token: splitwise-sim sizes the KV from its own model config "
-                           f"(kvbench's per-rank figure is {bpt} B/token)")
+        predicted = _tool_ms(doc, effective_gb_s)
+        params = _tool_words(tool, effective_gb_s, bpt, missing)
     else:
         raise UsageError(f"unknown tool {tool!r}; choose from {', '.join(TOOLS)}")
     return {"parameters": params, "setup_as": None if tool == "blis" else setup_as,
             "predicted_handoff_ms": predicted,
-            "error_vs_model_ms": {t: predicted[t] - doc["handoff_ms"][t] for t in predicted},
+            "error_vs_model_ms": {t: predicted[t] - doc.handoff_ms[t] for t in predicted},
             "cannot_represent": missing}
+
+
+def _tool_words(tool: str, effective_gb_s: float, bpt: int, missing: list[str]) -> dict:
+    """A tool without a setup term: its own names for the one rate (and bytes per token)."""
+    if tool == "dynamo":
+        return {"kv_transfer_bandwidth": effective_gb_s, "kv_transfer_bytes_per_token": bpt}
+    if tool == "aisimulate":
+        return {"bytes_per_token": bpt, "bandwidth_gb_per_second": effective_gb_s,
+                "timing_mode": "full_prompt"}
+    missing.append("bytes per token: splitwise-sim sizes the KV from its own model config "
+                   f"(kvbench's per-rank figure is {bpt} B/token)")
+    return {"transfer_bandwidth": effective_gb_s * 1e9 / GIB}
 
 
 def _comment(lines: Sequence[str]) -> str:
     return "".join(f"# {ln}\n" for ln in lines)
 
 
-def render(doc: dict, tool: str, setup_as: str) -> str:
+def render(doc: KVTransferModel, tool: str, setup_as: str) -> str:
     """The text to paste into the tool (flags or YAML), with what it cannot represent as comments."""
     if tool == "json":
         tools = {t: tool_parameters(doc, t, setup_as) for t in TOOLS[1:]}
-        return dumps_json({**doc, "tools": tools}) + "\n"
+        return dumps_json({**doc.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                           "tools": tools}) + "\n"
     tp = tool_parameters(doc, tool, setup_as)
     p = tp["parameters"]
-    head = [f"kvbench plan export --to {tool}: {doc['link']}",
-            f"model {doc['model']} {doc['dtype']}, TP {doc['tp']}: {doc['bytes_per_token_per_rank']} B/token per rank; "
-            f"fit: setup {doc['setup_ms']:.6g} ms + {doc['effective_gb_s']:.6g} GB/s",
+    head = [f"kvbench plan export --to {tool}: {doc.link}",
+            f"model {doc.model} {doc.dtype}, TP {doc.tp}: {doc.bytes_per_token_per_rank} B/token per rank; "
+            f"fit: setup {doc.setup_ms:.6g} ms + {doc.effective_gb_s:.6g} GB/s",
             *[f"cannot represent: {m}" for m in tp["cannot_represent"]],
             "predicted handoff ms (tool / kvbench model): " + ", ".join(
-                f"{t} tokens {tp['predicted_handoff_ms'][t]:.4f} / {doc['handoff_ms'][t]:.4f}" for t in doc["handoff_ms"])]
+                f"{t} tokens {tp['predicted_handoff_ms'][t]:.4f} / {doc.handoff_ms[t]:.4f}" for t in doc.handoff_ms)]
     if tool == "dynamo":
         body = dumps_json({"engine": p}) + "\n"
         flags = f"--kv-transfer-bandwidth {p['kv_transfer_bandwidth']!r} --kv-bytes-per-token {p['kv_transfer_bytes_per_token']}"

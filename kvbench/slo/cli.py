@@ -257,7 +257,7 @@ def _client_report(args, plan: BenchmarkPlan | None) -> dict:
 
 
 def _fit_link(args):
-    """The one fitted link to compare the engine's transfers with (through kvbench.plan.Link)."""
+    """The one fitted link to compare the engine's transfers with (a kvbench.plan.floors.FittedLink)."""
     if not args.fit:
         if args.where:
             raise UsageError("--where selects a group of a --fit file")

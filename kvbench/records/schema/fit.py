@@ -1,7 +1,8 @@
-"""A `kvbench.fit/1` document (and `/2`, which may add joint bootstrap draws), typed.
+"""The contract of a fit file: `kvbench.fit/2` (and `/1`, without joint bootstrap draws).
 
-`plan.links_from_fit` can read a fit through `load_fit_document` instead of raw JSON: every
-field `Link` uses is typed and finite, intervals are two ordered numbers (or an upper bound
+kvbench fit writes it through `FitDocument` (kvbench.records.write.contract_dump) and
+plan, report and results.load read it back into the same class: every field the planner's
+`FittedLink` uses is typed and finite, intervals are two ordered numbers (or an upper bound
 of null, "unbounded"), a two-regime break point is a byte count, warnings are
 {code, message} objects. Unknown keys are kept (a newer fit may add some).
 """
@@ -33,7 +34,9 @@ from kvbench.records.schema.types import (
 )
 
 MAX_FIT_BYTES = 256 * MiB
-SCHEMAS = ("kvbench.fit/1", "kvbench.fit/2")
+SCHEMA_FIT = "kvbench.fit/2"  # what kvbench fit writes: /1 plus joint bootstrap draws
+SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
+SCHEMAS = (SCHEMA_FIT_V1, SCHEMA_FIT)
 
 
 def _ordered(pair: list) -> list:
@@ -163,6 +166,13 @@ class ResamplingIn(Open):
     none_because: AnyText | None = None
 
 
+class DescriptorTerm(Open):
+    """Whether the fit could separate a per-descriptor cost from bytes (kvbench.fit.descriptors)."""
+
+    separable: bool
+    reason: AnyText | None = None
+
+
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
@@ -180,6 +190,14 @@ class FitGroup(Open):
     lack_of_fit: LackOfFitIn | None = None
     resampling: ResamplingIn | None = None
     no_interval: AnyText | None = None
+    fit_as_link: bool | None = None
+    # the per-descriptor term: a link's cuts fitted together (docs/descriptors.md)
+    descriptor_term: DescriptorTerm | None = None
+    descriptor_field: Text | None = None
+    us_per_desc: Finite | None = None
+    us_per_desc_draws: list[Finite] | None = None
+    us_per_merged_desc: Finite | None = None
+    us_per_merged_desc_draws: list[Finite] | None = None
 
     @model_validator(mode="after")
     def _draws_hold(self):
