@@ -36,9 +36,9 @@ CHECK_TOKENS = (500, 2000, 8000)
 GIB = 2**30
 
 
-def folded_gb_s(setup_ms: float, gb_s: float, nbytes: int) -> float:
+def folded_gb_s(setup_ms: float, effective_gb_s: float, nbytes: int) -> float:
     """The rate that moves nbytes in exactly setup + nbytes/rate: setup folded in at that size."""
-    return nbytes / (handoff_ms(setup_ms, nbytes, gb_s) / 1000.0) / 1e9
+    return nbytes / (handoff_ms(setup_ms, nbytes, effective_gb_s) / 1000.0) / 1e9
 
 
 def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> dict | None:

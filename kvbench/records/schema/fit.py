@@ -103,7 +103,7 @@ def _slack(values: list[float], scale: float) -> float:
     return 10.0 ** (1 - WRITTEN_DIGITS) * max(scale, *(abs(v) for v in values))
 
 
-def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | None,
+def check_draws_hold(draws: Draws | None, setup_ms: float | None, effective_gb_s: float | None,
                      bytes_max: int | None = None) -> None:
     """Draws must surround their point estimate, slope positive at the middle: a band of 1000 ms
     beside a 13.5 ms floor (draws from another fit, columns swapped, a sign lost) is refused.
@@ -111,11 +111,11 @@ def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | 
     "Surround" is up to the precision kvbench fit writes: a noise-free fit's draws all equal its
     estimate, and the estimate's slope (1000 / a rounded GB/s) differs from a rounded draw's in
     the sixth digit; that is the same number, not another fit's draws."""
-    if draws is None or not draws.values or setup_ms is None or gb_s is None:
+    if draws is None or not draws.values or setup_ms is None or effective_gb_s is None:
         return
     setups = sorted(v[0] for v in draws.values)
     slopes = sorted(v[1] for v in draws.values)
-    slope = 1000.0 / gb_s
+    slope = 1000.0 / effective_gb_s
     largest_ms = abs(slope) * (bytes_max or 0) / 1e9  # the line's time at the largest size
     s_slack = _slack([setups[0], setups[-1], setup_ms], largest_ms)
     b_slack = _slack([slopes[0], slopes[-1], slope], 0.0)
