@@ -1,7 +1,7 @@
 """From p2p records to fit groups: which records are replicates, which are links, and which
 samples share a moment's load.
 
-Group key: the frozen `spec` a record carries (CONTRACTS.md section 1: everything that defines
+Group key: the frozen `spec` a record carries (docs/contracts.md section 1: everything that defines
 what was measured except the payload size), so no option can be pooled by omission. Records
 without a spec (written before it existed) fall back to the legacy keys below.
 
