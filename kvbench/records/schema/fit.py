@@ -63,6 +63,10 @@ class SizeRow(Open):
     p95_ms: TimeMs | None = None
     p99_ms: TimeMs | None = None
     mean_ms: TimeMs | None = None
+    end_to_end_gb_s: Finite | None = None  # bytes over the median time, setup included
+    fitted_ms: Finite | None = None  # the line at this size, and the median's distance from it
+    residual_ms: Finite | None = None
+    residual_rel: Finite | None = None
 
 
 Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
@@ -176,6 +180,12 @@ class DescriptorTerm(Open):
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
+    spec: dict[str, Any] | None = None  # the frozen spec of the records (absent before specs)
+    spec_id: Text | None = None
+    ms_per_gb: Finite | None = None
+    n_records: Count | None = None
+    bytes_min: Bytes | None = None
+    bytes_max: Bytes | None = None
     setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
