@@ -222,4 +222,3 @@ def check_value(tp: Any, value: object, where: str) -> Any:
         return adapter.validate_python(value)
     except ValidationError as exc:
         raise UsageError(one_line(exc, where)) from None
-
