@@ -35,10 +35,11 @@ from kvbench.p2p.patterns.base import PatternContext, Point
 from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
 from kvbench.p2p.transports.base import PeerReported, Reported, TransportContext, TransportError
 from kvbench.p2p.watchdog import EXIT_STALLED, WATCHDOG
+from kvbench.records.schema.p2p import SCHEMA_P2P, P2PRecord
 from kvbench.records.stats import min_samples_for, percentile_cell
 from kvbench.records.write import (
-    SCHEMA_P2P,
     check_destination,
+    contract_dump,
     environment,
     utc_stamp,
     write_records,
@@ -86,6 +87,8 @@ def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
 
 
 def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None) -> dict:
+    """One `kvbench.p2p/1` line, built as its contract (P2PRecord, the class fit and
+    results.load read it back into) and dumped from it."""
     loop: LoopResult = fields.pop("loop")
     s = loop.samples
     nbytes = fields["bytes"]
@@ -107,7 +110,7 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
         "warmup_ms": loop.warmup_ms,
         "notice_ms": notice_ms,
     }
-    return rec
+    return contract_dump(P2PRecord, rec, "the p2p record being written")
 
 
 def cut_text(r: dict) -> str:
