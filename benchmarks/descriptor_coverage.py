@@ -26,7 +26,7 @@ from kvbench.cli import ArgumentParser  # noqa: E402
 from kvbench.fit.fitting import fit_records  # noqa: E402
 from kvbench.fit.sim import CUT_POINTS, JOINED_POINTS, Load, simulate_cut_run  # noqa: E402
 
-TRUTH = {"setup_ms": 0.5, "gb_s": 2.0, "us_per_desc": 1.0, "us_per_merged_desc": 0.0}
+TRUTH = {"setup_ms": 0.5, "effective_gb_s": 2.0, "us_per_desc": 1.0, "us_per_merged_desc": 0.0}
 THREE_BS = tuple(p for p in CUT_POINTS if p[1] in (1, 4, 16))
 SMALL_COST = {"us_per_desc": 0.1}
 SCENARIOS = [
@@ -58,7 +58,7 @@ def run(trials: int, kw: dict) -> dict:
         (gf,), _ = fit_records(recs, n_boot=1000, seed=0)
         g = gf.record
         cis = (g["us_per_desc_ci95"], g["setup_ms_ci95"], g["effective_gb_s_ci95"])
-        want = (truth["us_per_desc"], truth["setup_ms"], truth["gb_s"])
+        want = (truth["us_per_desc"], truth["setup_ms"], truth["effective_gb_s"])
         hits += [ci is not None and (ci[0] is None or ci[0] <= w) and (ci[1] is None or w <= ci[1])
                  for ci, w in zip(cis, want, strict=True)]
         if truth["us_per_merged_desc"]:  # the second term, where there is one

@@ -56,7 +56,7 @@ def widths(method, trials: int, **kw) -> float:
 
     out = []
     for t in range(min(trials, 40)):
-        _, rci = method(simulate(np.random.default_rng([7, t]), setup_ms=0.5, gb_s=2.0, **kw))
+        _, rci = method(simulate(np.random.default_rng([7, t]), setup_ms=0.5, effective_gb_s=2.0, **kw))
         if rci is not None and None not in rci:
             out.append((rci[1] - rci[0]) / 2.0)
     return float(np.median(out)) if out else float("nan")
@@ -103,7 +103,7 @@ def lack_of_fit_false_alarms(trials: int, rounds: int) -> str:
 
     ps = []
     for t in range(trials):
-        recs = simulate(np.random.default_rng([11, t]), setup_ms=0.5, gb_s=2.0, rounds=rounds,
+        recs = simulate(np.random.default_rng([11, t]), setup_ms=0.5, effective_gb_s=2.0, rounds=rounds,
                         load=Load(size_shift=0.0))
         (gf,), _ = fit_records(recs, n_boot=1000)
         ps.append(gf.record["lack_of_fit"]["p_value"])

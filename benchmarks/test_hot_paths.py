@@ -145,7 +145,7 @@ def test_fit_1e5_samples(benchmark, heavy_rounds):
     from kvbench.fit.fitting import fit_records
     from kvbench.fit.sim import simulate
 
-    recs = simulate(np.random.default_rng(0), setup_ms=0.5, gb_s=2.0, rounds=400, runs=50)
+    recs = simulate(np.random.default_rng(0), setup_ms=0.5, effective_gb_s=2.0, rounds=400, runs=50)
     assert sum(len(r["samples_ms"]) for r in recs) == 100_000
     fits, _ = benchmark.pedantic(lambda: fit_records(recs, n_boot=1000, seed=0),
                                  rounds=heavy_rounds, iterations=1)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        from kvbench.cli import one_line
+        from kvbench.errors import one_line
 
         print(one_line(f"kvbench: error: unknown command {name!r} (commands: {', '.join(COMMANDS)}; "
                        "see kvbench --help)"), file=sys.stderr)

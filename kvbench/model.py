@@ -30,7 +30,7 @@ from kvbench.cli import (
     run_main,
 )
 from kvbench.records.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
-from kvbench.units import GiB, MiB, transfer_ms
+from kvbench.units import GiB, MiB, handoff_ms, transfer_ms
 
 MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
 MAX_BUDGET_MS = 1e9
@@ -336,10 +336,10 @@ class LinkFloor:
     within_budget: bool
 
 
-def handoff_floor(kv_bytes: int, gb_s: float, setup_ms: float) -> tuple[float, float]:
-    """(bandwidth_floor_ms, handoff_floor_ms). gb_s must be a sustained rate without setup."""
-    bw = transfer_ms(kv_bytes, gb_s)
-    return bw, setup_ms + bw
+def handoff_floor(kv_bytes: int, effective_gb_s: float, setup_ms: float) -> tuple[float, float]:
+    """(bandwidth_floor_ms, handoff_floor_ms). effective_gb_s must be a sustained rate
+    without setup."""
+    return transfer_ms(kv_bytes, effective_gb_s), handoff_ms(setup_ms, kv_bytes, effective_gb_s)
 
 
 def _r(x: float) -> float:
@@ -347,11 +347,11 @@ def _r(x: float) -> float:
 
 
 @dataclass
-class TransferModelArgs:
+class FloorTableArgs:
     model: ModelSpec
     dtype: DType
     tokens: int
-    links_gbps: list[float] = field(default_factory=lambda: [100.0, 25.0, 10.0])
+    links_effective_gb_s: list[float] = field(default_factory=lambda: [100.0, 25.0, 10.0])
     setup_ms: float = 1.0
     budget_ms: float = 20.0
     short_prompt_tokens: int = 300
@@ -366,23 +366,23 @@ def _budget_key(budget_ms: float) -> str:
     return f"floor_within_{b}ms_budget"
 
 
-def transfer_model(a: TransferModelArgs) -> dict:
+def floor_table(a: FloorTableArgs) -> dict:
     """The tutorial's artifact for one prompt length, with the assumptions stated."""
     sizing = KVSizing(a.model, a.dtype, a.tokens, a.scale_mode, a.scale_dtype, a.block_size, a.tp)
     kv = sizing.kv_bytes
     key = _budget_key(a.budget_ms)
     links = []
-    for gbs in a.links_gbps:
-        bw, total = handoff_floor(kv, gbs, a.setup_ms)
+    for effective_gb_s in a.links_effective_gb_s:
+        bw, total = handoff_floor(kv, effective_gb_s, a.setup_ms)
         links.append({
-            "effective_bandwidth_gb_s": gbs,
+            "effective_bandwidth_gb_s": effective_gb_s,  # the output's name since its first version
             "bandwidth_floor_ms": _r(bw),
             "setup_ms": a.setup_ms,
             "handoff_floor_ms": _r(total),
             key: total <= a.budget_ms,
             "within_budget": total <= a.budget_ms,
         })
-    slow = min(a.links_gbps)
+    slow = min(a.links_effective_gb_s)
     short = replace(sizing, tokens=a.short_prompt_tokens)
     _, short_total = handoff_floor(short.kv_bytes, slow, a.setup_ms)
     out = {
@@ -516,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_new_file(args.out)
     results = [
-        transfer_model(TransferModelArgs(model, dtype, t, links, setup, budget,
+        floor_table(FloorTableArgs(model, dtype, t, links, setup, budget,
                                          args.short_prompt_tokens, args.scale_mode,
                                          args.scale_dtype, args.block_size, args.tp))
         for t in tokens

@@ -7,8 +7,8 @@ kvbench's own code imports kvbench.records directly.
 
 from __future__ import annotations
 
+from kvbench.records.schema.p2p import SCHEMA_P2P  # noqa: F401  (re-exported for users)
 from kvbench.records.write import (  # noqa: F401  (re-exported for users)
-    SCHEMA_P2P,
     check_destination,
     check_new_file,
     dumps_json,

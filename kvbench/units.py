@@ -48,17 +48,19 @@ def gb_per_s(nbytes: int, ms: float) -> float | None:
     return nbytes / GB / (ms / 1000.0)
 
 
-def transfer_ms(nbytes: int, gb_s: float) -> float:
-    """Milliseconds to move nbytes at a sustained gb_s (decimal GB/s), no setup."""
-    return nbytes / (gb_s * GB) * 1000.0
+def transfer_ms(nbytes: int, effective_gb_s: float) -> float:
+    """Milliseconds to move nbytes at a sustained effective_gb_s (decimal GB/s), no setup."""
+    return nbytes / (effective_gb_s * GB) * 1000.0
 
 
-def handoff_ms(setup_ms: float, nbytes: float, gbps: float, descriptors: float = 0,
+def handoff_ms(setup_ms: float, nbytes: float, effective_gb_s: float, descriptors: float = 0,
                us_per_desc: float = 0) -> float:
     """One handoff by the model every plan and export uses (ms):
 
         setup_ms + descriptors x us_per_desc / 1000 + bytes / (GB/s x 1e9) x 1000
 
-    gbps is a sustained rate without setup (decimal GB/s); descriptors are the pieces one
-    handoff posts, each costing us_per_desc microseconds (0: a model without that term)."""
-    return setup_ms + descriptors * us_per_desc / 1000.0 + nbytes / (gbps * GB) * 1000.0
+    effective_gb_s is a sustained rate without setup (decimal GB/s; the name every fit, plan
+    and export uses for it); descriptors are the pieces one handoff posts, each costing
+    us_per_desc microseconds (0: a model without that term). Works on numpy arrays too.
+    Every `setup + bytes / rate` in kvbench is this function."""
+    return setup_ms + descriptors * us_per_desc / 1000.0 + nbytes / (effective_gb_s * GB) * 1000.0

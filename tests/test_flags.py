@@ -25,8 +25,9 @@ HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "
            "1e-320", "٣", "+", "--1"]
 PARSERS = {  # command -> module with build_parser (p2p: every transport's flags included)
     "model": "kvbench.model", "fit": "kvbench.fit.cli", "report": "kvbench.report.cli",
-    "plan": "kvbench.plan.cli", "plan export": "kvbench.plan.export", "lab": "kvbench.lab.cli",
-    "lab agree": "kvbench.lab.agree.main", "faults": "kvbench.lab.faults.main", "sweep": "kvbench.lab.sweep.main",
+    "plan": "kvbench.plan.cli", "lab": "kvbench.lab.cli",
+    "lab agree": "kvbench.lab.agree.main", "faults": "kvbench.lab.faults.main",
+    "sweep": "kvbench.lab.sweep.main",
     "slo": "kvbench.slo.cli", "p2p": "kvbench.p2p.args",
 }
 
@@ -69,6 +70,7 @@ def _parsers():
         yield name, build(0) if name == "p2p" else build()
         if name == "plan":
             yield "plan route", mod.build_route_parser()
+            yield "plan export", mod.build_export_parser()
 
 
 def _numeric_actions() -> list[tuple[str, str, object]]:

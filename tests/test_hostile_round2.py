@@ -10,7 +10,6 @@ import yaml
 
 import kvbench.fit.cli
 import kvbench.plan.cli
-import kvbench.plan.export
 import kvbench.report.cli
 import kvbench.slo.cli
 from tests.conftest import ROOT
@@ -93,7 +92,7 @@ def test_draws_as_a_bare_list_of_pairs_are_read_by_every_fit_reader(tmp_path):
     bare = fit_with_draws(tmp_path, values)
     for cli, argv in ((kvbench.plan.cli.cli, ("--fit", bare, "--prompt-tokens", "1000")),
                       (kvbench.plan.cli.cli, ("route", "--fit", bare, *ROUTE)),
-                      (kvbench.plan.export.cli, ("--fit", bare, "--to", "json"))):
+                      (kvbench.plan.cli.export_cli, ("--fit", bare, "--to", "json"))):
         rc, out, err = run(cli, *argv)
         assert rc == 0, err
     link = links_from_fit(bare, {})[0]  # what slo analyze --fit reads

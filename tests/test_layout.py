@@ -10,6 +10,7 @@ planted graphs and planted source trees.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "kvbench"
 
 # Lowest first. A module may import its own layer's package and anything below.
 LAYERS = (
-    ("kvbench", "kvbench.units", "kvbench.cli"),
+    ("kvbench", "kvbench.units", "kvbench.cli"),  # kvbench.errors: under "kvbench", below all
     ("kvbench.records",),
     ("kvbench.model",),
     ("kvbench.p2p",),
@@ -225,3 +226,161 @@ def test_the_checker_reads_lazy_imports(tmp_path):
     (pkg / "plan" / "floors.py").write_text("")
     bad = upward_imports(import_graph(pkg))
     assert bad == ["kvbench.records.w (layer 1) imports kvbench.plan.floors (layer 6)"]
+
+
+# ---------------------------------------------------------------------------
+# libraries never import the command plumbing
+
+LIBRARIES = ("kvbench.records", "kvbench.fit", "kvbench.plan")
+
+
+def cli_importers(graph: dict[str, set[str]]) -> list[str]:
+    """Library modules (records, fit, plan) that import kvbench.cli: only a package's own
+    command module (its cli.py) may; the errors and bounded numbers come from kvbench.errors."""
+    return sorted(f"{mod} imports kvbench.cli" for mod, deps in graph.items()
+                  if "kvbench.cli" in deps and mod.startswith(LIBRARIES) and not mod.endswith(".cli"))
+
+
+def test_no_library_module_imports_the_cli():
+    assert cli_importers(import_graph()) == []
+
+
+def test_the_cli_check_catches_a_planted_import(tmp_path):
+    pkg = tmp_path / "kvbench"
+    (pkg / "records").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "records" / "__init__.py"):
+        init.write_text('"""x"""\n')
+    (pkg / "cli.py").write_text("")
+    (pkg / "records" / "w.py").write_text("from kvbench.cli import UsageError\n")
+    (pkg / "records" / "ok.py").write_text("from kvbench.errors import UsageError\n")
+    global ROOT
+    saved, ROOT = ROOT, pkg
+    try:
+        graph = import_graph(pkg)
+    finally:
+        ROOT = saved
+    assert cli_importers(graph) == ["kvbench.records.w imports kvbench.cli"]
+
+
+# ---------------------------------------------------------------------------
+# one contract per file format (docs/contracts.md)
+
+CONTRACTS = "kvbench.records.schema"  # the package every format's one class lives in
+VERSION = re.compile(r"kvbench\.(p2p|fit|plan|route|kv-transfer-model|matrix)/[0-9]+")
+CONTRACT_CALLS = {"contract_dump", "as_contract", "parse"}
+# format -> (the module that writes it, its writing function, the class it writes through)
+WRITERS = {
+    "kvbench.p2p/1": ("kvbench.p2p.cli", "make_record", "P2PRecord"),
+    "kvbench.fit/2": ("kvbench.fit.fitting", "fit_document", "FitDocument"),
+    "kvbench.plan/1": ("kvbench.plan.cli", "plan_main", "PlanDocument"),
+    "kvbench.route/1": ("kvbench.plan.cli", "route_main", "RouteDocument"),
+    "kvbench.kv-transfer-model/1": ("kvbench.plan.export", "kv_transfer_model", "KVTransferModel"),
+    "kvbench.matrix/1": ("kvbench.matrix.analyze", "analyze", "MatrixDocument"),
+}
+# modules that build a format's document as a dict before their writer validates it, and
+# kvbench.fit.sim, whose simulated records only ever go to the fit in memory (never a file)
+DICT_BUILDERS = {m for m, _, _ in WRITERS.values()} | {"kvbench.fit.sim"}
+
+
+def _modules(root: Path) -> dict[str, ast.Module]:
+    """Every module under root (a kvbench tree: the real one or a planted copy), parsed."""
+    out = {}
+    for f in sorted(root.rglob("*.py")):
+        parts = list(f.relative_to(root.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(f.read_text())
+    return out
+
+
+def _schema_constants(trees: dict[str, ast.Module]) -> set[str]:
+    """Names the contract modules give the version strings (SCHEMA_FIT, ...)."""
+    names = set()
+    for mod, tree in trees.items():
+        if mod.startswith(CONTRACTS):
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                        and isinstance(node.value.value, str) and VERSION.fullmatch(node.value.value)):
+                    names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def untyped_writers(root: Path = ROOT) -> list[str]:
+    """Where a file format is written without its contract: a version string spelled out
+    outside kvbench.records.schema, or a {"schema": SCHEMA_...} document built in a module
+    that is not the format's writer."""
+    trees = _modules(root)
+    consts, bad = _schema_constants(trees), []
+    for mod, tree in trees.items():
+        if mod.startswith(CONTRACTS):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and VERSION.fullmatch(node.value)):
+                bad.append(f"{mod}:{node.lineno}: the version string {node.value!r} outside {CONTRACTS}")
+            if isinstance(node, ast.Dict) and mod not in DICT_BUILDERS:
+                for k, v in zip(node.keys, node.values, strict=True):
+                    if (isinstance(k, ast.Constant) and k.value == "schema"
+                            and isinstance(v, ast.Name) and v.id in consts):
+                        bad.append(f"{mod}:{node.lineno}: a {v.id} document built outside its writer")
+    return sorted(bad)
+
+
+def writers_off_contract(root: Path = ROOT) -> list[str]:
+    """Each format: exactly one class in kvbench.records.schema declares its version string,
+    and its writer's function passes that class to contract_dump / as_contract / parse."""
+    trees, bad = _modules(root), []
+    for version, (mod, func, cls) in WRITERS.items():
+        owners = [f"{m}.{c.name}" for m, t in trees.items() if m.startswith(CONTRACTS)
+                  for c in ast.walk(t) if isinstance(c, ast.ClassDef)
+                  and any(isinstance(n, ast.Constant) and n.value == version for n in ast.walk(c))]
+        if [o.rsplit(".", 1)[1] for o in owners] != [cls]:
+            bad.append(f"{version}: declared by {owners or 'no class'}, expected one class {cls}")
+        fn = next((n for n in ast.walk(trees.get(mod, ast.Module(body=[], type_ignores=[])))
+                   if isinstance(n, ast.FunctionDef) and n.name == func), None)
+        through = fn is not None and any(
+            isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", "")) in CONTRACT_CALLS
+            and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id == cls for n in ast.walk(fn))
+        if not through:
+            bad.append(f"{version}: {mod}.{func} does not write through {cls}")
+    return bad
+
+
+def test_every_format_is_written_and_read_through_one_contract():
+    assert untyped_writers() == []
+    assert writers_off_contract() == []
+
+
+def _copy_of_kvbench(tmp_path: Path) -> Path:
+    import shutil
+
+    dst = tmp_path / "kvbench"
+    shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def test_a_planted_untyped_writer_is_caught(tmp_path):
+    """A second writer of the fit format that builds the dict by hand, with the version
+    string spelled out or with the contract's own constant, fails the check."""
+    pkg = _copy_of_kvbench(tmp_path)
+    (pkg / "report" / "refit.py").write_text(
+        "import json\n\n\ndef write(path, groups):\n"
+        "    path.write_text(json.dumps({'schema': 'kvbench.fit/2', 'groups': groups}))\n")
+    (pkg / "slo" / "refit2.py").write_text(
+        "from kvbench.records.schema.fit import SCHEMA_FIT\n\n\n"
+        "def doc(groups):\n    return {'schema': SCHEMA_FIT, 'groups': groups}\n")
+    assert untyped_writers(pkg) == [
+        "kvbench.report.refit:5: the version string 'kvbench.fit/2' outside kvbench.records.schema",
+        "kvbench.slo.refit2:5: a SCHEMA_FIT document built outside its writer"]
+
+
+def test_a_writer_that_stops_using_its_contract_is_caught(tmp_path):
+    pkg = _copy_of_kvbench(tmp_path)
+    fitting = pkg / "fit" / "fitting.py"
+    fitting.write_text(fitting.read_text().replace("return contract_dump(FitDocument, {",
+                                                   "return untyped_dump({"))
+    schema = pkg / "records" / "schema" / "plan.py"
+    schema.write_text(schema.read_text() + "\n\nclass PlanAgain(Open):\n"
+                      "    schema_: Literal['kvbench.plan/1'] = Field(alias='schema')\n")
+    assert writers_off_contract(pkg) == [
+        "kvbench.fit/2: kvbench.fit.fitting.fit_document does not write through FitDocument",
+        "kvbench.plan/1: declared by ['kvbench.records.schema.plan.PlanDocument', "
+        "'kvbench.records.schema.plan.PlanAgain'], expected one class PlanDocument"]

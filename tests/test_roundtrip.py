@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 import kvbench.fit.cli
 import kvbench.plan.cli
-import kvbench.plan.export
 import kvbench.report.cli
 from tests.fit.test_fit import rounds_records, synthetic
 from tests.test_robust import run
@@ -110,7 +109,7 @@ def read_by_every_reader(folder: Path, fit: Path) -> None:
     _no_rate_or_read(run(kvbench.plan.cli.cli, "route", "--fit", fit, "--prompt-tokens", "1000", *ROUTE),
                      has_rate, "plan route")
     for tool in TOOLS:
-        _no_rate_or_read(run(kvbench.plan.export.cli, "--fit", fit, "--to", tool), has_rate, tool)
+        _no_rate_or_read(run(kvbench.plan.cli.export_cli, "--fit", fit, "--to", tool), has_rate, tool)
     for refit in (("--no-refit",), ("--bootstrap", "100")):
         rc, _, err = run(kvbench.report.cli.cli, folder, "--out", folder / f"rep{len(refit)}",
                          "--quiet", *refit)

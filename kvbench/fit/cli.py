@@ -18,12 +18,12 @@ from kvbench.fit.fitting import (
     fit_document,
     fit_groups,
     format_table,
-    parse_where,
     skipped_note,
 )
 from kvbench.p2p import linkpath
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.records.select import parse_where
 from kvbench.records.write import (
     check_new_file,
     plot_format,

@@ -1,7 +1,7 @@
 """From p2p records to fit groups: which records are replicates, which are links, and which
 samples share a moment's load.
 
-Group key: the frozen `spec` a record carries (CONTRACTS.md section 1: everything that defines
+Group key: the frozen `spec` a record carries (docs/contracts.md section 1: everything that defines
 what was measured except the payload size), so no option can be pooled by omission. Records
 without a spec (written before it existed) fall back to the legacy keys below.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.fit.stats import GroupSamples
 from kvbench.p2p import linkpath
 from kvbench.records.schema.p2p import (
@@ -45,8 +45,8 @@ from kvbench.records.schema.p2p import (
     spec_id_of,
 )
 from kvbench.records.schema.read import decode_line, iter_lines
+from kvbench.records.select import LAYERWISE_LINK_VARIANTS, not_link_reason  # noqa: F401 (re-exported)
 
-LAYERWISE_LINK_VARIANTS = ("xfer", "seq")  # pure transfers measured inside a layerwise run
 _OPTIONAL = frozenset(LEGACY_OPTIONAL_KEYS)
 MAX_UNITS = 2000  # units per stratum beyond which adjacent units are merged (see above)
 _ROUND_BITS = 40  # a rounds unit is (run index << 40) | round; round numbers are < 10^12 < 2^40
@@ -74,24 +74,6 @@ def label_of(fields: dict) -> str:
             v = ",".join(map(str, v))
         parts.append(f"{k}={v}")
     return " ".join(parts)
-
-
-def not_link_reason(rec: dict) -> str | None:
-    """Why a record's time is not bytes over a link, or None when it is a link."""
-    if rec.get("bytes") == 0:
-        return "zero bytes (compute only)"
-    if "fit_as_link" in rec:
-        if rec.get("fit_as_link") is False:
-            return str(rec.get("not_link_reason") or "declared not a link by its pattern")
-        return None
-    pattern, variant = rec.get("pattern"), rec.get("variant")
-    if pattern == "layerwise" and variant not in LAYERWISE_LINK_VARIANTS:
-        what = "overlapped handoff" if variant is None else f"variant '{variant}'"
-        return f"layerwise {what} includes the sender's compute"
-    if pattern == "sharded" and variant == "isolated":
-        return ("sharded isolated: bytes summed over edges, time a maximum over edges run "
-                "separately (a rate never observed)")
-    return None
 
 
 # ---------------------------------------------------------------------------

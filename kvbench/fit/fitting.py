@@ -15,13 +15,12 @@ resampling in kvbench/fit/data.py. docs/fit-and-plan.md has the method and every
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.fit.data import (
     Collected,
     Group,
@@ -48,17 +47,18 @@ from kvbench.fit.stats import (
     interval_refusal,
     size_summary,
 )
+from kvbench.records.schema.fit import SCHEMA_FIT, SCHEMA_FIT_V1, FitDocument  # noqa: F401 (SCHEMA_FIT_V1: re-exported)
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
-from kvbench.records.stats import min_samples_for, percentile_if_supported
+from kvbench.records.select import matches, min_samples_for, parse_where  # noqa: F401 (parse_where: re-exported)
+from kvbench.records.stats import percentile_if_supported
 from kvbench.records.write import (
+    contract_dump,
     dumps_json,
     utc_stamp,
 )
 from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
-SCHEMA_FIT = "kvbench.fit/2"
-SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
 POOR_FIT_REL = 0.10  # a size's median more than 10% (and 3 SE) off the line
 POOR_FIT_SE = 3.0
 LACK_OF_FIT_P = 0.01
@@ -407,26 +407,6 @@ def regime_warnings(tr: TwoRegimes, line_rate: float | None) -> list[dict]:
 # files and the CLI
 
 
-def parse_where(items: Sequence[str] | None) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--where expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _as_text(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(str, v))
-    return "null" if v is None else str(v)
-
-
-def matches(group: dict, where: dict[str, str]) -> bool:
-    return all(_as_text(group.get(k)) == v for k, v in where.items())
-
-
 def _check_where(groups: list[Group], where: dict[str, str]) -> list[Group]:
     keys = sorted({k for g in groups for k in g.fields})
     unknown = [k for k in where if k not in keys]
@@ -507,7 +487,9 @@ METHOD = {
 
 def fit_document(fits: list[GroupFit], skipped: list[dict], inputs: list[str], n_boot: int,
                  seed: int, line_rate: float | None) -> dict:
-    return {
+    """The `kvbench.fit/2` document, built as its contract (FitDocument, the class plan,
+    report and results.load read it back into) and dumped from it."""
+    return contract_dump(FitDocument, {
         "schema": SCHEMA_FIT,
         "created": utc_stamp(),
         "model_formula": "time_ms = setup_ms + bytes / (effective_gb_s * 1e9) * 1000",
@@ -516,7 +498,7 @@ def fit_document(fits: list[GroupFit], skipped: list[dict], inputs: list[str], n
         "inputs": inputs,
         "groups": [f.record for f in fits],
         "skipped": skipped,
-    }
+    }, "the fit document being written")
 
 
 def dumps(doc: dict) -> str:

@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
 
 MAX_GROUPS = 8

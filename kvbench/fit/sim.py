@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.fit.data import spec_id
+from kvbench.records.schema.p2p import SCHEMA_P2P
+from kvbench.units import handoff_ms
 
 SPEC = {"transport": "sim", "transport_options": {}, "pattern": "sequential", "variant": None,
         "granularity": "whole", "layout": "raw", "block_size": None, "dtype": None,
@@ -50,7 +52,7 @@ class Load:
 
 def _record(nbytes: int, samples: list[float], rounds: list[int], run_id: str, order: str,
             spec: dict = SPEC, **extra) -> dict:
-    return {"schema": "kvbench.p2p/1", "spec": spec, "spec_id": spec_id(spec), "run_id": run_id,
+    return {"schema": SCHEMA_P2P, "spec": spec, "spec_id": spec_id(spec), "run_id": run_id,
             "order": order, "bytes": int(nbytes), "samples_ms": samples, "sample_rounds": rounds,
             "n_samples": len(samples), "fit_as_link": True, "not_link_reason": None,
             "wrong": 0, "_source": "simulated", **extra}
@@ -82,11 +84,11 @@ def loaded_ms(rng: np.random.Generator, true_ms: np.ndarray, rounds: int, order:
     return true_ms[:, None] * np.exp(log_t)
 
 
-def simulate_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float, rounds: int,
+def simulate_run(rng: np.random.Generator, *, setup_ms: float, effective_gb_s: float, rounds: int,
                  order: str = "rounds", load: Load = Load(), sizes=SIZES,
                  run_id: str = "sim-0") -> list[dict]:
     """One p2p run: a record per size, samples_ms and sample_rounds as p2p writes them."""
-    true_ms = setup_ms + np.asarray(sizes, dtype=float) / (gb_s * 1e9) * 1e3
+    true_ms = handoff_ms(setup_ms, np.asarray(sizes, dtype=float), effective_gb_s)
     ms = loaded_ms(rng, true_ms, rounds, order, load)
     return [_record(b, [float(v) for v in ms[k]], list(range(rounds)), run_id, order)
             for k, b in enumerate(sizes)]
@@ -108,7 +110,7 @@ JOINED_POINTS = tuple((b, (bs, ids), d, d if ids == "scattered" else 32)
                       for b, bs, d in CUT_POINTS for ids in ("scattered", "contiguous"))
 
 
-def simulate_cut_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float,
+def simulate_cut_run(rng: np.random.Generator, *, setup_ms: float, effective_gb_s: float,
                      us_per_desc: float, rounds: int, points=CUT_POINTS, order: str = "rounds",
                      load: Load = Load(), run_id: str = "sim-0",
                      us_per_merged_desc: float = 0.0) -> list[dict]:
@@ -119,8 +121,7 @@ def simulate_cut_run(rng: np.random.Generator, *, setup_ms: float, gb_s: float,
     b = np.array([p[0] for p in points], dtype=float)
     d = np.array([p[2] for p in points], dtype=float)
     m = np.array([p[3] if len(p) > 3 else p[2] for p in points], dtype=float)
-    true_ms = (setup_ms + b / (gb_s * 1e9) * 1e3 + d * us_per_desc / 1e3
-               + m * us_per_merged_desc / 1e3)
+    true_ms = handoff_ms(setup_ms, b, effective_gb_s, d, us_per_desc) + m * us_per_merged_desc / 1e3
     ms = loaded_ms(rng, true_ms, rounds, order, load)
     out = []
     for k, p in enumerate(points):
@@ -159,17 +160,17 @@ def _covers(ci, truth: float) -> bool:
 
 
 def coverage(method: Method, *, trials: int = 200, seed: int = 0, setup_ms: float = 0.5,
-             gb_s: float = 2.0, **kw) -> dict:
+             effective_gb_s: float = 2.0, **kw) -> dict:
     """Share of simulated runs whose 95% intervals contain the true setup and rate."""
     hits = np.zeros(2)
     refused = 0
     for t in range(trials):
         rng = np.random.default_rng([seed, t])
-        setup_ci, rate_ci = method(simulate(rng, setup_ms=setup_ms, gb_s=gb_s, **kw))
+        setup_ci, rate_ci = method(simulate(rng, setup_ms=setup_ms, effective_gb_s=effective_gb_s, **kw))
         if setup_ci is None or rate_ci is None:
             refused += 1
             continue
-        hits += [_covers(setup_ci, setup_ms), _covers(rate_ci, gb_s)]
+        hits += [_covers(setup_ci, setup_ms), _covers(rate_ci, effective_gb_s)]
     done = trials - refused
     return {"trials": trials, "with_interval": done,
             "setup": float(hits[0] / done) if done else None,

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, fit_group
 from kvbench.p2p import linkpath

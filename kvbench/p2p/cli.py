@@ -33,12 +33,13 @@ from kvbench.p2p.harness import (
 )
 from kvbench.p2p.patterns.base import PatternContext, Point
 from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
-from kvbench.p2p.transports.base import PeerReported, TransportContext, TransportError
+from kvbench.p2p.transports.base import PeerReported, Reported, TransportContext, TransportError
 from kvbench.p2p.watchdog import EXIT_STALLED, WATCHDOG
+from kvbench.records.schema.p2p import SCHEMA_P2P, P2PRecord
 from kvbench.records.stats import min_samples_for, percentile_cell
 from kvbench.records.write import (
-    SCHEMA_P2P,
     check_destination,
+    contract_dump,
     environment,
     utc_stamp,
     write_records,
@@ -86,6 +87,8 @@ def make_spec(common: dict, pattern, fields: dict) -> HandoffSpec:
 
 
 def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None) -> dict:
+    """One `kvbench.p2p/1` line, built as its contract (P2PRecord, the class fit and
+    results.load read it back into) and dumped from it."""
     loop: LoopResult = fields.pop("loop")
     s = loop.samples
     nbytes = fields["bytes"]
@@ -107,7 +110,7 @@ def make_record(base: dict, point: Point, fields: dict, notice_ms: float | None)
         "warmup_ms": loop.warmup_ms,
         "notice_ms": notice_ms,
     }
-    return rec
+    return contract_dump(P2PRecord, rec, "the p2p record being written")
 
 
 def cut_text(r: dict) -> str:
@@ -477,7 +480,9 @@ def cli(argv: Sequence[str] | None = None, written: dict | None = None) -> int:
     except SystemExit as exc:
         code = int(exc.code or 0)
     except PeerReported:
-        await_the_abort(comm)
+        code = await_the_end(comm)
+    except Reported as exc:
+        code = report_and_end(comm, exc)
     except TransportError as exc:
         abort_job(comm, str(exc), EXIT_STALLED)
     except UsageError as exc:  # found by one rank alone: the others may be waiting on it
@@ -492,12 +497,27 @@ def cli(argv: Sequence[str] | None = None, written: dict | None = None) -> int:
     return code
 
 
-def await_the_abort(comm) -> None:
-    """A peer reports this failure in its own line and aborts the job: wait for that end
-    without a second line. The barrier never completes (the peer aborts instead of joining
-    it); should the abort never come, the watchdog ends this rank after --timeout."""
+def await_the_end(comm) -> int:
+    """A peer reports this failure in its own line: wait for the end without a second line.
+    The peer either joins this barrier (the failure is known to every rank: both then exit
+    normally, after the launcher has forwarded its line) or aborts the job; should neither
+    come, the watchdog ends this rank after --timeout."""
     with WATCHDOG.bounded("the job's end after a peer's error"):
         comm.Barrier()
+    return EXIT_STALLED
+
+
+def report_and_end(comm, exc: Reported) -> int:
+    """This rank's failure, known to its peer: one line, then a barrier with every rank when
+    every rank knows (the pair is the job, or the error was agreed over MPI), else the abort.
+    A normal exit lets the launcher forward the line; MPI_Abort may end the job first."""
+    if not (exc.everyone or comm.Get_size() == 2):
+        abort_job(comm, str(exc), EXIT_STALLED)
+    print(f"{PROG}: error: rank {comm.Get_rank()}: {WATCHDOG.current}: {exc}; ending the job",
+          file=sys.stderr, flush=True)
+    with WATCHDOG.bounded("the job's end after this rank's error"):
+        comm.Barrier()
+    return EXIT_STALLED
 
 
 def abort_job(comm, message: str, code: int) -> None:

@@ -30,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.model import DType, ModelSpec
 from kvbench.p2p.shards import ShardError, shard_plan
 from kvbench.records.schema.engine import MAX_SIDE_FILE_BYTES, load_block_ids

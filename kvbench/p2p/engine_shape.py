@@ -25,7 +25,7 @@ import os
 import random
 import time
 
-from kvbench.cli import UsageError, bounded_float
+from kvbench.errors import UsageError, bounded_float
 from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
     BLOCK_IDS,
     KV_PAGES,

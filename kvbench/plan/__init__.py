@@ -1,12 +1,14 @@
 """`python -m kvbench.plan`: handoff floors, budget verdicts, routing and planner exports.
 
-    floors.py    links read from a fit (or given), floors and 95% bands per prompt size
+    floors.py    FittedLink (a fit group read through its contract, or a rate given), floors
+                 and 95% bands per prompt size
     route.py     local vs remote prefill: exposed handoff, interference, break-even
     descriptors.py  the per-descriptor term: count, time, smallest block size within budget
-    export.py    `plan export`: Dynamo, AISimulate, BLIS, Splitwise, JSON
+    export.py    `plan export`: the kv-transfer model, then Dynamo, AISimulate, BLIS, Splitwise
     cli.py       flags and the commands (plan, plan route, plan export)
 
-May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.fit, and the
-pure counting of kvbench.p2p.cut / kvbench.p2p.shards (no torch, no MPI).
+May import: kvbench.units, kvbench.errors, kvbench.cli (cli.py only), kvbench.model,
+kvbench.records (a fit is read through its contract and the selectors of records.select, not
+through kvbench.fit), and the pure counting of kvbench.p2p.cut / kvbench.p2p.shards (no torch, no MPI).
 Never slo, lab or report.
 """

@@ -9,6 +9,7 @@ from pathlib import Path
 from kvbench.cli import (
     FORMAT_HELP,
     ArgumentParser,
+    UsageError,
     arg_int,
     bounded_float,
     output_format,
@@ -25,10 +26,9 @@ from kvbench.model import (
     get_dtype,
     resolve_model,
 )
+from kvbench.plan.export import TOOLS, kv_transfer_model, render
 from kvbench.plan.floors import (
     MAX_MS,
-    SCHEMA_PLAN,
-    SCHEMA_ROUTE,
     _f,
     _r,
     format_plan_table,
@@ -42,8 +42,9 @@ from kvbench.plan.route import (
     exposed_ms,
     interference_at,
 )
+from kvbench.records.schema.plan import SCHEMA_PLAN, SCHEMA_ROUTE, PlanDocument, RouteDocument
 from kvbench.records.schema.types import MAX_TOKENS
-from kvbench.records.write import check_new_file, dumps_json, write_new_file
+from kvbench.records.write import check_new_file, contract_dump, dumps_json, write_new_file
 
 
 def _add_link_args(p: ArgumentParser) -> None:
@@ -180,7 +181,7 @@ def plan_main(argv: Sequence[str]) -> int:
     budget = bounded_float(args.budget_ms, "--budget-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
     model, dtype, sizings = _sizings(args)
-    doc = {
+    doc = contract_dump(PlanDocument, {
         "schema": SCHEMA_PLAN,
         "scope": "lower bound on one prefill->decode KV handoff: setup plus bytes at a "
                  "sustained effective rate; excludes queueing, contention and retries",
@@ -189,7 +190,7 @@ def plan_main(argv: Sequence[str]) -> int:
         "dtype": dtype.name,
         "budget_ms": budget,
         "rows": plan_rows(links, sizings, budget, planned_cut(args)),
-    }
+    }, "the plan being written")
     _emit(doc, format_plan_table(doc), args)
     return 0
 
@@ -214,21 +215,21 @@ def route_main(argv: Sequence[str]) -> int:
     decisions, crossings = [], []
     for link in links:
         for sz in sizings:
-            cost, regime, notes, _, _ = link.for_payload(sz.kv_bytes)
-            d = decide(sz.tokens, sz.kv_bytes, model.layers, cost, interf(sz.tokens), p95,
+            pc = link.for_payload(sz.kv_bytes)
+            d = decide(sz.tokens, sz.kv_bytes, model.layers, pc.cost, interf(sz.tokens), p95,
                        target, args.handoff).to_dict()
             d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
-            d.update(link=link.label, regime=regime, notes=notes)
+            d.update(link=link.label, regime=pc.regime, notes=pc.notes)
             decisions.append(d)
 
         def f(t: int, link=link) -> float:
             kv = KVSizing(model, dtype, t, args.scale_mode, args.scale_dtype,
                           args.block_size).kv_bytes
-            cost = link.for_payload(kv)[0]
+            cost = link.for_payload(kv).cost
             return exposed_ms(kv, model.layers, cost, args.handoff)[2] - interf(t)
 
         crossings.append({"link": link.label, **breakeven(f).to_dict()})
-    doc = {
+    doc = contract_dump(RouteDocument, {
         "schema": SCHEMA_ROUTE,
         "source": args.fit or "user",
         "model": model.name,
@@ -240,7 +241,7 @@ def route_main(argv: Sequence[str]) -> int:
         "itl_target_ms": target,
         "decisions": decisions,
         "breakeven": crossings,
-    }
+    }, "the routing decision being written")
     _emit(doc, format_route_table(doc), args)
     return 0
 
@@ -271,13 +272,72 @@ def format_route_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------
+# `kvbench plan export` (the document and the tools' words: kvbench.plan.export)
+
+
+def build_export_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="kvbench plan export",
+                       description="Write a fitted handoff model as a planning tool's parameters.\n"
+                                   "Source of every format: the kvbench.kv-transfer-model/1 JSON (--to json).",
+                       epilog="examples:\n  kvbench plan export --fit results/run.fit.json --to blis --tp 4\n"
+                              "  kvbench plan export --fit results/run.fit.json --to dynamo --fold-at-tokens 2000\n"
+                              "Details and each tool's sources: docs/planners.md")
+    p.add_argument("--fit", required=True, metavar="FITTED.json", help="output of kvbench fit")
+    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="pick the fit group (repeatable)")
+    p.add_argument("--pair", default=None, metavar="slowest|I,J",
+                   help="with a kvbench matrix file: the slowest pair (default) or pair I,J")
+    p.add_argument("--to", required=True, choices=TOOLS, help="the tool to write for")
+    p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
+    p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
+    p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
+    p.add_argument("--tp", type=arg_int(1, 65_536), default=1, help="tensor-parallel size of prefill and decode (default 1)")
+    p.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=2000,
+                   help="prompt length at which a folded rate is exact (default 2000)")
+    p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
+                   help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
+    p.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
+                   help="the deployment's block size in tokens: folds a fit's per-descriptor term")
+    p.add_argument("--kv-pages", default=None, choices=("joint", "split"),
+                   help="with --block-size: K and V in one page (joint, default) or two")
+    p.add_argument("--block-ids", default=None, metavar="IDS",
+                   help="with --block-size: contiguous (default), scattered or merged")
+    p.add_argument("--out", metavar="FILE", help="also write to FILE (never overwrites)")
+    return p
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    from kvbench.plan.descriptors import PlannedCut
+    from kvbench.plan.floors import links_from_fit
+    from kvbench.records.select import parse_where
+
+    args = build_export_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.out:
+        check_new_file(args.out)
+    links = links_from_fit(args.fit, parse_where(args.where), args.pair)
+    if len(links) > 1:
+        raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
+                         f"({'; '.join(link.label for link in links)})")
+    model = resolve_model(args.model, args.model_config)
+    planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
+    doc = kv_transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
+                            args.fold_at_tokens, planned)
+    text = render(doc, args.to, args.setup_as)
+    if args.out:
+        write_new_file(Path(args.out), text)
+    sys.stdout.write(text)
+    return 0
+
+
+def export_cli(argv: Sequence[str] | None = None) -> int:
+    return run_main("kvbench plan export", export_main, argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "route":
         return route_main(argv[1:])
-    if argv and argv[0] == "export":  # kvbench/export.py: the fit in planning tools' words
-        from kvbench.plan.export import main as export_main
-
+    if argv and argv[0] == "export":  # kvbench/plan/export.py: the fit in planning tools' words
         return export_main(argv[1:])
     return plan_main(argv)
 

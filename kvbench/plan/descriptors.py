@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.model import DType, KVSizing, ModelSpec
 from kvbench.p2p.cut import Cut, count_pieces, declared_cuts, page_layout
 from kvbench.p2p.shards import ShardError
@@ -90,7 +90,7 @@ def term(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut, scale: tup
     sizing = KVSizing(model, dtype, tokens, scale[0], scale[1], cut.block_size)
     nbytes = decode_bytes(model, dtype, sizing, cut)
     posted, joined = counts_at(link, model, dtype, tokens, cut)
-    cost = link.for_payload(nbytes)[0]
+    cost = link.for_payload(nbytes).cost
     dms = descriptor_ms(link, posted, joined)
     floor = handoff_ms(cost.setup_ms or 0.0, nbytes, cost.effective_gb_s) + dms
     return {"bytes": nbytes, "descriptors": posted, "descriptors_merged": joined,

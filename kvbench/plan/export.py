@@ -23,25 +23,22 @@ Parameter names are checked against each tool's sources (docs/planners.md cites 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, run_main
-from kvbench.model import DEFAULT_MODEL, DTYPES, PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.records.schema.types import MAX_TOKENS
-from kvbench.records.write import check_new_file, dumps_json, write_new_file
+from kvbench.errors import UsageError
+from kvbench.model import KVSizing
+from kvbench.records.schema.plan import SCHEMA_KV_MODEL, KVTransferModel
+from kvbench.records.write import as_contract, dumps_json
 from kvbench.units import handoff_ms
 
-SCHEMA_MODEL = "kvbench.kv-transfer-model/1"
 TOOLS = ("json", "dynamo", "aisimulate", "blis", "splitwise")
 CHECK_TOKENS = (500, 2000, 8000)
 GIB = 2**30
 
 
-def folded_gb_s(setup_ms: float, gb_s: float, nbytes: int) -> float:
+def folded_gb_s(setup_ms: float, effective_gb_s: float, nbytes: int) -> float:
     """The rate that moves nbytes in exactly setup + nbytes/rate: setup folded in at that size."""
-    return nbytes / (handoff_ms(setup_ms, nbytes, gb_s) / 1000.0) / 1e9
+    return nbytes / (handoff_ms(setup_ms, nbytes, effective_gb_s) / 1000.0) / 1e9
 
 
 def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> dict | None:
@@ -82,25 +79,27 @@ def _per_rank_bytes_per_token(model, dtype, tp: int) -> tuple[int, dict]:
     return int(shard["bytes_per_rank"]), shard
 
 
-def transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
-                   planned=None) -> dict:
-    """The tool-neutral model: every export format is computed from this document only."""
+def kv_transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
+                      planned=None) -> KVTransferModel:
+    """The tool-neutral `kvbench.kv-transfer-model/1` document, built as its contract:
+    every export format is computed from this object only."""
     desc = descriptor_model(link, model, dtype, tp, planned, fold_tokens)
     doc = _two_terms(link, fit_path, model, dtype, tp, fold_tokens)
-    return doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
+    doc = doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
+    return as_contract(KVTransferModel, doc, "the kv-transfer model being written")
 
 
 def _two_terms(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> dict:
     """setup + bytes / rate, as every tool understands it."""
     bpt, shard = _per_rank_bytes_per_token(model, dtype, tp)
-    cost, regime, notes, s_ci, r_ci = link.for_payload(bpt * fold_tokens)  # regime at the fold length
-    setup = max(cost.setup_ms or 0.0, 0.0)
+    pc = link.for_payload(bpt * fold_tokens)  # the regime at the fold length
+    setup, rate = max(pc.cost.setup_ms or 0.0, 0.0), pc.cost.effective_gb_s
     points = sorted({*CHECK_TOKENS, fold_tokens})
     return {
-        "schema": SCHEMA_MODEL,
+        "schema": SCHEMA_KV_MODEL,
         "formula": "handoff_ms = setup_ms + prompt_tokens x bytes_per_token_per_rank / (effective_gb_s x 1e9) x 1000",
-        "setup_ms": setup, "setup_ms_ci95": s_ci,
-        "effective_gb_s": cost.effective_gb_s, "effective_gb_s_ci95": r_ci,
+        "setup_ms": setup, "setup_ms_ci95": pc.setup_ci95,
+        "effective_gb_s": rate, "effective_gb_s_ci95": pc.rate_ci95,
         "units": "ms; GB/s = 1e9 bytes/s (decimal); bytes exact",
         "bytes_per_token_per_rank": bpt,
         "bytes_per_token_all_ranks": model.bytes_per_token(dtype),
@@ -108,11 +107,11 @@ def _two_terms(link, fit_path: str, model, dtype, tp: int, fold_tokens: int) -> 
         "model": model.name, "dtype": dtype.name,
         "transport": (link.group or {}).get("transport"), "link": link.label,
         "shape": link.shape,
-        "context": {"fit": fit_path, "group": link.group, "regime": regime, "fit_warnings": link.fit_warnings,
-                    "notes": notes},
+        "context": {"fit": fit_path, "group": link.group, "regime": pc.regime,
+                    "fit_warnings": list(link.fit_warnings), "notes": pc.notes},
         "fold": {"prompt_tokens": fold_tokens,
-                 "effective_gb_s_with_setup": folded_gb_s(setup, cost.effective_gb_s, bpt * fold_tokens)},
-        "handoff_ms": {str(t): handoff_ms(setup, bpt * t, cost.effective_gb_s) for t in points},
+                 "effective_gb_s_with_setup": folded_gb_s(setup, rate, bpt * fold_tokens)},
+        "handoff_ms": {str(t): handoff_ms(setup, bpt * t, rate) for t in points},
     }
 
 
@@ -123,7 +122,7 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
     ms, counts = desc.pop("ms"), desc.pop("counts")
     points = [int(t) for t in doc["handoff_ms"]]
     bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
-    per_token_ms = bpt / (rate * 1e9) * 1000.0 + desc["ms_per_token"]
+    per_token_ms = handoff_ms(0.0, bpt, rate) + desc["ms_per_token"]
     base = setup + desc["ms_constant"]
     rate_d = bpt / (per_token_ms / 1000.0) / 1e9
     doc["formula"] = ("handoff_ms = setup_ms + descriptors x us_per_desc / 1000 [+ descriptors "
@@ -141,40 +140,40 @@ def _with_descriptors(doc: dict, fold_tokens: int, desc: dict) -> dict:
 # the tools, each from the model document
 
 
-def _descriptor_note(doc: dict, where: str) -> str:
-    d = doc["descriptor"]
-    return (f"a per-descriptor term: {d['ms_constant']:.4g} ms + {d['ms_per_token']:.4g} ms x "
-            f"prompt_tokens of descriptors at block size {d['cut']['block_size']} "
-            f"({d['cut']['kv_pages']}, {d['cut']['block_ids']}): the per-token part is folded "
-            f"into the bandwidth ({d['rate_gb_s']:.6g} GB/s, exact at whole-block prompts), the "
+def _descriptor_note(doc: KVTransferModel, where: str) -> str:
+    d = doc.descriptor
+    return (f"a per-descriptor term: {d.ms_constant:.4g} ms + {d.ms_per_token:.4g} ms x "
+            f"prompt_tokens of descriptors at block size {d.cut['block_size']} "
+            f"({d.cut['kv_pages']}, {d.cut['block_ids']}): the per-token part is folded "
+            f"into the bandwidth ({d.rate_gb_s:.6g} GB/s, exact at whole-block prompts), the "
             f"constant part {where}")
 
 
-def _rate_for(doc: dict, setup_as: str) -> tuple[float, str]:
-    d = doc.get("descriptor")
+def _rate_for(doc: KVTransferModel, setup_as: str) -> tuple[float, str]:
+    d = doc.descriptor
     if setup_as == "drop":
-        rate, base = (d["rate_gb_s"], d["base_ms"]) if d else (doc["effective_gb_s"], doc["setup_ms"])
-        return rate, (f"setup_ms {doc['setup_ms']:.4g} is dropped: every handoff is "
+        rate, base = (d.rate_gb_s, d.base_ms) if d else (doc.effective_gb_s, doc.setup_ms)
+        return rate, (f"setup_ms {doc.setup_ms:.4g} is dropped: every handoff is "
                       f"predicted {base:.4g} ms short")
-    f = doc["fold"]
-    return f["effective_gb_s_with_setup"], (
-        f"setup_ms {doc['setup_ms']:.4g} is folded into an effective {f['effective_gb_s_with_setup']:.6g} GB/s, "
-        f"exact at {f['prompt_tokens']} prompt tokens; shorter prompts are predicted short of the model, "
+    f = doc.fold
+    return f.effective_gb_s_with_setup, (
+        f"setup_ms {doc.setup_ms:.4g} is folded into an effective {f.effective_gb_s_with_setup:.6g} GB/s, "
+        f"exact at {f.prompt_tokens} prompt tokens; shorter prompts are predicted short of the model, "
         "longer ones long")
 
 
-def _tool_ms(doc: dict, gb_s: float, base_ms: float = 0.0) -> dict[str, float]:
-    bpt = doc["bytes_per_token_per_rank"]
-    return {t: base_ms + int(t) * bpt / (gb_s * 1e9) * 1000.0 for t in doc["handoff_ms"]}
+def _tool_ms(doc: KVTransferModel, effective_gb_s: float, base_ms: float = 0.0) -> dict[str, float]:
+    bpt = doc.bytes_per_token_per_rank
+    return {t: handoff_ms(base_ms, int(t) * bpt, effective_gb_s) for t in doc.handoff_ms}
 
 
-def tool_parameters(doc: dict, tool: str, setup_as: str = "fold") -> dict:
+def tool_parameters(doc: KVTransferModel, tool: str, setup_as: str = "fold") -> dict:
     """A tool's parameters, what it predicts, and what it cannot represent."""
-    bpt, setup, rate = doc["bytes_per_token_per_rank"], doc["setup_ms"], doc["effective_gb_s"]
+    bpt, setup, rate = doc.bytes_per_token_per_rank, doc.setup_ms, doc.effective_gb_s
     missing = ["the 95% intervals (a point estimate only)"]
-    d = doc.get("descriptor")
+    d = doc.descriptor
     if d:  # the tool takes two terms: setup plus constant descriptors, and one bandwidth
-        setup, rate = d["base_ms"], d["rate_gb_s"]
+        setup, rate = d.base_ms, d.rate_gb_s
     if tool == "blis":
         params = {"--pd-transfer-bandwidth": rate, "--pd-transfer-base-latency": setup,
                   "--pd-kv-bytes-per-token": bpt}
@@ -182,44 +181,50 @@ def tool_parameters(doc: dict, tool: str, setup_as: str = "fold") -> dict:
         if d:
             missing.insert(0, _descriptor_note(doc, "is in the base latency (exact)"))
     elif tool in ("dynamo", "aisimulate", "splitwise"):
-        gb_s, how = _rate_for(doc, setup_as)
+        effective_gb_s, how = _rate_for(doc, setup_as)
         missing.insert(0, "a per-handoff setup term: " + how)
         if d:
             missing.insert(1, _descriptor_note(doc, "goes with setup (" + setup_as + ")"))
-        predicted = _tool_ms(doc, gb_s)
-        if tool == "dynamo":
-            params = {"kv_transfer_bandwidth": gb_s, "kv_transfer_bytes_per_token": bpt}
-        elif tool == "aisimulate":
-            params = {"bytes_per_token": bpt, "bandwidth_gb_per_second": gb_s, "timing_mode": "full_prompt"}
-        else:
-            params = {"transfer_bandwidth": gb_s * 1e9 / GIB}
-            missing.append("bytes per token: splitwise-sim sizes the KV from its own model config "
-                           f"(kvbench's per-rank figure is {bpt} B/token)")
+        predicted = _tool_ms(doc, effective_gb_s)
+        params = _tool_words(tool, effective_gb_s, bpt, missing)
     else:
         raise UsageError(f"unknown tool {tool!r}; choose from {', '.join(TOOLS)}")
     return {"parameters": params, "setup_as": None if tool == "blis" else setup_as,
             "predicted_handoff_ms": predicted,
-            "error_vs_model_ms": {t: predicted[t] - doc["handoff_ms"][t] for t in predicted},
+            "error_vs_model_ms": {t: predicted[t] - doc.handoff_ms[t] for t in predicted},
             "cannot_represent": missing}
+
+
+def _tool_words(tool: str, effective_gb_s: float, bpt: int, missing: list[str]) -> dict:
+    """A tool without a setup term: its own names for the one rate (and bytes per token)."""
+    if tool == "dynamo":
+        return {"kv_transfer_bandwidth": effective_gb_s, "kv_transfer_bytes_per_token": bpt}
+    if tool == "aisimulate":
+        return {"bytes_per_token": bpt, "bandwidth_gb_per_second": effective_gb_s,
+                "timing_mode": "full_prompt"}
+    missing.append("bytes per token: splitwise-sim sizes the KV from its own model config "
+                   f"(kvbench's per-rank figure is {bpt} B/token)")
+    return {"transfer_bandwidth": effective_gb_s * 1e9 / GIB}
 
 
 def _comment(lines: Sequence[str]) -> str:
     return "".join(f"# {ln}\n" for ln in lines)
 
 
-def render(doc: dict, tool: str, setup_as: str) -> str:
+def render(doc: KVTransferModel, tool: str, setup_as: str) -> str:
     """The text to paste into the tool (flags or YAML), with what it cannot represent as comments."""
     if tool == "json":
         tools = {t: tool_parameters(doc, t, setup_as) for t in TOOLS[1:]}
-        return dumps_json({**doc, "tools": tools}) + "\n"
+        return dumps_json({**doc.model_dump(mode="json", by_alias=True, exclude_unset=True),
+                           "tools": tools}) + "\n"
     tp = tool_parameters(doc, tool, setup_as)
     p = tp["parameters"]
-    head = [f"kvbench plan export --to {tool}: {doc['link']}",
-            f"model {doc['model']} {doc['dtype']}, TP {doc['tp']}: {doc['bytes_per_token_per_rank']} B/token per rank; "
-            f"fit: setup {doc['setup_ms']:.6g} ms + {doc['effective_gb_s']:.6g} GB/s",
+    head = [f"kvbench plan export --to {tool}: {doc.link}",
+            f"model {doc.model} {doc.dtype}, TP {doc.tp}: {doc.bytes_per_token_per_rank} B/token per rank; "
+            f"fit: setup {doc.setup_ms:.6g} ms + {doc.effective_gb_s:.6g} GB/s",
             *[f"cannot represent: {m}" for m in tp["cannot_represent"]],
             "predicted handoff ms (tool / kvbench model): " + ", ".join(
-                f"{t} tokens {tp['predicted_handoff_ms'][t]:.4f} / {doc['handoff_ms'][t]:.4f}" for t in doc["handoff_ms"])]
+                f"{t} tokens {tp['predicted_handoff_ms'][t]:.4f} / {doc.handoff_ms[t]:.4f}" for t in doc.handoff_ms)]
     if tool == "dynamo":
         body = dumps_json({"engine": p}) + "\n"
         flags = f"--kv-transfer-bandwidth {p['kv_transfer_bandwidth']!r} --kv-bytes-per-token {p['kv_transfer_bytes_per_token']}"
@@ -233,64 +238,3 @@ def render(doc: dict, tool: str, setup_as: str) -> str:
         return _comment(head) + " ".join(f"{k} {v!r}" for k, v in p.items()) + "\n"
     return _comment([*head, "in the scheduler config (e.g. configs/orchestrator_repo/schedulers/*.yaml); "
                      "transfer_bandwidth is GiB/s (x 2^30 bytes/s)"]) + f"transfer_bandwidth: {p['transfer_bandwidth']!r}\n"
-
-
-# ---------------------------------------------------------------------------
-# CLI (`kvbench plan export`, hooked into kvbench.plan)
-
-
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="kvbench plan export",
-                       description="Write a fitted handoff model as a planning tool's parameters.\n"
-                                   "Source of every format: the kvbench.kv-transfer-model/1 JSON (--to json).",
-                       epilog="examples:\n  kvbench plan export --fit results/run.fit.json --to blis --tp 4\n"
-                              "  kvbench plan export --fit results/run.fit.json --to dynamo --fold-at-tokens 2000\n"
-                              "Details and each tool's sources: docs/planners.md")
-    p.add_argument("--fit", required=True, metavar="FITTED.json", help="output of kvbench fit")
-    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="pick the fit group (repeatable)")
-    p.add_argument("--pair", default=None, metavar="slowest|I,J",
-                   help="with a kvbench matrix file: the slowest pair (default) or pair I,J")
-    p.add_argument("--to", required=True, choices=TOOLS, help="the tool to write for")
-    p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
-    p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
-    p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    p.add_argument("--tp", type=arg_int(1, 65_536), default=1, help="tensor-parallel size of prefill and decode (default 1)")
-    p.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=2000,
-                   help="prompt length at which a folded rate is exact (default 2000)")
-    p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
-                   help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
-    p.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
-                   help="the deployment's block size in tokens: folds a fit's per-descriptor term")
-    p.add_argument("--kv-pages", default=None, choices=("joint", "split"),
-                   help="with --block-size: K and V in one page (joint, default) or two")
-    p.add_argument("--block-ids", default=None, metavar="IDS",
-                   help="with --block-size: contiguous (default), scattered or merged")
-    p.add_argument("--out", metavar="FILE", help="also write to FILE (never overwrites)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from kvbench.fit.fitting import parse_where
-    from kvbench.plan.descriptors import PlannedCut
-    from kvbench.plan.floors import links_from_fit
-
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.out:
-        check_new_file(args.out)
-    links = links_from_fit(args.fit, parse_where(args.where), args.pair)
-    if len(links) > 1:
-        raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
-                         f"({'; '.join(link.label for link in links)})")
-    model = resolve_model(args.model, args.model_config)
-    planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
-    doc = transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
-                         args.fold_at_tokens, planned)
-    text = render(doc, args.to, args.setup_as)
-    if args.out:
-        write_new_file(Path(args.out), text)
-    sys.stdout.write(text)
-    return 0
-
-
-def cli(argv: Sequence[str] | None = None) -> int:
-    return run_main("kvbench plan export", main, argv)

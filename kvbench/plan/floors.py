@@ -18,37 +18,58 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from kvbench.cli import (
+from kvbench.errors import (
     UsageError,
     bounded_float,
     parse_positive_floats,
 )
-from kvbench.fit.data import not_link_reason
-from kvbench.fit.fitting import SCHEMA_FIT, matches, min_samples_for, parse_where
 from kvbench.model import (
     KVSizing,
 )
 from kvbench.plan.route import (
     LinkCost,
 )
+from kvbench.records.schema.fit import (
+    SCHEMA_FIT,
+    Draws,
+    FitDocument,
+    FitGroup,
+    Regime,
+    SizeRow,
+    TwoRegimes,
+)
 from kvbench.records.schema.matrix import load_fit_or_matrix
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.records.select import matches, min_samples_for, not_link_reason, parse_where
 
-SCHEMA_PLAN = "kvbench.plan/1"
 MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours
-SCHEMA_ROUTE = "kvbench.route/1"
 
 
 # ---------------------------------------------------------------------------
 # links: from a fit file or from the command line
 
 
-@dataclass
-class Link:
+class PayloadCost(NamedTuple):
+    """A link's cost for one payload: the regime's setup and rate, and what qualifies them."""
+
+    cost: LinkCost
+    regime: str  # "single", or "small"/"large" of a two-regime fit
+    notes: list[str]
+    setup_ci95: list | None  # the regime's marginal 95% intervals (a band: FittedLink.band)
+    rate_ci95: list | None
+
+
+@dataclass(frozen=True, eq=False)
+class FittedLink:
+    """One link the planner computes with: a fitted group of a `kvbench.fit` file (read
+    through its contract, FitGroup) or a rate the user gave. Frozen: every plan, route and
+    export of one run sees the same numbers."""
+
     label: str
     source: str  # "fit" or "user"
     effective_gb_s: float
@@ -57,9 +78,9 @@ class Link:
     group: dict | None = None
     setup_ci95: list | None = None
     rate_ci95: list | None = None
-    sizes: list[dict] = field(default_factory=list)
-    two_regimes: dict | None = None
-    fit_warnings: list[str] = field(default_factory=list)
+    sizes: tuple[SizeRow, ...] = ()
+    two_regimes: TwoRegimes | None = None
+    fit_warnings: tuple[str, ...] = ()
     draws: np.ndarray | None = None  # (B, 2) joint draws of (setup_ms, ms_per_gb) from the fit
     no_band: str | None = None  # why there are no draws
     # the per-descriptor term (a link's cuts fitted together, or --us-per-desc)
@@ -78,16 +99,15 @@ class Link:
             return None
         return str((self.group or {}).get("transport_options.shape") or "link")
 
-    def _regime(self, kv_bytes: int) -> tuple[str, dict | None]:
+    def _regime(self, kv_bytes: int) -> tuple[str, Regime | None]:
         tr = self.two_regimes
         if not tr:
             return "single", None
-        regime = "large" if kv_bytes >= tr["break_bytes"] else "small"
-        part = tr[regime]
-        return (regime, part) if part.get("effective_gb_s") else ("single", None)
+        regime = "large" if kv_bytes >= tr.break_bytes else "small"
+        part = getattr(tr, regime)
+        return (regime, part) if part.effective_gb_s else ("single", None)
 
-    def for_payload(self, kv_bytes: int) -> tuple[LinkCost, str, list[str], list | None,
-                                                  list | None]:
+    def for_payload(self, kv_bytes: int) -> PayloadCost:
         """The link cost for this payload: the right regime, setup never negative; with that
         regime's setup and rate intervals (marginal: for a band use `band`)."""
         notes: list[str] = []
@@ -95,29 +115,28 @@ class Link:
         s_ci, r_ci = self.setup_ci95, self.rate_ci95
         regime, part = self._regime(kv_bytes)
         if part is not None:
-            rate, setup = part["effective_gb_s"], part["setup_ms"]
-            s_ci, r_ci = part.get("setup_ms_ci95"), part.get("effective_gb_s_ci95")
+            rate, setup = part.effective_gb_s, part.setup_ms
+            s_ci, r_ci = part.setup_ms_ci95, part.effective_gb_s_ci95
             notes.append(f"two regimes: used the {regime}-message fit "
-                         f"(break near {self.two_regimes['break_bytes']:,} B)")
+                         f"(break near {self.two_regimes.break_bytes:,} B)")
         if setup is not None and setup < 0:
             notes.append(f"fitted setup {setup:.4g} ms is negative; used 0")
             setup = 0.0
-        lo = int(part["bytes_min"]) if part else None
-        hi = int(part["bytes_max"]) if part else None
+        lo, hi = (part.bytes_min, part.bytes_max) if part else (None, None)
         if self.source == "fit" and self.sizes:
-            lo = lo if lo is not None else min(int(r["bytes"]) for r in self.sizes)
-            hi = hi if hi is not None else max(int(r["bytes"]) for r in self.sizes)
+            lo = lo if lo is not None else min(r.bytes for r in self.sizes)
+            hi = hi if hi is not None else max(r.bytes for r in self.sizes)
             if kv_bytes > hi or kv_bytes < lo:
                 notes.append(f"payload outside the measured sizes ({lo:,} .. {hi:,} B): "
                              "extrapolated")
-        return LinkCost(rate, setup, self.includes_setup), regime, notes, s_ci, r_ci
+        return PayloadCost(LinkCost(rate, setup, self.includes_setup), regime, notes, s_ci, r_ci)
 
     def band(self, kv_bytes: int) -> list[float] | None:
         """95% band of the handoff floor at this payload from the fit's joint draws of
         (setup, slope): each draw's floor (its setup used as 0 when negative, like the point
         estimate's), then the 2.5 and 97.5 percentiles. None without draws."""
         _, part = self._regime(kv_bytes)
-        draws = _draws(part.get("draws")) if part is not None else self.draws
+        draws = _draws(part.draws) if part is not None else self.draws
         if draws is None or not len(draws):
             return None
         floor = np.maximum(draws[:, 0], 0.0) + draws[:, 1] * kv_bytes / 1e9
@@ -125,110 +144,109 @@ class Link:
         return [_r(float(lo)), _r(float(hi))]
 
     def measured(self, kv_bytes: int, descriptors: int | None = None,
-                 merged: int | None = None) -> dict | None:
+                 merged: int | None = None) -> SizeRow | None:
         """The fit's row for exactly this payload (and descriptor counts, when the fit has
         the term): nothing is interpolated."""
         for row in self.sizes:
-            if int(row["bytes"]) == kv_bytes and (
-                    descriptors is None or row.get("descriptors") == descriptors) and (
-                    merged is None or row.get("descriptors_merged") == merged):
+            if row.bytes == kv_bytes and (
+                    descriptors is None or getattr(row, "descriptors", None) == descriptors) and (
+                    merged is None or getattr(row, "descriptors_merged", None) == merged):
                 return row
         return None
 
 
-def _draws(d: dict | None) -> np.ndarray | None:
-    if not d or not d.get("values"):
+Link = FittedLink  # the name older callers use
+
+
+def _draws(d: Draws | None) -> np.ndarray | None:
+    if d is None or not d.values:
         return None
-    arr = np.asarray(d["values"], dtype=float)
+    arr = np.asarray(d.values, dtype=float)
     return arr[np.all(np.isfinite(arr), axis=1)]
 
 
-def load_fit(path: str, pair: str | None = None) -> dict:
-    """A fit file through the typed, bounded fit model (kvbench.records.schema.fit): every field plan
-    computes with is finite and of its type, so no NaN, infinity, denormal rate or string
-    reaches the arithmetic or the table; any problem is one line naming the key path.
+def load_fit(path: str, pair: str | None = None) -> FitDocument:
+    """A fit file through its contract (kvbench.records.schema.fit.FitDocument): every field
+    plan computes with is finite and of its type, so no NaN, infinity, denormal rate or
+    string reaches the arithmetic or the table; any problem is one line naming the key path.
     A kvbench matrix file is read as the fit of one of its pairs: `pair` ("I,J"), or the
     slowest (kvbench.records.schema.matrix.as_fit_document); a note names the pair."""
     doc, note = load_fit_or_matrix(path, pair)
     if note:
         print(f"kvbench plan: note: {note}", file=sys.stderr)
-    return doc.model_dump(by_alias=True)
+    return doc
 
 
-def _group_not_link(g: dict) -> str | None:
+def _group_not_link(g: FitGroup) -> str | None:
     """A kvbench.fit/1 file fitted every group; the link rules of kvbench fit apply here too."""
-    if g.get("fit_as_link") is False:
+    if g.fit_as_link is False:
         return "not a link"
-    return not_link_reason({k: v for k, v in (g.get("group") or {}).items() if k != "bytes"})
+    return not_link_reason({k: v for k, v in g.group.items() if k != "bytes"})
 
 
-def _descriptor_term(g: dict) -> dict:
-    """A fit group's per-descriptor term for Link (all None for a group without it)."""
-    term = g.get("descriptor_term")
+def _descriptor_term(g: FitGroup) -> dict:
+    """A fit group's per-descriptor term for FittedLink (nothing for a group without it)."""
+    term = g.descriptor_term
     if term is None:
         return {}
-    us, why = g.get("us_per_desc"), None if term.get("separable") else term.get("reason")
-    draws = g.get("draws") or {}
-    cols = [draws.get("values") or [], g.get("us_per_desc_draws") or []]
-    merged = g.get("us_per_merged_desc")
+    us, why = g.us_per_desc, None if term.separable else term.reason
+    cols = [g.draws.values if g.draws else [], g.us_per_desc_draws or []]
+    merged = g.us_per_merged_desc
     if merged is not None:
-        cols.append(g.get("us_per_merged_desc_draws") or [])
+        cols.append(g.us_per_merged_desc_draws or [])
     both = None
     if us is not None and cols[0] and all(len(c) == len(cols[0]) for c in cols):
         both = np.column_stack([np.asarray(c, dtype=float) for c in cols])
         both = both[np.all(np.isfinite(both), axis=1)]
     return {"us_per_desc": us, "us_per_merged_desc": merged,
-            "descriptor_field": g.get("descriptor_field"), "desc_draws": both,
+            "descriptor_field": g.descriptor_field, "desc_draws": both,
             "no_descriptor_term": why}
 
 
-def _link_of(g: dict, schema: str) -> Link:
-    draws = _draws(g.get("draws"))
+def _link_of(g: FitGroup, schema: str) -> FittedLink:
+    draws = _draws(g.draws)
     why = None
     if draws is None:
-        why = (g.get("no_interval") or "no joint draws") if schema == SCHEMA_FIT else \
+        why = (g.no_interval or "no joint draws") if schema == SCHEMA_FIT else \
             f"{schema} fit file has no joint draws: run kvbench fit again for a band"
-    return Link(**_descriptor_term(g),
-        label=str(g.get("label")), source="fit", effective_gb_s=float(g["effective_gb_s"]),
-        setup_ms=float(g.get("setup_ms") or 0.0), group=g.get("group"),
-        setup_ci95=g.get("setup_ms_ci95"), rate_ci95=g.get("effective_gb_s_ci95"),
-        sizes=list(g.get("sizes") or []), two_regimes=g.get("two_regimes"),
-        fit_warnings=[w.get("code", "?") for w in g.get("warnings", [])], draws=draws,
-        no_band=why)
+    return FittedLink(**_descriptor_term(g),
+        label=g.label, source="fit", effective_gb_s=float(g.effective_gb_s),
+        setup_ms=float(g.setup_ms or 0.0), group=dict(g.group),
+        setup_ci95=g.setup_ms_ci95, rate_ci95=g.effective_gb_s_ci95,
+        sizes=tuple(g.sizes), two_regimes=g.two_regimes,
+        fit_warnings=tuple(w.code for w in g.warnings), draws=draws, no_band=why)
 
 
-def _chosen_groups(doc: dict, path: str, where: dict[str, str]) -> list[dict]:
-    groups = doc["groups"]
+def _chosen_groups(doc: FitDocument, path: str, where: dict[str, str]) -> list[FitGroup]:
+    groups = doc.groups
     if not groups:
         raise UsageError(f"{path}: the fit holds no groups")
-    keys = sorted({k for g in groups for k in (g.get("group") or {})})
+    keys = sorted({k for g in groups for k in g.group})
     unknown = [k for k in where if k not in keys]
     if unknown:
         raise UsageError(f"--where: unknown key {unknown[0]!r}; group keys are {', '.join(keys)}")
-    chosen = [g for g in groups if matches(g.get("group") or {}, where)]
+    chosen = [g for g in groups if matches(g.group, where)]
     if not chosen:
         raise UsageError(f"no group in {path} matches "
                          f"{' '.join(f'{k}={v}' for k, v in where.items())} (groups: "
-                         + "; ".join(str(g.get("label")) for g in groups) + ")")
+                         + "; ".join(g.label for g in groups) + ")")
     return chosen
 
 
-def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[Link]:
+def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[FittedLink]:
     """Every matching group that is a link with a fitted rate; the rest named in one note.
     A matrix file gives one link: its slowest pair's, or `pair`'s."""
     doc = load_fit(path, pair)
-    links, skipped = [], [f"[{s.get('label')}] ({s.get('reason')})"
-                          for s in doc.get("skipped") or []
-                          if not where or matches(s.get("group") or {}, where)]
+    links, skipped = [], [f"[{s.label}] ({s.reason})" for s in doc.skipped
+                          if not where or matches(s.group, where)]
     for g in _chosen_groups(doc, path, where):
-        rate, why = g.get("effective_gb_s"), _group_not_link(g)
-        if why is None and not (isinstance(rate, (int, float)) and rate > 0):
-            why = "no fitted rate: " + (", ".join(w.get("code", "?") for w in g.get("warnings", []))
-                                        or "no rate")
+        rate, why = g.effective_gb_s, _group_not_link(g)
+        if why is None and not (rate is not None and rate > 0):
+            why = "no fitted rate: " + (", ".join(w.code for w in g.warnings) or "no rate")
         if why:
-            skipped.append(f"[{g.get('label')}] ({why})")
+            skipped.append(f"[{g.label}] ({why})")
             continue
-        links.append(_link_of(g, doc["schema"]))
+        links.append(_link_of(g, doc.schema_))
     if not links:
         raise UsageError(f"no matching group in {path} is a link with a fitted rate: "
                          f"{'; '.join(skipped)}")
@@ -237,14 +255,15 @@ def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) ->
     return links
 
 
-def user_links(gbps: str, setup_ms: str | None, includes_setup: bool,
-               us_per_desc: str | None = None) -> list[Link]:
-    rates = parse_positive_floats(gbps, "--gbps", MIN_GBPS, MAX_GBPS)
+def user_links(effective_gb_s: str, setup_ms: str | None, includes_setup: bool,
+               us_per_desc: str | None = None) -> list[FittedLink]:
+    """Links from the rates the user typed (--gbps, decimal GB/s, comma-separated)."""
+    rates = parse_positive_floats(effective_gb_s, "--gbps", MIN_GBPS, MAX_GBPS)
     if includes_setup:
         if setup_ms is not None:
             raise UsageError("--setup-ms with --includes-setup would count setup twice: an "
                              "end-to-end rate already contains it")
-        return [Link(f"{r:g} GB/s end to end (includes setup)", "user", r, None, True)
+        return [FittedLink(f"{r:g} GB/s end to end (includes setup)", "user", r, None, True)
                 for r in rates]
     if setup_ms is None:
         raise UsageError("--gbps needs --setup-ms (or --includes-setup for a rate measured "
@@ -252,11 +271,11 @@ def user_links(gbps: str, setup_ms: str | None, includes_setup: bool,
     setup = bounded_float(setup_ms, "--setup-ms", 0, MAX_MS)
     us = None if us_per_desc is None else bounded_float(us_per_desc, "--us-per-desc", 0, MAX_MS)
     term = "" if us is None else f" + {us:g} us per descriptor"
-    return [Link(f"{r:g} GB/s + {setup:g} ms setup{term}", "user", r, setup, us_per_desc=us)
+    return [FittedLink(f"{r:g} GB/s + {setup:g} ms setup{term}", "user", r, setup, us_per_desc=us)
             for r in rates]
 
 
-def resolve_links(args) -> list[Link]:
+def resolve_links(args) -> list[FittedLink]:
     where = parse_where(args.where)
     if args.fit and args.gbps:
         raise UsageError("use either --fit or --gbps, not both")
@@ -292,7 +311,7 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
-def _descriptor_part(link: Link, sz: KVSizing, budget_ms: float, planned) -> tuple[dict, list[str]]:
+def _descriptor_part(link: FittedLink, sz: KVSizing, budget_ms: float, planned) -> tuple[dict, list[str]]:
     """(row fields, notes) of the per-descriptor term for one prompt, if planned and known."""
     from kvbench.plan.descriptors import descriptor_fields
 
@@ -317,7 +336,7 @@ def _descriptor_part(link: Link, sz: KVSizing, budget_ms: float, planned) -> tup
     return f, notes
 
 
-def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float,
+def plan_rows(links: list[FittedLink], sizings: list[KVSizing], budget_ms: float,
               planned=None) -> list[dict]:
     """One row per link and prompt; with a planned cut (kvbench.plan.descriptors) on a link
     with the per-descriptor term, the floor includes it and the row names the cut."""
@@ -326,7 +345,7 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float,
         for sz in sizings:
             desc, dnotes = _descriptor_part(link, sz, budget_ms, planned)
             kv = desc.get("kv_bytes", sz.kv_bytes)
-            cost, regime, notes, _, _ = link.for_payload(kv)
+            cost, regime, notes, _, _ = link.for_payload(kv)  # a PayloadCost
             band = desc["band"] if desc else (link.band(kv) if link.source == "fit" else None)
             if link.source == "fit" and band is None:
                 notes = notes + [f"no band: {link.no_band}"]
@@ -349,11 +368,11 @@ def plan_rows(links: list[Link], sizings: list[KVSizing], budget_ms: float,
                 "handoff_floor_ms_band95": band,
                 "budget_ms": budget_ms,
                 "within_budget": floor <= budget_ms,
-                "measured_p50_ms": m["p50_ms"] if m else None,
-                "measured_p99_ms": m["p99_ms"] if m and m["n"] >= min_samples_for(0.99) else None,
-                "measured_n": m["n"] if m else None,
+                "measured_p50_ms": m.p50_ms if m else None,
+                "measured_p99_ms": m.p99_ms if m and m.n >= min_samples_for(0.99) else None,
+                "measured_n": m.n if m else None,
                 "regime": regime,
-                "fit_warnings": link.fit_warnings,
+                "fit_warnings": list(link.fit_warnings),
                 "notes": notes,
                 **{k: v for k, v in desc.items() if k not in ("kv_bytes", "floor_ms", "band")},
             })

@@ -7,7 +7,8 @@
     request_metrics.py  what a request record means: TTFT, TPOT, ITL, E2E per request
     frames/             every result file as a pandas DataFrame (kvbench.results.load)
     stats.py            percentiles and the sample counts that support them
+    select.py           --where parsing and matching, not-a-link reasons (fit, plan, slo)
 
-May import: kvbench.units, kvbench.cli. Never p2p, fit, plan, slo, lab or report: every
+May import: kvbench.units, kvbench.errors. Never p2p, fit, plan, slo, lab or report: every
 layer above reads and writes through this one (tests/test_layout.py keeps it so).
 """

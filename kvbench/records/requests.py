@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import decode_line, iter_lines
 from kvbench.records.schema.slo import SCHEMA_REQUEST, STATUSES, RequestIn
 from kvbench.records.schema.types import parse, parse_line_fast

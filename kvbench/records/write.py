@@ -23,11 +23,12 @@ import time
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from kvbench.cli import LIVE_TEMPS, UsageError
+from kvbench.errors import LIVE_TEMPS, UsageError
 from kvbench.records.schema.read import path_error, path_kind
+from kvbench.records.schema.types import M, parse
 
-SCHEMA_P2P = "kvbench.p2p/1"
 ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISIBLE", "NIXL_",
                 "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
 # Secrets have no place in a results file even if someone exported them under these prefixes.
@@ -76,6 +77,34 @@ def _valid_text(obj):
     if isinstance(obj, (list, tuple)):
         return [_valid_text(v) for v in obj]
     return obj
+
+
+def _in_order(out: Any, src: Any) -> Any:
+    """out (a model's dump) with every object's keys in src's order, where src has them: the
+    file reads as its writer laid it out, fields the model added by name come after."""
+    if isinstance(out, dict) and isinstance(src, dict):
+        first = {k: _in_order(out[k], src[k]) for k in src if k in out}
+        return {**first, **{k: v for k, v in out.items() if k not in first}}
+    if isinstance(out, list) and isinstance(src, (list, tuple)) and len(out) == len(src):
+        return [_in_order(o, s) for o, s in zip(out, src, strict=True)]
+    return out
+
+
+def as_contract(model: type[M], fields: dict, what: str) -> M:
+    """fields built as `model`, a file format's one contract (the class its readers validate
+    into): a writer that drifts from what its readers accept (a renamed key, a NaN, a count
+    that disagrees with its samples) fails here, at the writer, as one line naming the
+    field, instead of in a reader weeks later. Strings are taken as dumps_json writes them
+    (a non-UTF-8 file name as \\xNN): what a reader will get."""
+    return parse(model, _valid_text(fields), what)
+
+
+def contract_dump(model: type[M], fields: dict, what: str) -> dict:
+    """A file format's content as its writer puts it on disk: built as `model` (as_contract)
+    and dumped from it. Only the keys the writer set are written (no defaults added), in the
+    writer's order."""
+    out = as_contract(model, fields, what).model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return {k: v for k, v in _in_order(out, fields).items() if k in fields}
 
 
 def _nonfinite_path(obj, path: str = "") -> str | None:
@@ -138,7 +167,7 @@ def _umask() -> int:
 
 
 def _new_temp(path: Path) -> tuple[int, str]:
-    """A hidden temp file beside path, registered in kvbench.cli.LIVE_TEMPS before Ctrl-C or
+    """A hidden temp file beside path, registered in kvbench.errors.LIVE_TEMPS before Ctrl-C or
     SIGTERM can land (they are held off between its creation and its registration)."""
     main = threading.current_thread() is threading.main_thread()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS) if main else None

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import MiB, load_yaml
 from kvbench.records.schema.types import (
     MAX_RATE_RPS,

@@ -257,13 +257,13 @@ def _client_report(args, plan: BenchmarkPlan | None) -> dict:
 
 
 def _fit_link(args):
-    """The one fitted link to compare the engine's transfers with (through kvbench.plan.Link)."""
+    """The one fitted link to compare the engine's transfers with (a kvbench.plan.floors.FittedLink)."""
     if not args.fit:
         if args.where:
             raise UsageError("--where selects a group of a --fit file")
         return None
-    from kvbench.fit.fitting import parse_where
     from kvbench.plan.floors import links_from_fit
+    from kvbench.records.select import parse_where
 
     links = links_from_fit(args.fit, parse_where(args.where))
     if len(links) > 1:

@@ -12,7 +12,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.write import check_new_file, dumps_json, new_file_stream
 from kvbench.slo.aiperf import convert_aiperf
 from kvbench.slo.guidellm import convert_guidellm

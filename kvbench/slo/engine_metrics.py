@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import iter_jsonl
 from kvbench.records.schema.slo import SCRAPE_LINES, ScrapeHeader
 from kvbench.records.schema.types import parse, show
@@ -320,12 +320,13 @@ def model_beside(total: dict, link) -> dict | None:
 
     The prediction is the link's cost at the mean bytes (its two-regime fit where it has one,
     a negative setup used as 0); the band is the 95% band of that prediction from the fit's
-    joint bootstrap draws of (setup, slope) (`Link.band`), so the ratio has a band too.
+    joint bootstrap draws of (setup, slope) (`FittedLink.band`), so the ratio has a band too.
     """
     b, t = total.get("mean_bytes"), total.get("mean_ms")
     if not b:
         return None
-    cost, regime, notes, _, _ = link.for_payload(round(b))
+    pc = link.for_payload(round(b))
+    cost, regime, notes = pc.cost, pc.regime, pc.notes
     predicted = cost.handoff_floor(round(b))[1]
     band = link.band(round(b))
     ratio_band = ([t / band[1], t / band[0]] if band and t is not None and band[0] > 0 else None)

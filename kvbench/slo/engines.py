@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import MiB, load_json, load_yaml
 from kvbench.records.schema.slo import MappingEntry, MappingFile
 from kvbench.records.schema.types import parse

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.request_metrics import PERCENTILE_METHOD, RequestMetrics, summarize
 from kvbench.records.requests import STATUSES, RequestRecord
 from kvbench.slo.runs import OK, Run, to_runs

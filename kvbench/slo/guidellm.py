@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.requests import RequestIds, RequestRecord, parse_record, record_to_json
 from kvbench.records.schema.clients import GuidellmBenchmark, GuidellmReport, GuidellmRequest
 from kvbench.records.schema.read import MiB, load_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 
 
 def _f(x, fmt: str = ".1f", none: str = "-") -> str:

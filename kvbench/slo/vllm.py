@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.requests import RequestRecord, parse_record, record_to_json
 from kvbench.records.schema.read import MiB, loads_many, read_text_bounded
 from kvbench.records.schema.slo import VllmResult

@@ -18,7 +18,7 @@ from kvbench.fit.fitting import dumps, fit_document, fit_records, format_table
 from kvbench.fit.sim import CUT_POINTS, JOINED_POINTS, Load, simulate_cut_run
 from kvbench.records.schema.fit import load_fit_document
 
-TRUTH = {"setup_ms": 0.5, "gb_s": 2.0, "us_per_desc": 1.0}
+TRUTH = {"setup_ms": 0.5, "effective_gb_s": 2.0, "us_per_desc": 1.0}
 RUNS = 100
 REQUIRED = 0.90
 
@@ -45,7 +45,7 @@ def fitted():
 def test_interval_covers_the_planted_cost(fitted):
     us = [covers(r["us_per_desc_ci95"], TRUTH["us_per_desc"]) for r in fitted]
     setup = [covers(r["setup_ms_ci95"], TRUTH["setup_ms"]) for r in fitted]
-    rate = [covers(r["effective_gb_s_ci95"], TRUTH["gb_s"]) for r in fitted]
+    rate = [covers(r["effective_gb_s_ci95"], TRUTH["effective_gb_s"]) for r in fitted]
     assert np.mean(us) >= REQUIRED, np.mean(us)
     assert np.mean(setup) >= REQUIRED and np.mean(rate) >= REQUIRED, (np.mean(setup), np.mean(rate))
     assert all(r["descriptor_term"]["separable"] and r["descriptor_field"] == "descriptors"
@@ -77,7 +77,7 @@ def test_count_proportional_to_bytes_cannot_separate():
     codes = [w["code"] for w in rec["warnings"]]
     assert "descriptor_term_not_separable" in codes
     # setup and rate are still fitted: with this design the descriptor cost is inside them
-    per_byte = 1 / (TRUTH["gb_s"] * 1e6) + 2 / 131_072 * TRUTH["us_per_desc"] / 1e3  # ms per byte
+    per_byte = 1 / (TRUTH["effective_gb_s"] * 1e6) + 2 / 131_072 * TRUTH["us_per_desc"] / 1e3  # ms per byte
     assert rec["effective_gb_s"] == pytest.approx(1 / (per_byte * 1e6), rel=0.1)
     assert "cannot separate" in format_table(fit_document(*fit_records(sweep(1, points)), ["x"], 1000, 0, None))
 

@@ -73,7 +73,7 @@ SPEC = {"transport": "gloo", "transport_options": {}, "pattern": "sequential", "
 
 def rounds_records(sizes, setup_ms, gb_s, *, rounds=20, noise=0.02, round_shift=0.02, seed=0,
                    run_id="run-a", time_fn=None, spec=None, **overrides) -> list[dict]:
-    """Records of one p2p run in interleaved rounds, with the fields CONTRACTS.md section 1
+    """Records of one p2p run in interleaved rounds, with the fields docs/contracts.md section 1
     adds: each round's load (round_shift) is shared by every size timed in it."""
     rng = np.random.default_rng(seed)
     spec = dict(SPEC if spec is None else spec)

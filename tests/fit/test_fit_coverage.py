@@ -59,7 +59,7 @@ def test_blocks_from_three_runs_cover_the_truth():
 def test_the_simulated_load_is_correlated_as_documented():
     """Samples of one round move together: the simulation is not independent noise."""
     rng = np.random.default_rng(0)
-    recs = simulate_run(rng, setup_ms=0.5, gb_s=2.0, rounds=400, load=Load(
+    recs = simulate_run(rng, setup_ms=0.5, effective_gb_s=2.0, rounds=400, load=Load(
         round_shift=0.05, size_shift=0.0, drift=0.0, noise=0.01, stall=0.0, round_stall=0.0))
     logs = np.log([r["samples_ms"] for r in recs])  # (sizes, rounds)
     assert np.corrcoef(logs)[0, 1:].min() > 0.8

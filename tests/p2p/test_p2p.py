@@ -23,7 +23,7 @@ REQUIRED = {"schema", "transport", "pattern", "granularity", "layout", "dtype", 
             "prompt_tokens", "bytes", "world_size", "iters", "samples_ms", "p50_ms", "p95_ms",
             "p99_ms", "mean_ms", "min_ms", "max_ms", "gbps", "cold_ms", "wrong", "argv", "env",
             "timestamp",
-            # issue 12 (CONTRACTS.md section 1) and the common clock (issue 11)
+            # issue 12 (docs/contracts.md section 1) and the common clock (issue 11)
             "spec", "spec_id", "run_id", "order", "sample_rounds", "fit_as_link",
             "not_link_reason", "n_samples", "clock"}
 
@@ -82,7 +82,7 @@ def test_sequential_handoff_moves_every_byte(tmp_path, transport, layout, granul
 
 
 def check_run_fields(recs, order):
-    """The fields CONTRACTS.md section 1 promises the fit, checked against their definitions."""
+    """The fields docs/contracts.md section 1 promises the fit, checked against their definitions."""
     assert len({r["run_id"] for r in recs}) == 1
     for r in recs:
         assert r["order"] == order

@@ -80,7 +80,7 @@ def test_refusals(capsys):
 
 @pytest.fixture(scope="module")
 def sweep_fit(tmp_path_factory):
-    recs = simulate_cut_run(np.random.default_rng(3), setup_ms=0.5, gb_s=2.0, us_per_desc=1.0,
+    recs = simulate_cut_run(np.random.default_rng(3), setup_ms=0.5, effective_gb_s=2.0, us_per_desc=1.0,
                             rounds=20, points=CUT_POINTS)
     fits, skipped = fit_records(recs, n_boot=1000, seed=0)
     path = tmp_path_factory.mktemp("fit") / "sweep.fit.json"

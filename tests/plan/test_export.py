@@ -18,11 +18,11 @@ from tests.conftest import committed, run_cli
 FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")
 
 
-def fit_file(tmp_path, setup_ms=1.0, gb_s=10.0, name="fit.json", groups=1):
+def fit_file(tmp_path, setup_ms=1.0, effective_gb_s=10.0, name="fit.json", groups=1):
     doc = {"schema": "kvbench.fit/1", "groups": [
         {"label": f"link {i}", "group": {"transport": "nixl", "hosts": ["a", "b"], "n": str(i)},
          "setup_ms": setup_ms, "setup_ms_ci95": [setup_ms * 0.5, setup_ms * 1.5],
-         "effective_gb_s": gb_s, "effective_gb_s_ci95": [gb_s * 0.9, gb_s * 1.1],
+         "effective_gb_s": effective_gb_s, "effective_gb_s_ci95": [effective_gb_s * 0.9, effective_gb_s * 1.1],
          # a valid kvbench fit group (kvbench.records.schema.fit): at least one measured size
          "n_samples": 20, "n_sizes": 1, "sizes": [{"bytes": 1 << 30, "n": 20}],
          "warnings": []} for i in range(groups)]}
@@ -67,7 +67,7 @@ def test_the_model_is_the_tutorials_arithmetic(tmp_path, capsys):
 
 
 def test_tensor_parallel_splits_bytes_per_rank(tmp_path, capsys):
-    doc = model_doc(capsys, fit_file(tmp_path, gb_s=100.0), "--tp", "4")
+    doc = model_doc(capsys, fit_file(tmp_path, effective_gb_s=100.0), "--tp", "4")
     assert doc["bytes_per_token_per_rank"] == 327_680 // 4 and doc["tp"] == 4
     assert doc["handoff_ms"]["2000"] == pytest.approx(1.0 + 2000 * 81_920 / 100e9 * 1000)
     replicated = model_doc(capsys, fit_file(tmp_path, name="f2.json"), "--tp", "16")

@@ -81,7 +81,7 @@ def exported(capsys, fit, *args) -> tuple[dict, dict]:
 @pytest.mark.network
 @pytest.mark.parametrize("setup_as", ["fold", "drop"])
 def test_dynamo_replay_ttft_rises_by_the_exported_model(dynamo_python, tmp_path, capsys, setup_as):
-    fit = fit_file(tmp_path, setup_ms=1.5, gb_s=25.0)  # a measured-looking link: 1.5 ms + 25 GB/s
+    fit = fit_file(tmp_path, setup_ms=1.5, effective_gb_s=25.0)  # a measured-looking link: 1.5 ms + 25 GB/s
     engine, doc = exported(capsys, fit, "--tp", "2", "--setup-as", setup_as, "--fold-at-tokens", "2000")
     res = subprocess.run([str(dynamo_python), "-c", REPLAY, json.dumps(engine), json.dumps(TOKENS)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)

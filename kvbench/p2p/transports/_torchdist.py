@@ -23,7 +23,14 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from kvbench.p2p.transports.base import Channel, PeerReported, Request, Transport, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    PeerReported,
+    Reported,
+    Request,
+    Transport,
+    TransportError,
+)
 from kvbench.p2p.transports.rendezvous import rendezvous_address
 
 GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
@@ -196,7 +203,9 @@ class TorchDistTransport(Transport):
     def open(self) -> None:
         url, error = rendezvous_address(self.ctx.comm, self.ctx.hosts)
         if error:  # every rank has it (agreed over MPI): rank 0 says it, once
-            raise (TransportError if self.ctx.rank == 0 else PeerReported)(f"{self.name}: {error}")
+            if self.ctx.rank == 0:
+                raise Reported(f"{self.name}: {error}", everyone=True)
+            raise PeerReported(f"{self.name}: {error}")
         t0 = time.perf_counter()
         kwargs = {}
         if self.backend == "nccl" and self.ctx.dev.name == "cuda":  # eager communicator

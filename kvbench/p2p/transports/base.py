@@ -25,6 +25,17 @@ class TransferTimeout(TransportError):
     pass
 
 
+class Reported(TransportError):
+    """This rank's failure, already told to its peer (which raises PeerReported): the two can
+    end together (a barrier, then a normal exit) instead of by MPI_Abort, which may end the
+    job before the launcher has forwarded this rank's error line. `everyone`: every rank of
+    the job knows (an error agreed over MPI), not only the pair."""
+
+    def __init__(self, message: str, everyone: bool = False):
+        super().__init__(message)
+        self.everyone = everyone
+
+
 class PeerReported(TransportError):
     """The peer rank's failure, learnt from the peer (or found by both ranks alike): the peer
     prints its one line and ends the job, so this rank ends without a line of its own (one
@@ -34,7 +45,7 @@ class PeerReported(TransportError):
 def seen_by_both(rank: int, peer: int, message: str) -> TransportError:
     """A problem both ranks of a pair find alike (their set-ups disagree): the lower rank
     reports it, the other ends quietly."""
-    return (TransportError if rank < peer else PeerReported)(message)
+    return (Reported if rank < peer else PeerReported)(message)
 
 
 class Request(ABC):

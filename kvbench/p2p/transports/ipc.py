@@ -38,7 +38,14 @@ from kvbench.p2p.transports._ipc_mem import (
     export_cuda,
     export_host,
 )
-from kvbench.p2p.transports.base import Channel, PeerReported, Request, Transport, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    PeerReported,
+    Reported,
+    Request,
+    Transport,
+    TransportError,
+)
 from kvbench.p2p.watchdog import WATCHDOG
 
 _TAG0 = 23000  # channel k between two ranks: set-up on _TAG0 + 2k, readiness on _TAG0 + 2k + 1
@@ -145,7 +152,7 @@ class IPCChannel(Channel):
                 handle = export_cuda(self.buffers) if self.cuda else export_host(self.buffers)
             except (TransportError, OSError, RuntimeError) as exc:  # the peer must not wait
                 comm.send({"error": str(exc)}, dest=peer, tag=tag)
-                raise TransportError(str(exc)) from None
+                raise Reported(str(exc)) from None
             comm.send(handle, dest=peer, tag=tag)
             problem = comm.recv(source=peer, tag=tag)
         else:
@@ -158,7 +165,7 @@ class IPCChannel(Channel):
                     self.joins = adjacent(self.remote, self.buffers)
                 except (TransportError, OSError, RuntimeError) as exc:
                     comm.send(str(exc), dest=peer, tag=tag)
-                    raise TransportError(str(exc)) from None
+                    raise Reported(str(exc)) from None
                 comm.send(None, dest=peer, tag=tag)
         if problem:  # the peer's own failure: it prints the line and ends the job
             raise PeerReported(f"rank {peer}: {problem}")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.frames import files
 
 KINDS = tuple(files.KINDS)

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
+from kvbench.records.schema.fit import SCHEMAS as FIT_SCHEMAS
+from kvbench.records.schema.p2p import SCHEMA_P2P
 from kvbench.records.schema.read import MiB, iter_lines, loads, path_error, path_kind
 
 KINDS = {  # kind -> schemas a file of that kind starts with
-    "p2p": ("kvbench.p2p/1",),
-    "fit": ("kvbench.fit/1", "kvbench.fit/2"),
-    "fit-sizes": ("kvbench.fit/1", "kvbench.fit/2"),
+    "p2p": (SCHEMA_P2P,),
+    "fit": FIT_SCHEMAS,
+    "fit-sizes": FIT_SCHEMAS,
     "slo-requests": ("kvbench.slo.request/1",),
     "slo-report": ("kvbench.slo.report/1",),
     "metrics": ("kvbench.slo.metrics/1",),

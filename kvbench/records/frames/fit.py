@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvbench.records.frames.p2p import _flat
-from kvbench.records.schema.fit import load_fit_document
+from kvbench.records.schema.fit import FitDocument, FitGroup, load_fit_document
 from kvbench.units import MIN_TIME_MS
 
 DTYPES = {
@@ -35,19 +35,18 @@ def _ci(pair, i: int):
     return None if pair is None else pair[i]
 
 
-def _identity(doc: dict, g: dict, index: int, source: str) -> dict:
+def _identity(doc: FitDocument, g: FitGroup, index: int, source: str) -> dict:
     """Which group this is: label, spec_id, the usual columns and spec_* (or group_*) columns."""
-    fields = g.get("group") or {}
-    spec = g.get("spec")
-    named = spec if isinstance(spec, dict) else fields
-    row = {"source": source, "fit_schema": doc["schema"], "group": index, "label": g["label"],
-           "spec_id": g.get("spec_id")}
+    fields, spec = g.group, g.spec
+    named = spec if spec is not None else fields
+    row = {"source": source, "fit_schema": doc.schema_, "group": index, "label": g.label,
+           "spec_id": g.spec_id}
     row.update({k: named.get(k) for k in _NAMED})
-    world = named.get("world") if isinstance(spec, dict) else None
+    world = named.get("world") if spec is not None else None
     row["world_size"] = world.get("size") if isinstance(world, dict) else fields.get("world_size")
     hosts = named.get("hosts")
     row["hosts"] = ",".join(map(str, hosts)) if isinstance(hosts, list) else hosts
-    if isinstance(spec, dict):
+    if spec is not None:
         _flat("spec", spec, row)
     else:
         for k, v in fields.items():
@@ -56,52 +55,50 @@ def _identity(doc: dict, g: dict, index: int, source: str) -> dict:
     return row
 
 
-def _group_row(doc: dict, g: dict, index: int, source: str) -> dict:
-    lof = g.get("lack_of_fit") or {}
-    tr = g.get("two_regimes")
-    rs = g.get("resampling") or {}
+def _group_row(doc: FitDocument, g: FitGroup, index: int, source: str) -> dict:
+    lof, tr, rs = g.lack_of_fit, g.two_regimes, g.resampling
     row = _identity(doc, g, index, source)
     row.update({
-        "setup_ms": g.get("setup_ms"), "setup_ms_ci95_lo": _ci(g.get("setup_ms_ci95"), 0),
-        "setup_ms_ci95_hi": _ci(g.get("setup_ms_ci95"), 1),
-        "effective_gbps": g.get("effective_gb_s"),
-        "effective_gbps_ci95_lo": _ci(g.get("effective_gb_s_ci95"), 0),
-        "effective_gbps_ci95_hi": _ci(g.get("effective_gb_s_ci95"), 1),
-        "ms_per_gb": g.get("ms_per_gb"), "n_samples": g.get("n_samples"),
-        "n_sizes": g.get("n_sizes"), "n_records": g.get("n_records"),
-        "min_bytes": g.get("bytes_min"), "max_bytes": g.get("bytes_max"),
-        "lack_of_fit_p": lof.get("p_value"), "size_scatter_rel": lof.get("size_scatter_rel"),
-        "two_regimes": tr is not None, "break_bytes": tr.get("break_bytes") if tr else None,
-        "no_interval": g.get("no_interval"), "n_draws": rs.get("n_draws"),
-        "warning_codes": ",".join(w["code"] for w in g.get("warnings") or []) or None,
-        "line_rate_gbps": doc.get("line_rate_gb_s"),
+        "setup_ms": g.setup_ms, "setup_ms_ci95_lo": _ci(g.setup_ms_ci95, 0),
+        "setup_ms_ci95_hi": _ci(g.setup_ms_ci95, 1),
+        "effective_gbps": g.effective_gb_s,  # the frame's column name since results.load began
+        "effective_gbps_ci95_lo": _ci(g.effective_gb_s_ci95, 0),
+        "effective_gbps_ci95_hi": _ci(g.effective_gb_s_ci95, 1),
+        "ms_per_gb": g.ms_per_gb, "n_samples": g.n_samples,
+        "n_sizes": g.n_sizes, "n_records": g.n_records,
+        "min_bytes": g.bytes_min, "max_bytes": g.bytes_max,
+        "lack_of_fit_p": lof.p_value if lof else None,
+        "size_scatter_rel": lof.size_scatter_rel if lof else None,
+        "two_regimes": tr is not None, "break_bytes": tr.break_bytes if tr else None,
+        "no_interval": g.no_interval, "n_draws": rs.n_draws if rs else None,
+        "warning_codes": ",".join(w.code for w in g.warnings) or None,
+        "line_rate_gbps": doc.line_rate_gb_s,
     })
     return row
 
 
-def _size_rows(doc: dict, g: dict, index: int, source: str) -> list[dict]:
+def _size_rows(doc: FitDocument, g: FitGroup, index: int, source: str) -> list[dict]:
     ident = _identity(doc, g, index, source)
-    return [{**ident, "payload_bytes": s["bytes"], "n": s["n"], "p50_ms": s.get("p50_ms"),
-             "p95_ms": s.get("p95_ms"), "p99_ms": s.get("p99_ms"), "mean_ms": s.get("mean_ms"),
-             "p50_gbps": s.get("end_to_end_gb_s"), "fitted_ms": s.get("fitted_ms"),
-             "residual_ms": s.get("residual_ms"), "residual_rel": s.get("residual_rel")}
-            for s in g["sizes"]]
+    return [{**ident, "payload_bytes": s.bytes, "n": s.n, "p50_ms": s.p50_ms,
+             "p95_ms": s.p95_ms, "p99_ms": s.p99_ms, "mean_ms": s.mean_ms,
+             "p50_gbps": s.end_to_end_gb_s, "fitted_ms": s.fitted_ms,
+             "residual_ms": s.residual_ms, "residual_rel": s.residual_rel}
+            for s in g.sizes]
 
 
-def _draw_rows(doc: dict, g: dict, index: int, source: str) -> list[dict]:
-    draws = g.get("draws")
-    values = draws.get("values") if isinstance(draws, dict) else draws
-    if not values:
+def _draw_rows(doc: FitDocument, g: FitGroup, index: int, source: str) -> list[dict]:
+    if g.draws is None or not g.draws.values:
         return []
     ident = _identity(doc, g, index, source)
     return [{**ident, "draw": i, "setup_ms": a, "ms_per_gb": b,
-             "effective_gbps": 1000.0 / b if b >= MIN_TIME_MS else None} for i, (a, b) in enumerate(values)]
+             "effective_gbps": 1000.0 / b if b >= MIN_TIME_MS else None}
+            for i, (a, b) in enumerate(g.draws.values)]
 
 
 def rows(path: Path, what: str) -> Iterator[list[dict]]:
     """Rows of one fit file: what = "groups", "sizes" or "draws"."""
-    doc = load_fit_document(path).model_dump(by_alias=True)
-    for i, g in enumerate(doc["groups"]):
+    doc = load_fit_document(path)
+    for i, g in enumerate(doc.groups):
         if what == "groups":
             yield [_group_row(doc, g, i, str(path))]
         elif what == "sizes":

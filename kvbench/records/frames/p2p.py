@@ -10,7 +10,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.frames.files import _text_lines
 from kvbench.records.schema.p2p import (
     LEGACY_OPTIONAL_KEYS,

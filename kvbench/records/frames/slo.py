@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.frames.files import MAX_JSON_DOC, json_document
 from kvbench.records.schema.read import iter_jsonl, iter_lines
 from kvbench.records.schema.slo import SCRAPE_LINES, ScrapeHeader

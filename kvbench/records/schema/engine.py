@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import MiB, load_json
 from kvbench.records.schema.types import AnyText, Count, Strict, one_line, refuse
 

@@ -1,7 +1,8 @@
-"""A `kvbench.fit/1` document (and `/2`, which may add joint bootstrap draws), typed.
+"""The contract of a fit file: `kvbench.fit/2` (and `/1`, without joint bootstrap draws).
 
-`plan.links_from_fit` can read a fit through `load_fit_document` instead of raw JSON: every
-field `Link` uses is typed and finite, intervals are two ordered numbers (or an upper bound
+kvbench fit writes it through `FitDocument` (kvbench.records.write.contract_dump) and
+plan, report and results.load read it back into the same class: every field the planner's
+`FittedLink` uses is typed and finite, intervals are two ordered numbers (or an upper bound
 of null, "unbounded"), a two-regime break point is a byte count, warnings are
 {code, message} objects. Unknown keys are kept (a newer fit may add some).
 """
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import MiB, load_json
 from kvbench.records.schema.types import (
     MAX_TEXT,
@@ -33,7 +34,9 @@ from kvbench.records.schema.types import (
 )
 
 MAX_FIT_BYTES = 256 * MiB
-SCHEMAS = ("kvbench.fit/1", "kvbench.fit/2")
+SCHEMA_FIT = "kvbench.fit/2"  # what kvbench fit writes: /1 plus joint bootstrap draws
+SCHEMA_FIT_V1 = "kvbench.fit/1"  # no draws; kvbench plan still reads it
+SCHEMAS = (SCHEMA_FIT_V1, SCHEMA_FIT)
 
 
 def _ordered(pair: list) -> list:
@@ -60,6 +63,10 @@ class SizeRow(Open):
     p95_ms: TimeMs | None = None
     p99_ms: TimeMs | None = None
     mean_ms: TimeMs | None = None
+    end_to_end_gb_s: Finite | None = None  # bytes over the median time, setup included
+    fitted_ms: Finite | None = None  # the line at this size, and the median's distance from it
+    residual_ms: Finite | None = None
+    residual_rel: Finite | None = None
 
 
 Pair = Annotated[list[Finite], Field(min_length=2, max_length=2)]
@@ -100,7 +107,7 @@ def _slack(values: list[float], scale: float) -> float:
     return 10.0 ** (1 - WRITTEN_DIGITS) * max(scale, *(abs(v) for v in values))
 
 
-def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | None,
+def check_draws_hold(draws: Draws | None, setup_ms: float | None, effective_gb_s: float | None,
                      bytes_max: int | None = None) -> None:
     """Draws must surround their point estimate, slope positive at the middle: a band of 1000 ms
     beside a 13.5 ms floor (draws from another fit, columns swapped, a sign lost) is refused.
@@ -108,11 +115,11 @@ def check_draws_hold(draws: Draws | None, setup_ms: float | None, gb_s: float | 
     "Surround" is up to the precision kvbench fit writes: a noise-free fit's draws all equal its
     estimate, and the estimate's slope (1000 / a rounded GB/s) differs from a rounded draw's in
     the sixth digit; that is the same number, not another fit's draws."""
-    if draws is None or not draws.values or setup_ms is None or gb_s is None:
+    if draws is None or not draws.values or setup_ms is None or effective_gb_s is None:
         return
     setups = sorted(v[0] for v in draws.values)
     slopes = sorted(v[1] for v in draws.values)
-    slope = 1000.0 / gb_s
+    slope = 1000.0 / effective_gb_s
     largest_ms = abs(slope) * (bytes_max or 0) / 1e9  # the line's time at the largest size
     s_slack = _slack([setups[0], setups[-1], setup_ms], largest_ms)
     b_slack = _slack([slopes[0], slopes[-1], slope], 0.0)
@@ -163,9 +170,22 @@ class ResamplingIn(Open):
     none_because: AnyText | None = None
 
 
+class DescriptorTerm(Open):
+    """Whether the fit could separate a per-descriptor cost from bytes (kvbench.fit.descriptors)."""
+
+    separable: bool
+    reason: AnyText | None = None
+
+
 class FitGroup(Open):
     group: dict[str, GroupValue]
     label: Text
+    spec: dict[str, Any] | None = None  # the frozen spec of the records (absent before specs)
+    spec_id: Text | None = None
+    ms_per_gb: Finite | None = None
+    n_records: Count | None = None
+    bytes_min: Bytes | None = None
+    bytes_max: Bytes | None = None
     setup_ms: SignedMs | None = None
     setup_ms_ci95: Interval | None = None
     effective_gb_s: GBps | None = None
@@ -180,6 +200,14 @@ class FitGroup(Open):
     lack_of_fit: LackOfFitIn | None = None
     resampling: ResamplingIn | None = None
     no_interval: AnyText | None = None
+    fit_as_link: bool | None = None
+    # the per-descriptor term: a link's cuts fitted together (docs/descriptors.md)
+    descriptor_term: DescriptorTerm | None = None
+    descriptor_field: Text | None = None
+    us_per_desc: Finite | None = None
+    us_per_desc_draws: list[Finite] | None = None
+    us_per_merged_desc: Finite | None = None
+    us_per_merged_desc_draws: list[Finite] | None = None
 
     @model_validator(mode="after")
     def _draws_hold(self):

@@ -14,9 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.fit import (
     MAX_FIT_BYTES,
+    SCHEMA_FIT,
     FitDocument,
     FitGroup,
     Interval,
@@ -194,7 +195,7 @@ def as_fit_document(doc: MatrixDocument, path: str, choice: tuple[int, int] | No
     how = "named" if choice is not None else (
         f"the slowest of {sum(1 for q in doc.pairs if q.effective_gb_s is not None)} fitted pairs")
     note = (f"{pair_label(p)}, {p.effective_gb_s:.4g} GB/s: {how} in matrix {path}")
-    fit = {"schema": "kvbench.fit/2", "line_rate_gb_s": None, "inputs": list(doc.inputs),
+    fit = {"schema": SCHEMA_FIT, "line_rate_gb_s": None, "inputs": list(doc.inputs),
            "groups": [group], "skipped": [], "matrix": {"file": path, "pair": list(p.pair),
                                                         "chosen": how}}
     return fit, note

@@ -1,6 +1,6 @@
 """A `kvbench.p2p/1` result record, typed (ready for `fit` and `results.load` to adopt).
 
-Fields are today's records (docs/p2p.md) plus the ones CONTRACTS.md section 1 adds
+Fields are today's records (docs/p2p.md) plus the ones docs/contracts.md section 1 adds
 (`spec`, `spec_id`, `run_id`, `order`, `sample_rounds`, `fit_as_link`, `not_link_reason`,
 `n_samples`), optional so old records stay readable. Only what a consumer computes with is
 typed strictly (bytes, samples, tokens, the spec); descriptive fields (env, transport_info,
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.records.schema.read import decode_line, iter_lines
 from kvbench.records.schema.types import (
     MAX_TEXT,
@@ -58,7 +58,7 @@ class World(Open):
 
 
 class HandoffSpec(Open):
-    """What was measured, apart from the payload size (kvbench/p2p/spec.py, CONTRACTS.md section 1)."""
+    """What was measured, apart from the payload size (kvbench/p2p/spec.py, docs/contracts.md section 1)."""
 
     transport: Text
     transport_options: dict[str, Scalar] = {}
@@ -79,7 +79,7 @@ class HandoffSpec(Open):
 
 
 def spec_id_of(spec: dict) -> str:
-    """First 12 hex digits of sha256 over the canonical JSON of the spec (CONTRACTS.md 1)."""
+    """First 12 hex digits of sha256 over the canonical JSON of the spec (docs/contracts.md section 1)."""
     text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -109,7 +109,7 @@ class P2PRecord(Open):
     p50_ms: TimeMs | None = None
     p95_ms: TimeMs | None = None
     p99_ms: TimeMs | None = None
-    # CONTRACTS.md section 1 (absent from records written before it)
+    # docs/contracts.md section 1 (absent from records written before it)
     spec: HandoffSpec | None = None
     spec_id: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")] | None = None
     run_id: Text | None = None

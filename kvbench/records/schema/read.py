@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.cli import PATH_ERRNOS, UsageError, path_error  # noqa: F401 (PATH_ERRNOS: re-exported)
+from kvbench.errors import PATH_ERRNOS, UsageError, path_error  # noqa: F401 (PATH_ERRNOS: re-exported)
 
 MAX_DEPTH = 64  # nesting levels of any JSON or YAML document kvbench reads
 MAX_INT_DIGITS = 20  # 2^64 has 20 digits; every physical quantity kvbench reads is far below

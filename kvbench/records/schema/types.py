@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 
 # physical bounds (see docs/robustness.md)
 MAX_BYTES = 2**53 - 1  # exact in a double, and ~9 PB: more than any KV payload
