@@ -1,6 +1,6 @@
 """The plan's `lab:` section: how to stand up the local deployments and drive their load.
 
-The `slo` plan checker passes `lab:` through unvalidated (CONTRACTS.md section 4);
+The `slo` plan checker passes `lab:` through unvalidated (docs/contracts.md section 4);
 this module owns its keys, defaults and refusals, checked with kvbench.records.schema's strict,
 bounded types (pydantic): a wrong type, an unknown key, a value past its bound or an
 unfilled `<...>` placeholder is one line naming `lab.PATH`. Every key is optional:
@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.lab.venv.tinymodel import TinyModelSpec
 from kvbench.p2p.transports.nixl.binding import MAX_PROGRESS_DELAY_US
 from kvbench.records.schema.types import (

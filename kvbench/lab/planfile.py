@@ -1,6 +1,6 @@
 """Read a benchmark plan for the lab: slo's one BenchmarkPlan, and the lab's own `lab:` section.
 
-The plan format belongs to `kvbench.slo` (CONTRACTS.md section 4): `kvbench.slo.benchplan.
+The plan format belongs to `kvbench.slo` (docs/contracts.md section 4): `kvbench.slo.benchplan.
 load_benchmark_plan` reads and checks it (the tutorial's form or the nested one, bounded YAML,
 duplicate keys, placeholders, equal budget) into one `BenchmarkPlan`, whose `deployment_specs`
 carry each deployment's `endpoint` and `metrics_endpoints`, `cache_states` the states to
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.lab.config import LabConfig, parse_lab
 from kvbench.slo.benchplan import BenchmarkPlan, load_benchmark_plan
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import EXIT_USAGE, UsageError, one_line
+from kvbench.errors import EXIT_USAGE, UsageError, one_line
 from kvbench.p2p import cli as p2p
 from kvbench.p2p import world as mpi_world
 from kvbench.p2p.args import PROG, build_parser, prescan

@@ -452,11 +452,12 @@ def test_nccl_connections_of_one_pair():
 
 
 def test_the_committed_cluster_run_judged_again(tmp_path):
-    """results/matrix-20261206: the records of a real Slurm run over three nodes in network
-    namespaces (benchmarks/matrix_cluster.py); judged again, the same two pairs, and no other."""
+    """The records of a real Slurm run over three nodes in network namespaces
+    (benchmarks/matrix_cluster.py, published in results/matrix-20261206, copied to
+    tests/data/runs); judged again, the same two pairs, and no other."""
     from tests.conftest import committed
 
-    src = sorted(committed("results/matrix-20261206").glob("kvbench-p2p-*.jsonl"))
+    src = sorted(committed("tests/data/runs/matrix-20261206").glob("kvbench-p2p-*.jsonl"))
     doc = az.analyze([str(p) for p in src], expect_link="tcp", n_boot=1000)
     assert named(doc) == {(1, 0): ["slow"], (0, 2): ["path_differs"]}
     assert doc.pair(1, 0).effective_gb_s == pytest.approx(0.4e9 / 8 / 1e9 * 8948 / 9014, rel=0.10)

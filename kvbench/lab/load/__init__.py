@@ -2,5 +2,5 @@
 the other load generators (clients), /metrics snapshots (snapshot) and the p2p fits of the
 KV handoff on the lab's geometry (handoff).
 
-May import kvbench.cli and slo; no other lab module.
+May import kvbench.errors and slo; no other lab module.
 """

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 
 
 @dataclass(frozen=True)

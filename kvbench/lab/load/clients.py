@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 from kvbench.lab.load import bench
 
 CLIENTS = ("vllm", "aiperf", "guidellm")

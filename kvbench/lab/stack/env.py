@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvbench.cli import UsageError
+from kvbench.errors import UsageError
 
 VLLM_VERSION = "0.32.0"
 NIXL_VERSION = "1.5.1"

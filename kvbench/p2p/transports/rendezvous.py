@@ -21,7 +21,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 
-from kvbench.cli import UsageError, bounded_int
+from kvbench.errors import UsageError, bounded_int
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
