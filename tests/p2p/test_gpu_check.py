@@ -100,12 +100,42 @@ def test_one_gpu_plan_covers_every_path_within_6_minutes(tmp_path):
     assert runs["p2p-ipc"][1].transport == "ipc" and runs["p2p-ipc"][1].baseline
     nixl = [(ns.nixl_shape, ns.nixl_op or "read") for n, (_, ns) in runs.items() if n.startswith("nixl")]
     assert nixl == [("link", "write"), ("link", "read"), ("engine", "read")]
-    assert all(ns.sizes == "300,2000,8192" for n, (_, ns) in runs.items() if n.startswith("nixl"))
+    sizes = {n: ns.sizes for n, (_, ns) in runs.items() if n.startswith("nixl") or n == "p2p-layerwise"}
+    assert sizes == {"nixl-link-write": "300,2000,8192", "nixl-link-read": "300,2000",
+                     "nixl-engine-read": "300,2000", "p2p-layerwise": "300,2000"}  # within budget on VRAM
     argv = {name: a for name, _, a in steps}
     assert argv["nccl-self"][1:] == ["-m", "kvbench.p2p.selfsend", "--backend", "nccl", "--bytes", "67108864"]
     fit = argv["fit"]
     assert fit[3] == "fit" and fit[4] == f"{tmp_path}/out/kvbench-p2p-*.jsonl"
     assert argv["plan"][argv["plan"].index("--fit") + 1] == fit[fit.index("--out") + 1]
+
+
+def test_a_hang_is_named_by_the_watchdog_before_the_budget_stops_the_step(tmp_path):
+    """The first GPU lease's three failed steps were stopped at a budget equal to p2p's
+    --timeout, with --quiet: their logs were empty, a hang and a slow step looked alike.
+    Every p2p step's --timeout now lies well below its budget, and no step runs quiet."""
+    fake_nixl(tmp_path)
+    for args in (["--one-gpu", "--wheels", str(tmp_path)], []):
+        res = dry_run(*args, GPUS="2", CUDA_AWARE="1", HAVE_NIXL="1")
+        for name, budget, argv in planned(res.stdout):
+            if "kvbench.p2p" in argv:
+                ns = p2p_args(argv)[1]
+                assert ns.timeout + 10 <= budget and not ns.quiet, (name, ns.timeout, budget)
+
+
+def test_a_rerun_of_named_steps_with_more_room(tmp_path):
+    """--steps reruns what failed (the plan's order, nothing else), --budget-scale gives it
+    room; an unknown step or a scale outside 1..10 is one line before anything runs."""
+    fake_nixl(tmp_path)
+    res = dry_run("--one-gpu", "--wheels", str(tmp_path), "--steps", "nixl-engine-read,p2p-layerwise",
+                  "--budget-scale", "2")
+    full = dict((n, b) for n, b, _ in planned(dry_run("--one-gpu", "--wheels", str(tmp_path)).stdout))
+    assert [(n, b) for n, b, _ in planned(res.stdout)] == [
+        ("p2p-layerwise", 2 * full["p2p-layerwise"]), ("nixl-engine-read", 2 * full["nixl-engine-read"])]
+    for args, needle in ((["--steps", "nixl-bogus"], "no step named nixl-bogus"),
+                         (["--budget-scale", "0.5"], "from 1 to 10"),
+                         (["--budget-scale", "１"], "from 1 to 10")):
+        one_line_refusal(dry_run("--one-gpu", *args), needle)
 
 
 def test_the_nixl_steps_follow_the_wheels_folder(tmp_path):
