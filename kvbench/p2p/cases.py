@@ -26,13 +26,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvbench.errors import EXIT_USAGE, UsageError, one_line
 from kvbench.p2p import cli as p2p
 from kvbench.p2p import world as mpi_world
 from kvbench.p2p.args import PROG, build_parser, prescan
 from kvbench.p2p.watchdog import WATCHDOG, env_rank
+from kvbench.records.schema.read import path_kind
 
 FLAG = "--cases"
 
@@ -68,13 +68,26 @@ def check_case(argv: Sequence[str], where: str) -> None:
         raise UsageError(f"{where}: a case cannot ask for --help") from None
 
 
+MAX_CASES_BYTES = 1 << 20  # 1 MiB: thousands of lines; a bigger file is not a list of runs
+MAX_CASES = 1000  # each case is checked by p2p's parser first (about 1 ms) and then run
+
+
 def read_cases(path: str) -> list[list[str]]:
-    """FILE's cases, each checked; a UsageError line for the first bad one."""
+    """FILE's cases, each checked; a UsageError line for the first bad one. Only a regular
+    file is read (a FIFO would wait forever), at most MAX_CASES_BYTES, at most MAX_CASES."""
+    if path_kind(path) not in ("file", "missing"):
+        raise UsageError(f"{FLAG} {path}: cannot read it (not a regular file: a folder, FIFO, "
+                         "socket or device)")
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CASES_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{FLAG} {path}: cannot read it ({exc.__class__.__name__}: "
                          f"{getattr(exc, 'strerror', None) or exc})") from None
+    if len(data) > MAX_CASES_BYTES:
+        raise UsageError(f"{FLAG} {path}: larger than {MAX_CASES_BYTES >> 20} MiB; a cases file "
+                         f"holds at most {MAX_CASES} argument lines")
     cases = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -84,6 +97,8 @@ def read_cases(path: str) -> list[list[str]]:
             argv = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"{where}: {exc}") from None
+        if len(cases) == MAX_CASES:
+            raise UsageError(f"{where}: more than {MAX_CASES} cases; split them over several jobs")
         check_case(argv, where)
         cases.append(argv)
     if not cases:

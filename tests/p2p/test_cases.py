@@ -8,6 +8,7 @@ writes, a failing case does not stop the next, and a bad line stops the job befo
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -34,6 +35,8 @@ def test_cases_are_read_line_by_line_and_comments_skipped(tmp_path):
     ("--help\n", "line 1: a case cannot ask for --help"),
     ("# only a comment\n\n", "no cases"),
     (b"\xff\xfe--sizes", "cannot read it (UnicodeDecodeError"),
+    ("--sizes 16\n" * 1001, "line 1001: more than 1000 cases"),
+    (b"a" * (1 << 20 | 1), "larger than 1 MiB"),
 ])
 def test_a_bad_line_is_refused_naming_it(tmp_path, capsys, text, says):
     f = tmp_path / "cases.txt"
@@ -42,6 +45,15 @@ def test_a_bad_line_is_refused_naming_it(tmp_path, capsys, text, says):
         read_cases(str(f))
     assert says in str(exc.value) and "\n" not in str(exc.value)
     assert capsys.readouterr() == ("", "")  # the check itself prints nothing: rank 0 does
+
+
+def test_only_a_regular_file_is_read(tmp_path):
+    """A FIFO would block the read forever (every rank, before MPI agrees on anything)."""
+    fifo = tmp_path / "cases.fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path):
+        with pytest.raises(UsageError, match="not a regular file"):
+            read_cases(str(path))
 
 
 @pytest.mark.parametrize("argv", [["--cases"], ["--cases", "f", "--sizes", "16"],
