@@ -74,7 +74,8 @@ MAX_CASES = 1000  # each case is checked by p2p's parser first (about 1 ms) and 
 
 def read_cases(path: str) -> list[list[str]]:
     """FILE's cases, each checked; a UsageError line for the first bad one. Only a regular
-    file is read (a FIFO would wait forever), at most MAX_CASES_BYTES, at most MAX_CASES."""
+    file is read (every rank reads it on its own: a FIFO could serve one reader and would
+    block the others forever), at most MAX_CASES_BYTES, at most MAX_CASES."""
     if path_kind(path) not in ("file", "missing"):
         raise UsageError(f"{FLAG} {path}: cannot read it (not a regular file: a folder, FIFO, "
                          "socket or device)")
