@@ -37,6 +37,7 @@ from kvbench.fit.stats import (
     fit_design,
     iid_median_var,
     interval_refusal,
+    settled,
     size_summary,
 )
 from kvbench.units import MIN_TIME_MS
@@ -244,5 +245,6 @@ def point_rows(rows: list[dict], s: GroupSamples, c: Collected, group: Group, pl
             row["descriptors_merged"] = int(joined[k])
         row["cuts"] = [labels[int(m)] for m in members]
         row["fitted_ms"] = _r(float(fitted[k]))
-        row["residual_ms"] = _r(float(med[k] - fitted[k]))
-        row["residual_rel"] = _r(float((med[k] - fitted[k]) / max(abs(med[k]), MIN_TIME_MS)), 4)
+        res = float(settled(med[k] - fitted[k], med[k], fitted[k]))
+        row["residual_ms"] = _r(res)
+        row["residual_rel"] = _r(res / max(abs(med[k]), MIN_TIME_MS), 4)

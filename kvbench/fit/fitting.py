@@ -142,10 +142,9 @@ def line_json(line: LineFit, sizes: np.ndarray) -> dict:
 
 
 def _add_residuals(rows: list[dict], line: LineFit) -> None:
-    for row, rel in zip(rows, line.residual_rel(), strict=True):
-        fitted = float(line.predict(row["bytes"]))
-        row["fitted_ms"] = _r(fitted)
-        row["residual_ms"] = _r(row["p50_ms"] - fitted)
+    for row, res, rel in zip(rows, line.residual_ms(), line.residual_rel(), strict=True):
+        row["fitted_ms"] = _r(float(line.predict(row["bytes"])))
+        row["residual_ms"] = _r(float(res))
         row["residual_rel"] = _r(float(rel), 4)
 
 

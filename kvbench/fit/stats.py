@@ -335,6 +335,23 @@ def lack_of_fit(space: ResidualSpace, scatter_from: str) -> LackOfFit | None:
                      scatter_from)
 
 
+NOISE_ULPS = 64
+"""A residual within this many units in the last place of the largest term it was computed
+from (the median, the setup, the slope times the size) is floating-point rounding, not data."""
+
+
+def settled(residual, *terms) -> np.ndarray:
+    """`residual` with every element that is zero within the rounding of its `terms` set to 0.0.
+
+    Why: a line through two sizes passes through both medians exactly, and what the solve leaves
+    (about 1e-15 of the median) depends on the CPU's BLAS kernels; written as data it made a refit
+    of committed records differ from one x86-64 machine to the next (docs/fit-and-plan.md)."""
+    res = np.array(residual, dtype=float)
+    scale = np.max(np.abs(np.broadcast_arrays(*terms)), axis=0)
+    res[np.abs(res) <= NOISE_ULPS * np.finfo(float).eps * scale] = 0.0
+    return res
+
+
 @dataclass
 class LineFit:
     """setup_ms + ms_per_gb x GB through the per-size medians, with joint draws when supported."""
@@ -357,9 +374,13 @@ class LineFit:
     def predict(self, nbytes) -> np.ndarray:
         return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB
 
+    def residual_ms(self) -> np.ndarray:
+        """median - fitted per size, with rounding noise written as the zero it is."""
+        terms = (self.medians, self.setup_ms, self.ms_per_gb * self.x)
+        return settled(self.medians - (self.setup_ms + self.ms_per_gb * self.x), *terms)
+
     def residual_rel(self) -> np.ndarray:
-        fitted = self.setup_ms + self.ms_per_gb * self.x
-        return (self.medians - fitted) / np.maximum(np.abs(self.medians), 1e-12)
+        return self.residual_ms() / np.maximum(np.abs(self.medians), 1e-12)
 
     def setup_ci(self) -> tuple[float, float] | None:
         if self.draws is None:
