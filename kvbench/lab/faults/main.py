@@ -69,9 +69,12 @@ def run_client(endpoint: str, reqs: list[dict], out: Path, deadline_s: float) ->
     spec = out.with_suffix(".requests.json")
     spec.write_text(json.dumps(reqs))
     env = dict(os.environ, PYTHONPATH=str(deploy.REPO_ROOT))
-    return subprocess.Popen([str(labenv.lab_python()), "-m", "kvbench.lab.venv.client", str(spec),
-                             "--endpoint", endpoint, "--out", str(out), "--deadline-s", str(deadline_s)],
-                            env=env)
+    return subprocess.Popen(client_cmd(spec, endpoint, out, deadline_s), env=env)
+
+
+def client_cmd(spec: Path, endpoint: str, out: Path, deadline_s: float) -> list[str]:
+    return [str(labenv.lab_python()), "-m", "kvbench.lab.venv.client", str(spec),
+            "--endpoint", endpoint, "--out", str(out), "--deadline-s", str(deadline_s)]
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -88,6 +88,19 @@ def scrape_endpoints(metrics: dict[str, list[str]]) -> list[str]:
     return out
 
 
+def scrape_cmd(metrics: dict[str, list[str]], folder: Path, bound_s: float, point: Point) -> list[str]:
+    return [sys.executable, "-m", "kvbench", "slo", "scrape", *scrape_endpoints(metrics), "--interval", "1",
+            "--duration", f"{bound_s + 30:.0f}", "--out", str(folder / "scrape.jsonl"),
+            "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
+            "--cache-state", point.cache_state]
+
+
+def convert_cmd(client: str, point: Point, result: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "kvbench", "slo", "convert", "--from", client, str(result),
+            "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
+            "--cache-state", point.cache_state, "--out", str(out)]
+
+
 @contextmanager
 def scraping(metrics: dict[str, list[str]], folder: Path, bound_s: float, point: Point):
     """`kvbench slo scrape` of every /metrics endpoint while the body runs (scrape.jsonl).
@@ -99,10 +112,7 @@ def scraping(metrics: dict[str, list[str]], folder: Path, bound_s: float, point:
     if not metrics:
         yield
         return
-    cmd = [sys.executable, "-m", "kvbench", "slo", "scrape", *scrape_endpoints(metrics), "--interval", "1",
-           "--duration", f"{bound_s + 30:.0f}", "--out", str(folder / "scrape.jsonl"),
-           "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
-           "--cache-state", point.cache_state]
+    cmd = scrape_cmd(metrics, folder, bound_s, point)
     with open(folder / "scrape.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -186,10 +196,7 @@ class Sweep:
 
     def convert(self, point: Point, folder: Path, result: Path) -> Path | None:
         out = folder / "records.jsonl"
-        cmd = [sys.executable, "-m", "kvbench", "slo", "convert", "--from", self.client, str(result),
-               "--deployment", point.deployment, "--offered-rate", f"{point.rate_rps:g}",
-               "--cache-state", point.cache_state, "--out", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(convert_cmd(self.client, point, result, out), capture_output=True, text=True)
         (folder / "convert.log").write_text(proc.stdout + proc.stderr)
         return out if proc.returncode == 0 else None
 

@@ -98,14 +98,19 @@ async def run_all(endpoint: str, requests: list[dict], concurrency: int, deadlin
             fh.write(json.dumps({**rec, "t0_unix": wall0}) + "\n")
 
 
-def main(argv=None) -> None:
+def parser() -> OneLineParser:
+    """The module's command line (a lab test parses the lab's own call with it)."""
     p = OneLineParser(prog="python -m kvbench.lab.venv.client")
     p.add_argument("requests", help="JSON list of {id, model, prompt, max_tokens, send_at_s}")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--concurrency", type=number(int, 1, 100_000), default=16)
     p.add_argument("--deadline-s", type=number(float, 0, 1e7, lo_open=True), default=120.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     host = urlparse(args.endpoint).hostname
     if host not in LOOPBACK:
         raise SystemExit(f"client: refusing non-loopback endpoint {args.endpoint}")

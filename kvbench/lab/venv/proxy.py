@@ -189,7 +189,8 @@ def _first_decode(proxy: Proxy):
     return handler
 
 
-def main(argv=None) -> None:
+def parser() -> OneLineParser:
+    """The module's command line (a lab test parses the lab's own call with it)."""
     p = OneLineParser(prog="python -m kvbench.lab.venv.proxy")
     p.add_argument("--mode", choices=("rr", "pd"), required=True)
     p.add_argument("--port", type=number(int, 1, 65_535), required=True)
@@ -197,7 +198,11 @@ def main(argv=None) -> None:
     p.add_argument("--prefill", action="append", help="pd: base URL of a prefill instance")
     p.add_argument("--decode", action="append", help="pd: base URL of a decode instance")
     p.add_argument("--events", help="append per-request steps to this JSONL file")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     web.run_app(build_app(args), host="127.0.0.1", port=args.port, print=None,
                 access_log=None, shutdown_timeout=2.0)
 

@@ -103,12 +103,27 @@ def build(out: Path, spec: TinyModelSpec) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+SPEC_BOUNDS = {name: (1, 1 << 20) for name in asdict(TinyModelSpec())} | {"seed": (0, (1 << 32) - 1)}
+"""Each spec field's accepted range; seed 0 (the default) is a seed like any other."""
+
+
+def parser() -> OneLineParser:
+    """The module's command line; the lab calls it through `spec_flags` (a test holds the two)."""
     p = OneLineParser(prog="python -m kvbench.lab.venv.tinymodel")
     p.add_argument("out")
     for name, value in asdict(TinyModelSpec()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=number(int, 1, 1 << 20), default=value)
-    args = vars(p.parse_args(argv))
+        lo, hi = SPEC_BOUNDS[name]
+        p.add_argument(f"--{name.replace('_', '-')}", type=number(int, lo, hi), default=value)
+    return p
+
+
+def spec_flags(spec: TinyModelSpec) -> list[str]:
+    """The flags that rebuild `spec` on this module's command line."""
+    return [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(parser().parse_args(argv))
     out = Path(args.pop("out"))
     build(out, TinyModelSpec(**args))
     print(out)
@@ -134,7 +149,7 @@ def ensure_model(spec: TinyModelSpec, home: Path, python: Path, repo_root: Path)
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in asdict(spec).items()]
+    args = spec_flags(spec)
     env = dict(os.environ, PYTHONPATH=str(repo_root), HF_HUB_OFFLINE="1")
     subprocess.run([str(python), "-m", "kvbench.lab.venv.tinymodel", str(tmp), *args], check=True,
                    env=env, stdout=subprocess.DEVNULL)
