@@ -54,9 +54,12 @@ test: $(STAMP)
 	$(PY) -m ruff check kvbench tests benchmarks
 	@$(call PYTEST,-q -ra -m "not lab")
 
-# The real-vLLM group (docs/lab.md section 8): the lab's own venv first (a few minutes, once).
+# The real-vLLM group (docs/lab.md section 8): the lab's own venv and the AIPerf and GuideLLM
+# venvs first (a few minutes, once; cached after), then the example plan's tiny model (built on
+# first use, in the log: CI removes it first so that every run builds it from nothing).
 test-lab: $(STAMP)
-	$(PY) -m kvbench lab install
+	$(PY) -m kvbench lab install --clients
+	$(PY) -m kvbench lab model examples/lab-plan.yaml
 	@$(call PYTEST,-q -ra -m lab)
 
 # kvbench's own hot paths (benchmarks/test_*.py, pytest-benchmark) in short mode, compared with

@@ -1,6 +1,7 @@
 """`kvbench lab install|model|up|down|status|capture-metrics`: the local vLLM lab.
 
     kvbench lab install                      # the lab's own venv with vLLM's CPU build (~2 min)
+    kvbench lab install --clients            # and AIPerf's and GuideLLM's own venvs (cached)
     kvbench lab up PLAN.yaml                 # both deployments, ready, then returns
     kvbench lab up PLAN.yaml --deployment disaggregated --foreground   # until Ctrl-C
     kvbench lab down                         # stop what `lab up` started (by PID group)
@@ -26,8 +27,10 @@ from kvbench.lab.stack.procs import LabState, run_interruptible, stop_all, stop_
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="kvbench lab", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
-    sub.add_parser("install", help="create the lab venv (vLLM CPU build, NIXL) in the cache",
-                   prog="kvbench lab install")
+    i = sub.add_parser("install", help="create the lab venv (vLLM CPU build, NIXL) in the cache",
+                       prog="kvbench lab install")
+    i.add_argument("--clients", action="store_true",
+                   help="also AIPerf and GuideLLM, each pinned in a venv of its own (cached)")
     m = sub.add_parser("model", help="build (once) and print the tiny model's folder", prog="kvbench lab model")
     m.add_argument("plan", nargs="?", metavar="PLAN.yaml")
     u = sub.add_parser("up", help="start local deployments from the plan's lab: section", prog="kvbench lab up")
@@ -107,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "install":
         print(labenv.install())
+        if args.clients:
+            from kvbench.lab.load.clients import VERSIONS, install_client
+
+            for tool in VERSIONS:
+                print(install_client(tool))
         return 0
     if args.command == "model":
         from kvbench.lab.planfile import load_lab_section

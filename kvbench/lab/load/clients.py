@@ -6,6 +6,7 @@ from its own executable: vLLM's from the lab venv, AIPerf and GuideLLM each from
 their own (never kvbench's: they pin their own dependencies). Its result is converted by
 `kvbench slo convert --from TOOL`, so the report is the same whichever client ran.
 
+    kvbench lab install --clients     # both, pinned, each in its own venv (cached), i.e.
     python3 -m venv ~/.cache/kvbench/clients/aiperf && ~/.cache/kvbench/clients/aiperf/bin/pip install aiperf==0.13.0
     python3 -m venv ~/.cache/kvbench/clients/guidellm && ~/.cache/kvbench/clients/guidellm/bin/pip install guidellm==0.8.1
 """
@@ -36,6 +37,25 @@ def clients_home() -> Path:
 def install_hint(tool: str) -> str:
     d = clients_home() / tool
     return f"python3 -m venv {d} && {d}/bin/pip install {tool}=={VERSIONS[tool]}"
+
+
+def install_client(tool: str) -> str:
+    """The tool's own venv at its pinned version, made once (a stamp names what it holds, so a
+    venv cut short is made again); returns one line saying what is there."""
+    import subprocess
+    import sys
+
+    d = clients_home() / tool
+    stamp = d / ".kvbench-installed"
+    want = f"{tool}=={VERSIONS[tool]}\n"
+    if stamp.is_file() and stamp.read_text() == want and (d / "bin" / tool).exists():
+        return f"{tool}: cached {d} ({want.strip()})"
+    shutil.rmtree(d, ignore_errors=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(d)], check=True)
+    subprocess.run([str(d / "bin" / "python"), "-m", "pip", "install", "-q", want.strip()], check=True)
+    stamp.write_text(want)
+    return f"{tool}: installed {d} ({want.strip()})"
 
 
 def find_client(tool: str, lab_vllm: Path | None) -> str:

@@ -149,9 +149,15 @@ def ensure_model(spec: TinyModelSpec, home: Path, python: Path, repo_root: Path)
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    args = spec_flags(spec)
+    import sys
+    import time
+
+    print(f"lab: building the tiny model (first use: no {out.name} in {out.parent}) ...",
+          file=sys.stderr, flush=True)
+    t0 = time.monotonic()
     env = dict(os.environ, PYTHONPATH=str(repo_root), HF_HUB_OFFLINE="1")
-    subprocess.run([str(python), "-m", "kvbench.lab.venv.tinymodel", str(tmp), *args], check=True,
-                   env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([str(python), "-m", "kvbench.lab.venv.tinymodel", str(tmp), *spec_flags(spec)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
     tmp.rename(out)
+    print(f"lab: built {out} in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     return out
