@@ -17,6 +17,7 @@ from kvbench.cli import UsageError
 from kvbench.matrix import analyze as az
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
+from kvbench.p2p.linkpath import LinkPath
 from kvbench.p2p.patterns.matrix import FromPeer, ordered_pairs, pair_loop, schedule
 from kvbench.p2p.spec import HandoffSpec
 from kvbench.records.schema.matrix import (
@@ -158,7 +159,8 @@ def test_expect_link_uses_the_local_kind_for_pairs_within_a_host():
     es = [entry((0, 1), 1, None, "NET/IB/0", link="rdma"),
           entry((0, 2), 1, None, "P2P/CUMEM", True, "nvlink"),
           entry((1, 2), 1, None, "NET/Socket/0", link="tcp")]
-    kinds = {(0, 1): frozenset({"rdma"}), (0, 2): frozenset({"nvlink"}), (1, 2): frozenset({"tcp"})}
+    kinds = {pair: LinkPath(frozenset({k}), path) for pair, k, path in (
+        ((0, 1), "rdma", "NET/IB/0"), ((0, 2), "nvlink", "P2P/CUMEM"), ((1, 2), "tcp", "NET/Socket/0"))}
     assert set(az.link_failures(es, kinds, "rdma", "nvlink")) == {(1, 2)}
     assert set(az.link_failures(es, kinds, "rdma", None)) == {(0, 2), (1, 2)}
     assert az.link_failures(es, kinds, None, None) == {}
