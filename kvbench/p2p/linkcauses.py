@@ -197,8 +197,8 @@ def _one_process(ev: Evidence) -> Cause | None:
 
 
 def _shared_gpu(ev: Evidence) -> Cause | None:
-    if not ev.same_gpu:
-        return None
+    if not ev.same_gpu or "same-device" not in ev.kinds:
+        return None  # (a path that left the device for another reason has that reason)
     return Cause("shared-gpu", f"both ranks use one GPU ({ev.same_gpu}): no link between GPUs "
                  "is measured", CAUSES["shared-gpu"][2])
 
