@@ -260,8 +260,13 @@ def _ucx_from_rows(info: dict, rows: list[dict], memory: str | None, ctx: _Pair)
     op = str(info.get("nixl_op") or ("read" if "RMA read" in str(info.get("path")) else "write"))
     split = ucx_rows.split_rows(rows, op, memory)
     if not split.kv:
+        self_rows = [r for r in rows if re.search(r"\bself\b", r.get("endpoint", ""))
+                     and r.get("operation", "").startswith(f"remote memory {op}")]
+        causes = linkcauses.diagnose(Evidence("nixl", ctx.device, frozenset({"unknown"}),
+                                              op=op, endpoints=("self",))) if self_rows else ()
         return LinkPath(frozenset({"unknown"}), f"UCX printed no {memory}->{memory} RMA {op} "
-                        f"row ({info.get('path') or 'no path recorded'})")
+                        f"row to a peer ({info.get('path') or 'no path recorded'})",
+                        causes=causes)
     parts = tuple(p for r in split.kv for p in _row_parts(r, memory, ctx.same_gpu))
     kinds = frozenset().union(*parts)
     emulated = any(r.get("protocol") == "software emulation" for r in split.kv)
