@@ -225,8 +225,10 @@ def link_failures(entries: list[dict], kinds: dict[tuple, linkpath.LinkPath],
         if want and lp.fails(want):
             emu = ", software emulation" if lp.emulated else ""
             why = lp.explain(want)
+            kv = (f"; the KV's own rows: {lp.evidence!r}" if lp.evidence.startswith("UCX RMA")
+                  and lp.evidence != e["path"] else "")
             out[tuple(e["pair"])] = (f"expected the bytes on {want}, the transport's own words "
-                                     f"say {e['path']!r} ({e['link']}{emu})"
+                                     f"say {e['path']!r}{kv} ({e['link']}{emu})"
                                      + (f"; {why}" if why else ""))
     return out
 

@@ -283,6 +283,30 @@ def test_an_unmet_expected_link_fails_with_one_line_per_pair(planted_doc, tmp_pa
     assert any(ln.startswith("kvbench matrix: error: pair [1,0] n2 -> n1:") for ln in lines)
 
 
+EMULATED_ROWS = [{"endpoint": "kv-0 intra-node cfg#1", "range": "0..inf",
+                  "operation": "remote memory write by ucp_put* from host memory to host",
+                  "protocol": "software emulation", "transport": "tcp/eth0"}]
+
+
+@pytest.mark.parametrize("ucx_env, cause", [({"UCX_TLS": "tcp,self"}, "cause (ucx-tls)"),
+                                            ({}, "cause: not recognised")])  # planted: no TLS
+def test_matrix_names_an_emulated_path_and_its_cause(tmp_path, ucx_env, cause):
+    recs = matrix_records({}, hosts=["n1", "n2", "n2"])
+    for rec in recs:
+        if rec["pair"] == [1, 2]:  # within n2, its KV rows: UCX's software emulation over TCP
+            rec["transport_info"] = {"path": ETH0, "nixl_op": "write", "ucx_env": ucx_env,
+                                     "ucx_protocols": EMULATED_ROWS}
+    src = write_jsonl(tmp_path / "e.jsonl", recs)
+    r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path / "o"),
+                "--expect-link", "tcp", "--bootstrap", "200")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()  # only the emulated pair fails: tcp was expected
+    assert len(lines) == 1 and lines[0].startswith("kvbench matrix: error: pair [1,2]")
+    assert "software emulation" in lines[0] and cause in lines[0]
+    assert ("ucx-tls" in lines[0]) == bool(ucx_env)  # UCX_TLS left out shared memory
+    assert "UCX RMA write (host->host, the KV's memory): tcp/eth0" in lines[0]
+
+
 def test_outliers_fail_the_run_only_when_asked(planted_doc, tmp_path):
     _, src = planted_doc
     r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path),
