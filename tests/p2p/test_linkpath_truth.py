@@ -268,3 +268,32 @@ def test_the_link_vocabulary_stays_torch_free(module):
                         "('torch', 'mpi4py') if m in sys.modules))"], capture_output=True,
                        text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_p2p_warns_once_at_the_end_of_an_emulated_run(capsys):
+    from types import SimpleNamespace
+
+    from kvbench.p2p.cli import report
+
+    args = SimpleNamespace(no_write=True, out=".")
+    for recs, warned in ((READ, True), (WRITE, False)):
+        recs = copy.deepcopy(recs)
+        assert report(args, recs, recs[0]["transport_info"], recs[0]["env"]["ranks"], 0.01) == 0
+        err = capsys.readouterr().err
+        assert err.count("software emulation, not a link") == (1 if warned else 0), err
+        assert ("UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in err) == warned
+
+
+def test_the_h100_readme_quotes_the_records():
+    import statistics
+
+    rec = next(r for r in WRITE if r["prompt_tokens"] == 8192)
+    post = statistics.median(rec["breakdown_ms"]["nixl_post_ms"])
+    xfer = statistics.median(rec["breakdown_ms"]["nixl_transfer_ms"])
+    text = " ".join((H100 / "README.md").read_text().split())
+    assert (f"`nixl_post_ms` is {post:.1f} of `nixl_transfer_ms` {xfer:.1f} ms" in text
+            and f"{rec['descriptors']:,} descriptors" in text)
+    assert f"about {post / rec['descriptors'] * 1e3:.1f} µs per descriptor" in text
+    row = next(r for r in READ[0]["transport_info"]["ucx_protocols"]
+               if r["operation"].startswith("remote memory read"))
+    assert f"{row['protocol']}, {row['transport']}`" in text  # the READ's own row, as quoted
