@@ -59,8 +59,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--line-rate-gbps", metavar="GB/s", help="declared line rate in decimal GB/s; "
                    "a fitted rate above it is flagged as a measurement bug")
     p.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
-                   help="the link the bytes should take (nvlink, rdma, tcp, ...): warn "
-                   "(link_mismatch) when the path a transport reported says otherwise")
+                   help="the link the KV's bytes should take (nvlink, rdma, tcp, ...): warn "
+                   "(link_mismatch) when the path a transport reported says otherwise or is "
+                   "UCX's software emulation, with the cause and fix where the record tells "
+                   "(docs/nixl.md)")
     p.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="fit only groups whose KEY equals VALUE (repeatable; lists as a,b)")
     p.add_argument("--bootstrap", type=arg_int(100, MAX_BOOTSTRAP), default=1000, metavar="N",

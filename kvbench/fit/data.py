@@ -178,8 +178,7 @@ class Group:
         if why and self.not_link is None:
             self.not_link = why
         if keep_paths:
-            self.paths[linkpath.classify(str(rec.get("transport") or ""),
-                                         rec.get("transport_info"))] += 1
+            self.paths[linkpath.classify_record(rec)] += 1
         if why or self.error:
             return  # a group with a record that is not a link is skipped whole
         try:

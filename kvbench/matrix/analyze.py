@@ -119,7 +119,10 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> No
     d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[str(info.get("path") or "no path recorded")] += 1
-    d.kinds[linkpath.classify(rec.transport, info)] += 1
+    d.kinds[linkpath.classify_record({
+        "transport": rec.transport, "transport_info": info, "device": rec.device,
+        "hosts": list(rec.hosts), "pair": list(pair), "gpus": extra.get("gpus"),
+        "env": extra.get("env")})] += 1
     if info.get("path_source"):
         d.sources.add(str(info["path_source"]))
     d.n_records += 1
@@ -211,15 +214,22 @@ def odd_paths(entries: list[dict], majority: dict[str, str | None]) -> dict[tupl
     return out
 
 
-def link_failures(entries: list[dict], kinds: dict[tuple, frozenset], expect: str | None,
-                  expect_local: str | None) -> dict[tuple, str]:
+def link_failures(entries: list[dict], kinds: dict[tuple, linkpath.LinkPath],
+                  expect: str | None, expect_local: str | None) -> dict[tuple, str]:
+    """Pairs whose KV path is not the expected kind (or is UCX's software emulation), each
+    with the causes and fixes its records show (kvbench.p2p.linkcauses)."""
     out = {}
     for e in entries:
         want = expect_local if e["same_host"] and expect_local else expect
-        have = kinds[tuple(e["pair"])]
-        if want and want not in have:
+        lp = kinds[tuple(e["pair"])]
+        if want and lp.fails(want):
+            emu = ", software emulation" if lp.emulated else ""
+            why = lp.explain(want)
+            kv = (f"; the KV's own rows: {lp.evidence!r}" if lp.evidence.startswith("UCX RMA")
+                  and lp.evidence != e["path"] else "")
             out[tuple(e["pair"])] = (f"expected the bytes on {want}, the transport's own words "
-                                     f"say {e['path']!r} ({e['link']})")
+                                     f"say {e['path']!r}{kv} ({e['link']}{emu})"
+                                     + (f"; {why}" if why else ""))
     return out
 
 
@@ -249,7 +259,7 @@ def _entry(d: PairData, fit: dict) -> dict:
 def _findings(entries: list[dict], run: Run, slow_fraction: float, expect: str | None,
               expect_local: str | None) -> dict[str, str | None]:
     """Each entry's findings added in place; returns the majority paths."""
-    kinds = {d.pair: d.kinds.most_common(1)[0][0].kinds for d in run.pairs.values()}
+    kinds = {d.pair: d.kinds.most_common(1)[0][0] for d in run.pairs.values()}
     majority = majority_paths(entries)
     rules = {"slow": slow_pairs(entries, slow_fraction),
              "path_differs": odd_paths(entries, majority),

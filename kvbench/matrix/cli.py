@@ -52,8 +52,9 @@ docs/matrix.md: how to read the matrix, the schedule, the cost for N ranks.
 def _add_rules(p: ArgumentParser) -> None:
     g = p.add_argument_group("verdict")
     g.add_argument("--expect-link", choices=linkpath.EXPECTABLE, metavar="KIND",
-                   help="the kind of link every pair's bytes must take (nvlink, pcie, shm, rdma, "
-                        "tcp, host): a pair whose transport says otherwise fails the run")
+                   help="the kind of link every pair's bytes must take (nvlink, pcie, "
+                        "same-device, shm, rdma, rdma-host-staged, tcp, host): a pair whose "
+                        "transport says otherwise, or emulates it, fails the run")
     g.add_argument("--expect-local-link", choices=linkpath.EXPECTABLE, metavar="KIND",
                    help="the kind for pairs within one host (default: --expect-link)")
     g.add_argument("--slow-fraction", default=str(DEFAULT_SLOW_FRACTION), metavar="F",

@@ -16,6 +16,7 @@ from kvbench.cli import (
     UsageError,
 )
 from kvbench.model import PRESETS
+from kvbench.p2p import linkpath
 from kvbench.p2p import world as mpi_world
 from kvbench.p2p.args import PROG, build_parser, prescan, validate
 from kvbench.p2p.baseline import LABELS, baseline_gbps, baseline_kinds
@@ -431,6 +432,12 @@ def peak_memory_line(records: list[dict]) -> str | None:
     return f"peak memory per rank: {'; '.join(parts)} the largest payload ({largest / GiB:.2f} GiB)"
 
 
+def emulation_line(records: list[dict]) -> str | None:
+    """One line when a record's KV went over UCX's software emulation, with its causes and
+    fixes (kvbench.p2p.linkcauses); None otherwise."""
+    return linkpath.emulation_note(linkpath.classify_record(r) for r in records)
+
+
 def report(args, records: list[dict], info: dict, envs: list[dict], notice: float,
            written: dict | None = None) -> int:
     """Rank 0: finish the records, print the table, write the files, return the exit status."""
@@ -447,6 +454,9 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
     line = peak_memory_line(records)
     if line:
         print(line)
+    line = emulation_line(records)
+    if line:  # once per run, with or without --expect-link: the figures are not the link's
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
     if not args.no_write:
         try:  # the .jsonl and its .csv appear together or not at all
             jpath, cpath = write_records(Path(args.out), [{k: v for k, v in r.items()

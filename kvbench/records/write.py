@@ -30,7 +30,9 @@ from kvbench.records.schema.read import path_error, path_kind
 from kvbench.records.schema.types import M, parse
 
 ENV_PREFIXES = ("NCCL_", "UCX_", "OMPI_", "PMIX_", "PRTE_", "SLURM_", "CUDA_VISIBLE", "NIXL_",
-                "GLOO_", "TORCH_DISTRIBUTED", "MASTER_")
+                "GLOO_", "TORCH_DISTRIBUTED", "MASTER_",
+                # whether CUDA memory can be exported over CUDA IPC (expandable segments: not)
+                "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # Secrets have no place in a results file even if someone exported them under these prefixes.
 _REDACT = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 def utc_stamp() -> str:
@@ -378,6 +380,14 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def _pid_namespace() -> str | None:
+    """This process's PID namespace ('pid:[4026531836]'), None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def relevant_env() -> dict[str, str]:
     return {
         k: ("<redacted>" if any(s in k for s in _REDACT) else v)
@@ -405,6 +415,10 @@ def environment(extra: dict | None = None) -> dict:
         "ucx": None,
         "load_average": _load_average(),
         "variables": relevant_env(),
+        # two ranks of one process, or in different containers, cannot use UCX's intra-node
+        # transports (kvbench.p2p.linkcauses reads these)
+        "pid": os.getpid(),
+        "pid_namespace": _pid_namespace(),
     }
     try:
         import torch

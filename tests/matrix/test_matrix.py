@@ -17,6 +17,7 @@ from kvbench.cli import UsageError
 from kvbench.matrix import analyze as az
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
+from kvbench.p2p.linkpath import LinkPath
 from kvbench.p2p.patterns.matrix import FromPeer, ordered_pairs, pair_loop, schedule
 from kvbench.p2p.spec import HandoffSpec
 from kvbench.records.schema.matrix import (
@@ -158,7 +159,8 @@ def test_expect_link_uses_the_local_kind_for_pairs_within_a_host():
     es = [entry((0, 1), 1, None, "NET/IB/0", link="rdma"),
           entry((0, 2), 1, None, "P2P/CUMEM", True, "nvlink"),
           entry((1, 2), 1, None, "NET/Socket/0", link="tcp")]
-    kinds = {(0, 1): frozenset({"rdma"}), (0, 2): frozenset({"nvlink"}), (1, 2): frozenset({"tcp"})}
+    kinds = {pair: LinkPath(frozenset({k}), path) for pair, k, path in (
+        ((0, 1), "rdma", "NET/IB/0"), ((0, 2), "nvlink", "P2P/CUMEM"), ((1, 2), "tcp", "NET/Socket/0"))}
     assert set(az.link_failures(es, kinds, "rdma", "nvlink")) == {(1, 2)}
     assert set(az.link_failures(es, kinds, "rdma", None)) == {(0, 2), (1, 2)}
     assert az.link_failures(es, kinds, None, None) == {}
@@ -279,6 +281,30 @@ def test_an_unmet_expected_link_fails_with_one_line_per_pair(planted_doc, tmp_pa
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 6 and all("expect_link: expected the bytes on rdma" in ln for ln in lines)
     assert any(ln.startswith("kvbench matrix: error: pair [1,0] n2 -> n1:") for ln in lines)
+
+
+EMULATED_ROWS = [{"endpoint": "kv-0 intra-node cfg#1", "range": "0..inf",
+                  "operation": "remote memory write by ucp_put* from host memory to host",
+                  "protocol": "software emulation", "transport": "tcp/eth0"}]
+
+
+@pytest.mark.parametrize("ucx_env, cause", [({"UCX_TLS": "tcp,self"}, "cause (ucx-tls)"),
+                                            ({}, "cause: not recognised")])  # planted: no TLS
+def test_matrix_names_an_emulated_path_and_its_cause(tmp_path, ucx_env, cause):
+    recs = matrix_records({}, hosts=["n1", "n2", "n2"])
+    for rec in recs:
+        if rec["pair"] == [1, 2]:  # within n2, its KV rows: UCX's software emulation over TCP
+            rec["transport_info"] = {"path": ETH0, "nixl_op": "write", "ucx_env": ucx_env,
+                                     "ucx_protocols": EMULATED_ROWS}
+    src = write_jsonl(tmp_path / "e.jsonl", recs)
+    r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path / "o"),
+                "--expect-link", "tcp", "--bootstrap", "200")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()  # only the emulated pair fails: tcp was expected
+    assert len(lines) == 1 and lines[0].startswith("kvbench matrix: error: pair [1,2]")
+    assert "software emulation" in lines[0] and cause in lines[0]
+    assert ("ucx-tls" in lines[0]) == bool(ucx_env)  # UCX_TLS left out shared memory
+    assert "UCX RMA write (host->host, the KV's memory): tcp/eth0" in lines[0]
 
 
 def test_outliers_fail_the_run_only_when_asked(planted_doc, tmp_path):

@@ -14,6 +14,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from kvbench.p2p.ucx_rows import path_category, summarize
+
 
 def _ucx_version(mod) -> str | None:
     """UCX's own version string, from the libucp the NIXL wheel bundles (None if not found)."""
@@ -81,35 +83,12 @@ def parse_ucx_proto_info(text: str) -> list[dict]:
     return rows
 
 
-def path_category(row: dict) -> str | None:
-    """What a UCX protocol row is for, on an endpoint to a peer (not the loopback one)."""
-    if " self " in f" {row['endpoint']} ":
-        return None
-    op = row["operation"]
-    if op.startswith("remote memory write"):
-        return "RMA write"
-    if op.startswith("remote memory read"):
-        return "RMA read"
-    if op.startswith("active message by ucp_am_send* from"):
-        return "notifications (AM)"
-    return None
-
-
-def summarize_path(rows: list[dict], op: str) -> str | None:
+def summarize_path(rows: list[dict], op: str, memory: str | None = None) -> str | None:
     """'RMA write: cma/memory (zero-copy); notifications (AM): tcp/lo': the protocols UCX
-    selected on the peer endpoints for this run's operation and for the notifications."""
-    parts: dict[str, list[str]] = {}
-    for r in rows:
-        key = path_category(r)
-        if key is None or key.startswith("RMA") and key != f"RMA {op}":
-            continue
-        what = r["transport"] if key.startswith("notif") else f"{r['transport']} ({r['protocol']})"
-        if what not in parts.setdefault(key, []):
-            parts[key].append(what)
-    if not parts:
-        return None
-    order = ["RMA write", "RMA read", "notifications (AM)"]
-    return "; ".join(f"{k}: {', '.join(parts[k])}" for k in order if k in parts)
+    selected on the peer endpoints for this run's operation and for the notifications. With
+    `memory` ("cuda" or "host": where the KV lives) only the rows between that memory on both
+    sides are the KV's path; the others are listed apart (kvbench.p2p.ucx_rows)."""
+    return summarize(rows, op, memory)
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import argparse
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
@@ -42,6 +42,27 @@ from kvbench.p2p.transports.ucx_info import (
     summarize_path,
 )
 
+CUDA_IPC_GET = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+_SET_BY_KVBENCH: set[str] = set()  # UCX variables this process's kvbench set (not the user)
+
+
+def kvbench_ucx_env(environ: Mapping[str, str], device: str, cuda_ipc_get: bool,
+                    engine: bool, ours: Set[str] = frozenset()) -> dict[str, str]:
+    """The UCX variables kvbench sets before the agent is made, given the environment (a pure
+    decision; `ours`: those kvbench itself set earlier in this process, not the user).
+
+    On --device cuda, UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y: UCX's default (auto) turns cuda_ipc's
+    GET off unless NVML reports an active NVLink, and a READ then falls back to software
+    emulation over TCP (docs/nixl.md, "When the path is not the link"); engines can set the
+    same. --no-nixl-cuda-ipc-get leaves UCX's default. The engine shape also sets what vLLM
+    sets, UCX_RCACHE_MAX_UNRELEASED=1024. A variable the user set is never changed."""
+    want = {}
+    if device == "cuda" and cuda_ipc_get:
+        want[CUDA_IPC_GET] = "y"
+    if engine:
+        want["UCX_RCACHE_MAX_UNRELEASED"] = "1024"
+    return {k: v for k, v in want.items() if k not in environ or k in ours}
+
 
 @register
 class NIXLTransport(Transport):
@@ -66,6 +87,10 @@ class NIXLTransport(Transport):
                             "handoff over every message's descriptor (posted with the last "
                             "message). Default: message for --granularity whole/layer; for "
                             "block, handoff (layer when a layerwise pattern is in the run)")
+        g.add_argument("--nixl-cuda-ipc-get", action=argparse.BooleanOptionalAction, default=True,
+                       help="on --device cuda set UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless it is "
+                            "set (default on: without NVLink UCX's default turns cuda_ipc's READ "
+                            "off and emulates it over TCP); recorded in transport_info.ucx_env")
         g.add_argument("--nixl-progress-thread", action=argparse.BooleanOptionalAction, default=True,
                        help="NIXL's own progress thread (NIXL's default, on); without it progress "
                             "comes only from polling, which is faster when cores are scarce")
@@ -174,11 +199,19 @@ class NIXLTransport(Transport):
         self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
                          getattr(o, "nixl_gap_seed", 0))
         self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
-        if engine:  # vLLM sets this one UCX variable, if unset, before NIXL starts
-            os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")
+        # Set before the agent (UCX reads them when it starts), for the whole process, as vLLM
+        # sets its one variable; a variable the user set stays theirs.
+        if not getattr(o, "nixl_cuda_ipc_get", True) and CUDA_IPC_GET in _SET_BY_KVBENCH:
+            os.environ.pop(CUDA_IPC_GET, None)  # set by an earlier transport of this process
+            _SET_BY_KVBENCH.discard(CUDA_IPC_GET)
+        ours = kvbench_ucx_env(os.environ, self.ctx.device, getattr(o, "nixl_cuda_ipc_get", True),
+                               engine, _SET_BY_KVBENCH)
+        os.environ.update(ours)
+        _SET_BY_KVBENCH.update(ours)
         # On GPU the harness has already bound this rank to its local GPU (kvbench.p2p.gpu_select).
         self.comm = self.ctx.comm.Dup()
         self.ucx_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
+        self.ucx_env_set = sorted(ours)
         self.errors = self.stale = 0
         self.backend_used: str | None = None
         self._remotes: dict[int, list] = {}  # peer rank -> [agent name, channels using it]
@@ -243,6 +276,12 @@ class NIXLTransport(Transport):
             if self.region_order != "natural":
                 out["nixl_region_order"] = self.region_order
         return out
+
+    @property
+    def kv_memory(self) -> str:
+        """Where the KV lives, in UCX's memory types: its rows between this memory on both
+        sides are the KV's path (kvbench.p2p.ucx_rows)."""
+        return "cuda" if self.ctx.device == "cuda" else "host"
 
     def _poll_label(self) -> str:
         from kvbench.p2p.engine_shape import PollSchedule
@@ -343,7 +382,7 @@ class NIXLTransport(Transport):
             me, peer = (src, dst) if self.op == "write" else (dst, src)
             noted, all_rows = every[me]
             rows, how = peer_rows(noted.get(peer, []), all_rows, self.op)
-            path = summarize_path(rows, self.op) or f"unknown ({how})"
+            path = summarize_path(rows, self.op, self.kv_memory) or f"unknown ({how})"
             out[(src, dst)] = {**info, "path": f"UCX {path}", "path_source":
                                f"rank {me}'s endpoint to rank {peer}: {how}",
                                "ucx_protocols": [dict(r, rank=me) for r in rows]}
@@ -355,7 +394,7 @@ class NIXLTransport(Transport):
         mine = (self._local_protocols(), self.backend_used, self.errors, self.stale)
         every = self.comm.allgather(mine)
         flat = [dict(r, rank=rank) for rank, got in enumerate(every) for r in got[0]]
-        path = summarize_path(flat, self.op)
+        path = summarize_path(flat, self.op, self.kv_memory)
         if path is None:
             path = ("unknown (UCX_PROTO_INFO / UCX_LOG_FILE set by the user: see the job log)"
                     if not self.ucx_log else "unknown (UCX reported no protocol selection)")
@@ -366,6 +405,7 @@ class NIXLTransport(Transport):
             "nixl_version": _version(self.nixl.__kvbench_name__),
             "ucx_version": _ucx_version(self.nixl),
             "ucx_env": self.ucx_env,
+            "ucx_env_set_by_kvbench": self.ucx_env_set,
             "path": f"UCX {path}",
             "ucx_protocols": flat,
             "agent_create_ms": self.agent_ms,
