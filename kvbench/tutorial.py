@@ -43,12 +43,15 @@ def model_label(name: str) -> str | None:
             f"70B-class geometry, not a published model's config): {ASSUMED}")
 
 
-def link_labels(gbps: Sequence[float], setup_ms: float | None, flag: str = "--gbps") -> list[str]:
+def link_labels(gbps: Sequence[float], setup_ms: float | None, flag: str = "--gbps",
+                us_per_desc: float | None = None) -> list[str]:
     """Labels for links given as numbers (never for a fit: a fit is measured)."""
     tutorial_rates = all(g in LINKS_GB_S for g in gbps)
     out = [_label(f"link rate(s) {_nums(gbps)} GB/s", tutorial_rates, flag)]
     if setup_ms is not None:
         out.append(_label(f"setup {setup_ms:g} ms", setup_ms == SETUP_MS, "--setup-ms"))
+    if us_per_desc is not None:  # the tutorial has no per-descriptor cost
+        out.append(_label(f"{us_per_desc:g} us per descriptor", False, "--us-per-desc"))
     return out
 
 
@@ -68,20 +71,21 @@ def floor_table_labels(model: str, links: Sequence[float], setup_ms: float, budg
 
 
 def plan_labels(model: str, gbps: Sequence[float] | None, setup_ms: float | None,
-                budget_ms: float) -> list[str]:
+                us_per_desc: float | None, budget_ms: float) -> list[str]:
     """`kvbench plan`'s inputs that kvbench did not measure (gbps None: the link is a fit)."""
     out = [lbl for lbl in [model_label(model)] if lbl]
     if gbps is not None:
-        out += link_labels(gbps, setup_ms)
+        out += link_labels(gbps, setup_ms, us_per_desc=us_per_desc)
     return out + [budget_label(budget_ms)]
 
 
 def route_labels(model: str, gbps: Sequence[float] | None, setup_ms: float | None,
-                 interference_ms: float, itl_p95_ms: float, itl_target_ms: float) -> list[str]:
+                 us_per_desc: float | None, interference_ms: float, itl_p95_ms: float,
+                 itl_target_ms: float) -> list[str]:
     """`plan route`'s inputs that kvbench did not measure (gbps None: the link is a fit)."""
     out = [lbl for lbl in [model_label(model)] if lbl]
     if gbps is not None:
-        out += link_labels(gbps, setup_ms)
+        out += link_labels(gbps, setup_ms, us_per_desc=us_per_desc)
     out.append(_label(f"local prefill interference {interference_ms:g} ms",
                       interference_ms == ROUTE_LOCAL_INTERFERENCE_MS, "--local-interference-ms"))
     out.append(_label(f"baseline ITL P95 {itl_p95_ms:g} ms", itl_p95_ms == ROUTE_ITL_P95_MS,

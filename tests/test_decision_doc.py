@@ -222,3 +222,12 @@ def test_a_fitted_link_is_not_labelled_but_the_plans_inputs_are(tmp_path):
                                  "--budget-ms", "50", "--format", "json"))
     assert not any(x.startswith("link rate") for x in doc["not_measured"])
     assert "budget 50 ms: given (--budget-ms), not measured" in doc["not_measured"]
+
+
+def test_a_given_link_is_labelled_given_not_the_tutorials():
+    doc = json.loads(kvbench_out("plan", "--gbps", "8", "--setup-ms", "0.2", "--us-per-desc", "0.5",
+                                 "--prompt-tokens", "300", "--block-size", "16", "--format", "json"))
+    assert doc["not_measured"][1:4] == [
+        "link rate(s) 8 GB/s: given (--gbps), not measured",
+        "setup 0.2 ms: given (--setup-ms), not measured",
+        "0.5 us per descriptor: given (--us-per-desc), not measured"]

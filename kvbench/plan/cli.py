@@ -176,12 +176,13 @@ def _check_out(args) -> None:
         check_new_file(args.out)
 
 
-def _given_link(links) -> tuple[list[float] | None, float | None]:
-    """(rates, setup) of the links given as numbers (--gbps), or (None, None) for a fit."""
+def _given_link(links) -> tuple[list[float] | None, float | None, float | None]:
+    """(rates, setup, us per descriptor) of the links given as numbers (--gbps), or Nones
+    for a fit (measured)."""
     user = [link for link in links if link.source == "user"]
     if not user:
-        return None, None
-    return [link.effective_gb_s for link in user], user[0].setup_ms
+        return None, None, None
+    return [link.effective_gb_s for link in user], user[0].setup_ms, user[0].us_per_desc
 
 
 def _labelled(table: str, labels: list[str]) -> str:
