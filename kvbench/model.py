@@ -30,6 +30,7 @@ from kvbench.cli import (
     run_main,
 )
 from kvbench.records.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
+from kvbench.tutorial import floor_table_labels
 from kvbench.units import GiB, MiB, handoff_ms, transfer_ms
 
 MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
@@ -412,6 +413,9 @@ def floor_table(a: FloorTableArgs) -> dict:
             "a rate measured end to end already contains setup: do not add setup_ms to it again",
             "a link's peak spec is not an effective rate; measure it (python -m kvbench.p2p, then fit)",
         ],
+        # every value printed here that nothing measured, the tutorial's named as such
+        "not_measured": floor_table_labels(a.model.name, a.links_effective_gb_s, a.setup_ms,
+                                           a.budget_ms, a.short_prompt_tokens),
     }
     if a.model.sliding_layers:
         out["assumptions"].append(
@@ -499,6 +503,7 @@ def format_table(results: list[dict]) -> str:
         if shard:
             lines.append(f"  TP {shard['tp']}: {shard['bytes_per_rank']:,} B per rank"
                          + (f" ({shard['note']})" if shard["note"] else ""))
+        lines += [f"  not measured: {label}" for label in r["not_measured"]]
     return "\n".join(lines)
 
 

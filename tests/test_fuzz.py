@@ -12,6 +12,7 @@ example counts keep the whole module at about a minute on 2 cores.
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -268,6 +269,13 @@ def test_fuzz_fit_document_and_p2p_record(data):
 # planted refuse-everything reader must make this check fail
 
 
+@functools.cache
+def _cohort_text() -> str:
+    """The valid request records, built once: their writer validates through the contract, so
+    they are built before a plant makes every typed model refuse."""
+    return "".join(json.dumps(x) + "\n" for x in cohort_lines())
+
+
 def _valid_runs() -> dict:
     """name -> fn(folder) running the reader's command on its unmutated valid input."""
     def hf(d):
@@ -278,7 +286,7 @@ def _valid_runs() -> dict:
         return run(kvbench.slo.cli.cli, "validate-plan", ROOT / "examples" / "pd-benchmark-plan.yaml")
 
     def records(d):
-        (d / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in cohort_lines()))
+        (d / "r.jsonl").write_text(_cohort_text())
         return run(kvbench.slo.cli.cli, "analyze", d / "r.jsonl", *ANALYZE, "--out", d / "o.json")
 
     def vllm(d):
@@ -317,6 +325,7 @@ def test_a_reader_that_refuses_everything_fails_the_acceptance_check(name, monke
     def refuse(owner, *args, **kwargs):
         raise UsageError("planted: a reader that refuses everything")
 
+    _cohort_text()  # the inputs exist before the plant; only the reader is planted
     monkeypatch.setattr(BaseModel, "model_validate", classmethod(refuse))
     monkeypatch.setattr(BaseModel, "model_validate_json", classmethod(refuse))
     monkeypatch.setattr(TypeAdapter, "validate_python", refuse)

@@ -266,7 +266,7 @@ def test_the_cli_check_catches_a_planted_import(tmp_path):
 # one contract per file format (docs/contracts.md)
 
 CONTRACTS = "kvbench.records.schema"  # the package every format's one class lives in
-VERSION = re.compile(r"kvbench\.(p2p|fit|plan|route|kv-transfer-model|matrix)/[0-9]+")
+VERSION = re.compile(r"kvbench\.(p2p|fit|plan|route|kv-transfer-model|matrix|slo\.[a-z-]+|lab\.[a-z-]+)/[0-9]+")
 CONTRACT_CALLS = {"contract_dump", "as_contract", "parse"}
 # format -> (the module that writes it, its writing function, the class it writes through)
 WRITERS = {
@@ -276,6 +276,13 @@ WRITERS = {
     "kvbench.route/1": ("kvbench.plan.cli", "route_main", "RouteDocument"),
     "kvbench.kv-transfer-model/1": ("kvbench.plan.export", "kv_transfer_model", "KVTransferModel"),
     "kvbench.matrix/1": ("kvbench.matrix.analyze", "analyze", "MatrixDocument"),
+    "kvbench.slo.request/1": ("kvbench.records.requests", "record_to_json", "RequestIn"),
+    "kvbench.slo.metrics/1": ("kvbench.slo.scrape", "run_scrape", "ScrapeHeader"),
+    "kvbench.slo.report/1": ("kvbench.slo.cli", "cmd_analyze", "SloReport"),
+    "kvbench.lab.sweep/1": ("kvbench.lab.sweep.main", "open_out", "SweepMeta"),
+    "kvbench.lab.sweep-report/2": ("kvbench.lab.sweep.report", "write_report", "SweepReport"),
+    "kvbench.lab.faults/1": ("kvbench.lab.faults.main", "main", "FaultsReport"),
+    "kvbench.lab.agree/1": ("kvbench.lab.agree.main", "main", "AgreeDocument"),
 }
 # modules that build a format's document as a dict before their writer validates it, and
 # kvbench.fit.sim, whose simulated records only ever go to the fit in memory (never a file)
@@ -370,6 +377,32 @@ def test_a_planted_untyped_writer_is_caught(tmp_path):
     assert untyped_writers(pkg) == [
         "kvbench.report.refit:5: the version string 'kvbench.fit/2' outside kvbench.records.schema",
         "kvbench.slo.refit2:5: a SCHEMA_FIT document built outside its writer"]
+
+
+def test_the_version_check_covers_the_slo_and_lab_formats(tmp_path):
+    """Every format kvbench writes is in WRITERS, and a slo or lab version string spelled out
+    (or its constant used) outside its contract and writer is caught: these were outside the
+    check's pattern before."""
+    assert {v.split("/")[0] for v in WRITERS} >= {
+        "kvbench.slo.request", "kvbench.slo.metrics", "kvbench.slo.report", "kvbench.lab.sweep",
+        "kvbench.lab.sweep-report", "kvbench.lab.faults", "kvbench.lab.agree"}
+    pkg = _copy_of_kvbench(tmp_path)
+    faults = pkg / "lab" / "faults" / "main.py"
+    faults.write_text(faults.read_text().replace('"schema": SCHEMA_FAULTS,',
+                                                 '"schema": "kvbench.lab.faults/1",'))
+    (pkg / "report" / "rescrape.py").write_text(
+        "from kvbench.records.schema.slo import SCHEMA_METRICS\n\n\n"
+        "def head():\n    return {'kind': 'header', 'schema': SCHEMA_METRICS}\n")
+    (pkg / "lab" / "again.py").write_text("SCHEMA = 'kvbench.lab.sweep-report/2'\n")
+    bad = untyped_writers(pkg)
+    assert [b.split(":")[0] for b in bad] == [
+        "kvbench.lab.again", "kvbench.lab.faults.main", "kvbench.report.rescrape"], bad
+    assert "'kvbench.lab.faults/1' outside kvbench.records.schema" in bad[1]
+    assert "a SCHEMA_METRICS document built outside its writer" in bad[2]
+    scrape = pkg / "slo" / "scrape.py"
+    scrape.write_text(scrape.read_text().replace("as_contract(ScrapeHeader, head,", "print(head,"))
+    assert writers_off_contract(pkg) == [
+        "kvbench.slo.metrics/1: kvbench.slo.scrape.run_scrape does not write through ScrapeHeader"]
 
 
 def test_a_writer_that_stops_using_its_contract_is_caught(tmp_path):

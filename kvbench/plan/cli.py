@@ -45,6 +45,7 @@ from kvbench.plan.route import (
 from kvbench.records.schema.plan import SCHEMA_PLAN, SCHEMA_ROUTE, PlanDocument, RouteDocument
 from kvbench.records.schema.types import MAX_TOKENS
 from kvbench.records.write import check_new_file, contract_dump, dumps_json, write_new_file
+from kvbench.tutorial import plan_labels, route_labels
 
 
 def _add_link_args(p: ArgumentParser) -> None:
@@ -175,6 +176,22 @@ def _check_out(args) -> None:
         check_new_file(args.out)
 
 
+def _given_link(links) -> tuple[list[float] | None, float | None, float | None]:
+    """(rates, setup, us per descriptor) of the links given as numbers (--gbps), or Nones
+    for a fit (measured)."""
+    user = [link for link in links if link.source == "user"]
+    if not user:
+        return None, None, None
+    return [link.effective_gb_s for link in user], user[0].setup_ms, user[0].us_per_desc
+
+
+def _labelled(table: str, labels: list[str]) -> str:
+    """The table with what kvbench did not measure said under its first line."""
+    head, _, rest = table.partition("\n")
+    return "\n".join([head] + [f"  not measured: {label}" for label in labels]
+                     + ([rest] if rest else []))
+
+
 def plan_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     _check_out(args)
@@ -190,8 +207,9 @@ def plan_main(argv: Sequence[str]) -> int:
         "dtype": dtype.name,
         "budget_ms": budget,
         "rows": plan_rows(links, sizings, budget, planned_cut(args)),
+        "not_measured": plan_labels(model.name, *_given_link(links), budget),
     }, "the plan being written")
-    _emit(doc, format_plan_table(doc), args)
+    _emit(doc, _labelled(format_plan_table(doc), doc["not_measured"]), args)
     return 0
 
 
@@ -241,6 +259,7 @@ def route_main(argv: Sequence[str]) -> int:
         "itl_target_ms": target,
         "decisions": decisions,
         "breakeven": crossings,
+        "not_measured": route_labels(model.name, *_given_link(links), interference, p95, target),
     }, "the routing decision being written")
     _emit(doc, format_route_table(doc), args)
     return 0
@@ -249,6 +268,7 @@ def route_main(argv: Sequence[str]) -> int:
 def format_route_table(doc: dict) -> str:
     lines = [f"kvbench plan route: {doc['model']} {doc['dtype']}, {doc['handoff']} handoff, "
              f"baseline ITL P95 {doc['itl_p95_ms']:g} ms vs target {doc['itl_target_ms']:g} ms"]
+    lines += [f"  not measured: {label}" for label in doc.get("not_measured", [])]
     for d in doc["decisions"]:
         lines.append("")
         lines.append(f"{d['prompt_tokens']} tokens ({d['kv_bytes']:,} B) over {d['link']}:")

@@ -23,7 +23,7 @@ from kvbench.errors import UsageError
 from kvbench.records.schema.read import decode_line, iter_lines
 from kvbench.records.schema.slo import SCHEMA_REQUEST, STATUSES, RequestIn
 from kvbench.records.schema.types import parse, parse_line_fast
-from kvbench.records.write import dumps_json
+from kvbench.records.write import as_contract, dumps_json
 
 __all__ = ["SCHEMA_REQUEST", "STATUSES", "RequestRecord", "RequestIds", "parse_record", "iter_records",
            "load_records", "record_to_json", "dumps_jsonl"]
@@ -172,6 +172,7 @@ def record_to_json(rec: RequestRecord, meta: dict | None = None) -> dict:
         out["chunk_gaps_recorded"] = False
     if meta:
         out["meta"] = meta
+    as_contract(RequestIn, out, f"request record {rec.request_id!r}")  # what its readers accept
     return out
 
 

@@ -19,8 +19,10 @@ from kvbench.cli import (
     run_main,
 )
 from kvbench.records.requests import dumps_jsonl, iter_records, record_to_json
+from kvbench.records.schema.slo import SCHEMA_REPORT, SloReport
 from kvbench.records.schema.types import MAX_RATE_RPS, MAX_SECONDS, MAX_TOKENS
 from kvbench.records.write import (
+    as_contract,
     check_new_file,
     dumps_json,
     new_file_stream,
@@ -40,8 +42,6 @@ from kvbench.slo.gates import (
 )
 from kvbench.slo.report import format_markdown, format_table, plot_format, render_plot
 from kvbench.slo.scrape import family_of, parse_endpoint, run_scrape
-
-SCHEMA_REPORT = "kvbench.slo.report/1"
 
 _EPILOG = """\
 examples:
@@ -311,6 +311,7 @@ def cmd_analyze(args, argv) -> int:
                          "fit": args.fit},
               **(_client_report(args, plan) if args.records else {}),
               "engine_metrics": engine, "notes": notes}
+    as_contract(SloReport, report, "the report being written")  # a drifting writer fails here
     text = dumps_json(report)
     files = [(args.out, text + "\n")] if args.out else []
     if args.plot:  # rendered before anything is written; JSON and plot appear together or not at all

@@ -26,12 +26,11 @@ from pathlib import Path
 
 from kvbench.errors import UsageError
 from kvbench.records.schema.read import iter_jsonl
-from kvbench.records.schema.slo import SCRAPE_LINES, ScrapeHeader
+from kvbench.records.schema.slo import SCHEMA_METRICS, SCRAPE_LINES, ScrapeHeader
 from kvbench.records.schema.types import parse, show
 from kvbench.records.stats import percentile_supported
 from kvbench.slo.engines import ENGINES, NOT_EXPORTED, QUANTITIES, Metric, detect_engine
 from kvbench.slo.gates import TREND_MIN_IN_FLIGHT, TREND_RATIO_MAX
-from kvbench.slo.scrape import SCHEMA_METRICS
 
 MIN_SCRAPES_FOR_TREND = 9  # three per third
 QUANTILES = (0.5, 0.9, 0.99)

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.cli import UsageError, stop_signal_handled
-from kvbench.records.write import check_new_file, dumps_json, new_file_stream
+from kvbench.records.schema.slo import SCHEMA_METRICS, ScrapeHeader
+from kvbench.records.write import as_contract, check_new_file, dumps_json, new_file_stream
 
-SCHEMA_METRICS = "kvbench.slo.metrics/1"
 MAX_RESPONSE_BYTES = 32 * 2**20
 _SUFFIXES = ("", "_total", "_bucket", "_sum", "_count", "_created", "_info")
 
@@ -227,8 +227,9 @@ def run_scrape(endpoints: Sequence[Endpoint], interval_s: float, duration_s: flo
     t0 = time.monotonic()
     with _stop_on_sigterm() as stop, new_file_stream(out) as fh, \
             ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-        fh.write(dumps_json({"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(),
-                             **header}, indent=None) + "\n")
+        head = {"kind": "header", "schema": SCHEMA_METRICS, "started_unix": time.time(), **header}
+        as_contract(ScrapeHeader, head, "the scrape's header")
+        fh.write(dumps_json(head, indent=None) + "\n")
 
         def scrape_all(fetches: Fetches) -> list[dict]:
             return list(pool.map(lambda ep: scrape_once(ep, t0, timeout_s, keep, fetches), endpoints))

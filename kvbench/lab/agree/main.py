@@ -42,9 +42,10 @@ from kvbench.lab.stack import env as labenv
 from kvbench.lab.stack.procs import run_interruptible, stop_on_exit
 from kvbench.lab.sweep.main import Point, Sweep, lab_target, running_lab
 from kvbench.lab.venv import nixltrace
-from kvbench.records.write import utc_stamp, write_new_file
+from kvbench.records.schema.lab import SCHEMA_AGREE as SCHEMA
+from kvbench.records.schema.lab import AgreeDocument
+from kvbench.records.write import as_contract, utc_stamp, write_new_file
 
-SCHEMA = "kvbench.lab.agree/1"
 ENGINE_TRACE = "engine-trace.jsonl"  # decode's per-transfer NIXL trace (kvbench.lab.venv.nixltrace)
 
 
@@ -251,6 +252,7 @@ def main(argv=None) -> int:
            "loadavg_end": os.getloadavg(), "engine_warmup": warmup, "engine": engine, "p2p": p2p,
            "plain_fit": fit}
     doc["agreement"] = analyse(doc)
+    as_contract(AgreeDocument, json.loads(json.dumps(doc)), "the agreement document")
     write_new_file(out / "agreement.json", json.dumps(doc) + "\n")  # compact: ~1 MB indented
     write_new_file(out / "agreement.md", markdown(doc))
     print(markdown(doc))

@@ -34,7 +34,8 @@ from kvbench.lab.load.snapshot import fetch
 from kvbench.lab.stack import deploy
 from kvbench.lab.stack import env as labenv
 from kvbench.lab.stack.procs import LabState, run_interruptible, stop, stop_on_exit
-from kvbench.records.write import utc_stamp, write_new_file
+from kvbench.records.schema.lab import SCHEMA_FAULTS, FaultsReport
+from kvbench.records.write import as_contract, utc_stamp, write_new_file
 
 INJECTIONS = ("side_channel", "stop_prefill", "kill_prefill")
 POLICIES = ("fail", "recompute")
@@ -278,10 +279,11 @@ def main(argv=None) -> int:
     if out.exists():
         raise UsageError(f"refusing to reuse existing folder {out}")
     results = [r for pol in policies for r in run_policy(cfg, pol, injections, out / pol, args.requests)]
-    report = {"schema": "kvbench.lab.faults/1", "command": ["kvbench", "faults", *(argv or sys.argv[1:])],
+    report = {"schema": SCHEMA_FAULTS, "command": ["kvbench", "faults", *(argv or sys.argv[1:])],
               "passed": all(r["passed"] for r in results),
               "results": [{k: v for k, v in r.items() if k not in ("per_request", "events", "metrics")}
                           for r in results]}
+    as_contract(FaultsReport, report, "the fault audit's report")
     write_new_file(out / "faults-report.json", json.dumps(report, indent=2) + "\n")
     print(f"faults: report {out / 'faults-report.json'}: "
           f"{'all audits passed' if report['passed'] else 'FLAGGED, see the report'}")

@@ -31,9 +31,10 @@ from kvbench.lab.load.clients import CLIENTS, client_run, find_client
 from kvbench.lab.stack import deploy
 from kvbench.lab.stack import env as labenv
 from kvbench.lab.stack.procs import run_interruptible, stop_on_exit
-from kvbench.records.write import utc_stamp, write_new_file
-
-SCHEMA = "kvbench.lab.sweep/1"
+from kvbench.records.schema.lab import SCHEMA_SWEEP as SCHEMA
+from kvbench.records.schema.lab import SweepMeta
+from kvbench.records.schema.types import parse
+from kvbench.records.write import as_contract, utc_stamp, write_new_file
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def open_out(out: Path, plan_path: str, argv: list[str], client: str = "vllm") -
     meta = out / "sweep.json"
     digest = plan_digest(plan_path)
     if meta.exists():
-        old = json.loads(meta.read_text())
+        old = parse(SweepMeta, json.loads(meta.read_text()), str(meta)).model_dump()
         if old.get("plan_sha256_16") != digest:
             raise UsageError(f"{out} holds a sweep of a different plan (or the plan changed); "
                              "use a new --out folder")
@@ -241,10 +242,10 @@ def open_out(out: Path, plan_path: str, argv: list[str], client: str = "vllm") -
         print(f"sweep: resuming in {out}", file=sys.stderr)
         return
     out.mkdir(parents=True, exist_ok=True)
-    write_new_file(meta, json.dumps({"schema": SCHEMA, "plan": plan_path, "plan_sha256_16": digest,
-                                     "client": client,
-                                     "command": ["kvbench", "sweep", *argv],
-                                     "started": utc_stamp()}, indent=2) + "\n")
+    doc = {"schema": SCHEMA, "plan": plan_path, "plan_sha256_16": digest, "client": client,
+           "command": ["kvbench", "sweep", *argv], "started": utc_stamp()}
+    as_contract(SweepMeta, doc, "the sweep folder's marker")
+    write_new_file(meta, json.dumps(doc, indent=2) + "\n")
     (out / "plan.yaml").write_bytes(Path(plan_path).read_bytes())
 
 

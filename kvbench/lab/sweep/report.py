@@ -19,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvbench.records.write import utc_stamp
+from kvbench.records.schema.lab import SCHEMA_SWEEP_REPORT, SweepReport
+from kvbench.records.write import as_contract, utc_stamp
 
 
 def _analyze_cmd(plan, runs: list[dict], fit: Path | None, stem: Path) -> list[str]:
@@ -281,7 +282,7 @@ def write_report(out: Path, plan, pts, fit: Path | None, engine_ref: Path | None
     from kvbench.lab.load.handoff import engine_shaped_points
 
     engine_points = engine_shaped_points(engine_ref) if engine_ref else None
-    report = {"schema": "kvbench.lab.sweep-report/2", "plan": plan.path, "machine": machine_note(runs),
+    report = {"schema": SCHEMA_SWEEP_REPORT, "plan": plan.path, "machine": machine_note(runs),
               "provenance": provenance(out),
               "runs": [{k: v for k, v in r.items() if k not in ("folder", "p")} for r in runs],
               "analysis_errors": {k: a["error"] for k, a in analyses.items() if a and "error" in a},
@@ -293,6 +294,7 @@ def write_report(out: Path, plan, pts, fit: Path | None, engine_ref: Path | None
     slo_plots = sorted(str(p.relative_to(out)) for p in (out / "analysis").glob("rep*.png") if ".stale-" not in p.name)
     report["plots"] = plot_sweep(out, report) + slo_plots
     report["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    as_contract(SweepReport, json.loads(json.dumps(report, default=str)), "the sweep's report")
     text = markdown(report, plan)
     (out / "sweep-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "sweep-report.md").write_text(text)

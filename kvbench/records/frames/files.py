@@ -20,14 +20,15 @@ from kvbench.errors import UsageError
 from kvbench.records.schema.fit import SCHEMAS as FIT_SCHEMAS
 from kvbench.records.schema.p2p import SCHEMA_P2P
 from kvbench.records.schema.read import MiB, iter_lines, loads, path_error, path_kind
+from kvbench.records.schema.slo import SCHEMA_METRICS, SCHEMA_REPORT, SCHEMA_REQUEST
 
 KINDS = {  # kind -> schemas a file of that kind starts with
     "p2p": (SCHEMA_P2P,),
     "fit": FIT_SCHEMAS,
     "fit-sizes": FIT_SCHEMAS,
-    "slo-requests": ("kvbench.slo.request/1",),
-    "slo-report": ("kvbench.slo.report/1",),
-    "metrics": ("kvbench.slo.metrics/1",),
+    "slo-requests": (SCHEMA_REQUEST,),
+    "slo-report": (SCHEMA_REPORT,),
+    "metrics": (SCHEMA_METRICS,),
 }
 SUFFIXES = (".jsonl", ".json", ".csv")
 _SCHEMA_AT_START = re.compile(rb'"schema"\s*:\s*"([^"]{1,64})"')

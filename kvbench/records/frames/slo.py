@@ -89,11 +89,11 @@ def _report_row(g: dict, source: str) -> dict:
 
 def report_rows(path: Path) -> Iterator[list[dict]]:
     """One row per group of a `kvbench slo analyze` JSON report (kvbench.slo.report/1)."""
-    from kvbench.records.schema.slo import ReportGroup
+    from kvbench.records.schema.slo import SCHEMA_REPORT, ReportGroup
 
     doc = json_document(path, MAX_JSON_DOC, "SLO report")
-    if not isinstance(doc, dict) or doc.get("schema") != "kvbench.slo.report/1":
-        raise UsageError(f"{path}: not a kvbench.slo.report/1 report")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_REPORT:
+        raise UsageError(f"{path}: not a {SCHEMA_REPORT} report")
     groups = doc.get("groups")
     if not isinstance(groups, list):
         raise UsageError(f"{path}: groups: must be a list (an engine-metrics-only report has none)")

@@ -73,6 +73,7 @@ class PlanDocument(Open):
     dtype: Text
     budget_ms: Finite
     rows: list[PlanRow]
+    not_measured: list[AnyText] = []  # inputs kvbench did not measure (kvbench.tutorial)
 
 
 class RouteDocument(Open):
@@ -87,6 +88,7 @@ class RouteDocument(Open):
     itl_target_ms: Finite
     decisions: list[dict[str, Any]]
     breakeven: list[dict[str, Any]]
+    not_measured: list[AnyText] = []  # inputs kvbench did not measure (kvbench.tutorial)
 
 
 class Fold(Open):

@@ -31,6 +31,7 @@ from kvbench.records.schema.types import (
 
 SCHEMA_REQUEST = "kvbench.slo.request/1"
 SCHEMA_METRICS = "kvbench.slo.metrics/1"
+SCHEMA_REPORT = "kvbench.slo.report/1"
 STATUSES = ("ok", "error", "rejected", "timeout")
 Status = Literal["ok", "error", "rejected", "timeout"]
 
@@ -235,3 +236,16 @@ class ReportGroup(Open):
     error_rate_pct: Pct | None = None
     passed: bool | None = None
     failed_gates: list[Text] = []
+
+
+class SloReport(Open):
+    """A `kvbench slo analyze` report: the command, its inputs, the per-group numbers (absent
+    from an engine-metrics-only report), the engine-metrics analysis and the notes. The
+    writer validates it here before anything is written."""
+
+    schema_: Literal["kvbench.slo.report/1"] = Field(alias="schema")
+    command: list[AnyText]
+    inputs: dict[str, Any]
+    groups: list[ReportGroup] | None = None
+    engine_metrics: Any = None
+    notes: list[AnyText] = []
