@@ -289,6 +289,12 @@ def test_planted_corruption_is_caught_over_ipc(tmp_path):
         assert rec[f"vs_{kind}"] == pytest.approx(rec["gbps"] / rec[f"baseline_{kind}_gbps"])
     assert rec["baseline_kind"] == "bare_mpi" and rec["vs_baseline"] == rec["vs_bare_mpi"]
     assert "single-process copy" in res.stdout and "kvbench/host copy = " in res.stdout
+    # the floor is the host's fastest copy, named, with numpy.copyto's ratio printed (issue 40)
+    by = rec["baseline_host_copy_by_method_gbps"]
+    assert rec["baseline_host_copy_gbps"] == max(by.values())
+    assert by[rec["baseline_host_copy_method"]] == rec["baseline_host_copy_gbps"]
+    assert "kvbench/numpy.copyto = " in res.stdout
+    assert rec["transport_info"]["copy"] == "ctypes.memmove"
 
 
 def _as_host(name: str) -> list[str]:
