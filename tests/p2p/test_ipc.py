@@ -222,6 +222,14 @@ def test_gpu_ipc_two_ranks_one_gpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads(next(tmp_path.glob("*.jsonl")).read_text().splitlines()[0])
     assert rec["wrong"] == 0 and rec["transport_info"]["path"] == "cuda_ipc"
+    # issue 40 item 4: the handles opened on the consumer's own GPU, the parts timed by events
+    from kvbench.p2p.transports._ipc_mem import OWN_GPU
+
+    assert rec["transport_info"]["opened_on"] == OWN_GPU
+    parts = rec["breakdown_ms"]
+    for key in ("ipc_wait_ms", "ipc_copy_ms", "ipc_queue_ms"):
+        assert parts[key] and all(v >= 0 for v in parts[key]), (key, parts)
+    assert min(parts["ipc_copy_ms"]) > 0
 
 
 # -- under mpirun ------------------------------------------------------------------------------------
