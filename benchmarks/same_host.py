@@ -78,7 +78,7 @@ def run_one(label: str, args, launcher: str) -> tuple[list[dict], dict]:
 
 def table(results: dict[str, list[dict]]) -> str:
     head = (f"{'tokens':>6} {'transport':<26} {'GB/s':>7} {'floor GB/s':>10} {'/floor':>7} "
-            f"{'bare mpi GB/s':>13} {'/bare mpi':>9} {'wrong':>5}")
+            f"{'/copyto':>7} {'bare mpi GB/s':>13} {'/bare mpi':>9} {'wrong':>5}")
     lines = [head, "-" * len(head)]
     tokens = sorted({r["prompt_tokens"] for recs in results.values() for r in recs})
     for tok in tokens:
@@ -89,7 +89,9 @@ def table(results: dict[str, list[dict]]) -> str:
                 continue
             lines.append(
                 f"{tok:>6} {label:<26} {r['gbps']:>7.2f} {_f(r.get('baseline_host_copy_gbps'), 10)} "
-                f"{_f(r.get('vs_host_copy'), 7, '.3f')} {_f(r.get('baseline_bare_mpi_gbps'), 13)} "
+                f"{_f(r.get('vs_host_copy'), 7, '.3f')} "
+                f"{_f((r.get('vs_host_copy_by_method') or {}).get('numpy.copyto'), 7, '.3f')} "
+                f"{_f(r.get('baseline_bare_mpi_gbps'), 13)} "
                 f"{_f(r.get('vs_bare_mpi'), 9, '.3f')} {r['wrong']:>5}")
     methods = sorted({r.get("baseline_host_copy_method") for recs in results.values()
                       for r in recs} - {None})
