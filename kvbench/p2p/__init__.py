@@ -4,7 +4,8 @@ Owns the measurement: the one handoff engine (engine.py) and its timing loop (ha
 the frozen spec of what was measured (spec.py), KV tensors and their layouts (layout.py,
 devices.py, messages.py, compute.py), the MPI world and its watchdog (world.py,
 watchdog.py), GPU and link-path facts (gpu_select.py, linkpath.py, nccl_log.py,
-cuda_kernels.py), the bare-transport yardstick (baseline.py), the handoff patterns
+cuda_kernels.py), the bare-transport yardstick (baseline.py) and the host's own copy
+(hostcopy.py), the handoff patterns
 (patterns/) and the transports (transports/). args.py parses the flags, cli.py runs the job.
 
 May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records. Never fit, plan,
