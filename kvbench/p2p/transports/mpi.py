@@ -114,6 +114,7 @@ class MPIChannel(Channel):
         return _MPIRequest(sends)
 
     def begin_handoff(self) -> None:
+        self.held.clear()  # nothing of an earlier (abandoned) handoff may go out in this one
         self.staging.begin()
 
     def end_handoff(self) -> None:
