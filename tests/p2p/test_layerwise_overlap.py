@@ -117,3 +117,25 @@ def test_layer_work_queues_without_waiting_when_asked(wait):
         assert float(x[0]) == 3
     finally:
         dev.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible here)")
+def test_cuda_copy_stream_is_apart_and_ordered_by_the_event():
+    """On a GPU: the staging copy goes on a second stream, after the compute's event, with no
+    host wait before it is queued; its bytes are the computed ones; its span is timed."""
+    from kvbench.p2p.devices import CUDADevice, pinned_host
+
+    dev = CUDADevice()
+    kv = torch.zeros(1 << 22, dtype=torch.uint8, device="cuda")
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(20):  # compute the copy must wait for
+        a = a @ a.t() / 2048
+    kv.fill_(7)
+    ready = dev.record()
+    host = pinned_host(kv.numel())
+    done, span = dev.copy_after(ready, [(host, kv)])
+    assert dev.host_waits == 0
+    assert dev._copy_stream.cuda_stream != torch.cuda.current_stream().cuda_stream
+    done.wait()
+    assert bool((host == 7).all()) and dev.span_ms(*span) >= 0
