@@ -79,7 +79,7 @@ bench-self-baseline: $(STAMP)
 
 # On a GPU machine (docs/gpu.md): needs a CUDA torch in the venv (make clean-venv; make venv
 # TORCH=torch), installs the CuPy that matches torch's CUDA major, then runs scripts/gpu-check.
-# GPU_CHECK_ARGS=--one-gpu for the short check on one GPU.
+# GPU_CHECK_ARGS=--one-gpu for the short check on one GPU, --two-gpu on two.
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	@major=$$($(PY) -c 'import torch; print((torch.version.cuda or "").split(".")[0])'); \

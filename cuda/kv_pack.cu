@@ -38,3 +38,13 @@ extern "C" __global__ void scatter_blocks(const u8* __restrict__ in, const i64* 
     for (i64 i = blockIdx.x; i < n_blocks; i += gridDim.x)
         copy_block(in + i * block_bytes, pool + table[i] * block_bytes, block_bytes);
 }
+
+// copy_blocks: dst[i] = src[i] for n_blocks blocks of block_bytes each, src and dst given as
+// device tables of byte addresses (one entry per KV block). One launch packs (or unpacks) a
+// whole handoff over every layer and part, wherever each pool lies: the tables are built
+// once per message plan (kvbench/p2p/cuda_kernels.py, BlockPacker) and reused every handoff.
+extern "C" __global__ void copy_blocks(const i64* __restrict__ src, const i64* __restrict__ dst,
+                                       i64 block_bytes, i64 n_blocks) {
+    for (i64 i = blockIdx.x; i < n_blocks; i += gridDim.x)
+        copy_block(reinterpret_cast<const u8*>(src[i]), reinterpret_cast<u8*>(dst[i]), block_bytes);
+}

@@ -11,4 +11,7 @@ args.py parses the flags, cli.py runs the job.
 May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records. Never fit, plan,
 slo, lab or report (tests/test_layout.py keeps it so). Kept import-light: importing
 kvbench.p2p.linkpath must not start MPI or import torch.
+
+Host-to-host copies that kvbench times (the ipc transport's) and the --baseline floor use the
+host's own memcpy, not torch's copy_ (hostcopy.py).
 """

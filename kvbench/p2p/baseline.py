@@ -1,9 +1,14 @@
 """Yardsticks timed in the same run as the handoff they judge, on the same bytes.
 
 Host memory (cpu, cpu-async), two:
-- `host_copy`: one process copies the bytes from one buffer into another (torch `copy_`,
-  the copy --transport ipc makes). No transport between two processes can beat one copy:
-  it is the floor for every one-copy transport (ipc, MPI's shared memory with CMA/XPMEM).
+- `host_copy`: one process copies the bytes from one buffer into another, with the fastest
+  single-thread copy the host has: each of kvbench.p2p.hostcopy.CANDIDATES (numpy.copyto,
+  libc memmove through ctypes, torch `copy_`) is timed, interleaved, and the fastest is the
+  floor, named (`baseline_host_copy_method`, each candidate in
+  `baseline_host_copy_by_method_gbps`). torch's `copy_` runs at half of memcpy on some hosts
+  (issue 40), so a floor timed with it alone would be kvbench's, not the machine's. No
+  transport between two processes can beat one copy: it is the floor for every one-copy
+  transport (ipc, MPI's shared memory with CMA/XPMEM).
 - `bare_mpi`: a bare mpi4py Send/Recv loop rank 0 -> 1 plus a 1-byte ack; no tensors, no
   registry, no polling helpers. If kvbench's own `mpi` numbers fall well below it, the
   harness is in the way.
@@ -63,13 +68,16 @@ def baseline_kinds(device: str, gpus: Sequence[Mapping | None] | None = None
 
 
 def baseline_gbps(comm, nbytes: int | None, kinds: Sequence[str], args,
-                  gpus: Sequence[Mapping | None] | None = None) -> dict[str, float | None] | None:
-    """Median GB/s of each yardstick for `nbytes` (collective; rank 0 gets {kind: GB/s}).
+                  gpus: Sequence[Mapping | None] | None = None
+                  ) -> tuple[dict[str, float | None], dict] | None:
+    """Median GB/s of each yardstick for `nbytes` (collective; rank 0 gets ({kind: GB/s},
+    detail), detail naming the host copy's method and each candidate's GB/s when timed).
     Yardsticks timed by rank 0 alone leave the other ranks asleep in a polled barrier."""
     nbytes = comm.bcast(nbytes, root=0)
     iters = comm.bcast(max(args.min_iters, min(args.iters, 10)), root=0)
     rank = comm.Get_rank()
-    out = {}
+    out: dict[str, float | None] = {}
+    detail: dict = {}
     for kind in kinds:
         if kind == "bare_mpi":
             out[kind] = bare_mpi_gbps(comm, nbytes, iters)
@@ -77,13 +85,16 @@ def baseline_gbps(comm, nbytes: int | None, kinds: Sequence[str], args,
         got = None
         if rank == 0:
             if kind == "host_copy":
-                got = host_copy_gbps(nbytes, iters)
+                by_method = host_copy_gbps(nbytes, iters)
+                best = max(by_method, key=by_method.get)
+                got = by_method[best]
+                detail = {"host_copy_method": best, "host_copy_by_method_gbps": by_method}
             else:
                 got = _device_copy(nbytes, iters, gpus, peer=kind == "peer_copy")
         barrier(comm, args.timeout, f"the {LABELS[kind]} yardstick",
                 pause=nap if rank != 0 else None)
         out[kind] = got
-    return out if rank == 0 else None
+    return (out, detail) if rank == 0 else None
 
 
 def bare_mpi_gbps(comm, nbytes: int, iters: int, warmup: int = 2) -> float | None:
@@ -114,22 +125,27 @@ def bare_mpi_gbps(comm, nbytes: int, iters: int, warmup: int = 2) -> float | Non
     return gb_per_s(nbytes, percentile(times, 50)) if rank == 0 else None
 
 
-def host_copy_gbps(nbytes: int, iters: int, warmup: int = 2) -> float:
+def host_copy_gbps(nbytes: int, iters: int, warmup: int = 2) -> dict[str, float]:
     """Median GB/s of one process copying `nbytes` between two host buffers allocated as the
-    KV is (kvbench.p2p.layout.empty), every page touched first."""
+    KV is (kvbench.p2p.layout.empty), every page touched first, by each of
+    hostcopy.CANDIDATES: {method: GB/s}. The candidates take turns within each iteration,
+    so a load that comes and goes weighs on all of them alike."""
     import torch
 
+    from kvbench.p2p.hostcopy import CANDIDATES
     from kvbench.p2p.layout import empty
 
     src = empty(nbytes, torch.uint8, "cpu").fill_(0x5A)
     dst = empty(nbytes, torch.uint8, "cpu").fill_(0)
-    times = []
+    copies = {name: make(dst, src) for name, make in CANDIDATES.items()}
+    times: dict[str, list[float]] = {name: [] for name in copies}
     for i in range(warmup + iters):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return gb_per_s(nbytes, percentile(times, 50))
+        for name, copy in copies.items():
+            t0 = time.perf_counter()
+            copy()
+            if i >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: gb_per_s(nbytes, percentile(ts, 50)) for name, ts in times.items()}
 
 
 def local_index(choice: Mapping) -> int | None:

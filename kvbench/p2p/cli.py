@@ -377,32 +377,42 @@ def assemble(args, comm, device: str, measured, spec_common: dict, base_common: 
     yardstick of --baseline timed per point (collective)."""
     records = []
     for pat, pt, results in measured:
-        yardstick = None
+        yardstick, detail = None, {}
         if args.baseline:
             WATCHDOG.phase("baseline")
             kinds, note = baseline_kinds(device, base_common.get("gpus"))
             yardstick = baseline_gbps(comm, results[0]["bytes"] if comm.Get_rank() == 0 else None,
                                       kinds, args, base_common.get("gpus"))
+            yardstick, detail = yardstick if yardstick is not None else (None, {})
         for fields in results:
             spec = make_spec(spec_common, pat, fields).as_dict()
             rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
             rec.update(spec=spec, spec_id=spec_id_of(spec))
             if args.baseline and comm.Get_rank() == 0:
-                add_baseline(rec, yardstick, note)
+                add_baseline(rec, yardstick, note, detail)
             records.append(rec)
     return records
 
 
-def add_baseline(rec: dict, yardstick: dict[str, float | None], note: str | None = None) -> None:
+def add_baseline(rec: dict, yardstick: dict[str, float | None], note: str | None = None,
+                 detail: dict | None = None) -> None:
     """Yardstick figures, kvbench's ratio to each (`vs_<kind>`) and to the last one listed
-    (`vs_baseline`, `baseline_kind`), and a table line naming them all (or why there is none)."""
+    (`vs_baseline`, `baseline_kind`), and a table line naming them all (or why there is none).
+    `detail` (baseline_gbps): the host copy's method and every candidate's GB/s, each with
+    kvbench's ratio to it in the line."""
+    detail = detail or {}
     cells = []
     for kind, gbps in yardstick.items():
-        ratio = rec["gbps"] / gbps if gbps and rec["gbps"] is not None else None
+        ratio = _ratio(rec["gbps"], gbps)
         rec[f"baseline_{kind}_gbps"] = gbps
         rec[f"vs_{kind}"] = ratio
-        cells.append(f"{LABELS[kind]} {_num(gbps, '.2f')} GB/s, kvbench/{kind.replace('_', ' ')} = "
+        label = LABELS[kind]
+        if kind == "host_copy" and detail.get("host_copy_method"):
+            label = f"{label} ({detail['host_copy_method']}, the fastest)"
+        cells.append(f"{label} {_num(gbps, '.2f')} GB/s, kvbench/{kind.replace('_', ' ')} = "
                      f"{_num(ratio, '.3f')}")
+        if kind == "host_copy" and detail.get("host_copy_by_method_gbps"):
+            cells[-1] += _by_method(rec, detail)
     if yardstick:
         kind = list(yardstick)[-1]
         rec["baseline_kind"], rec["vs_baseline"] = kind, rec[f"vs_{kind}"]
@@ -411,6 +421,21 @@ def add_baseline(rec: dict, yardstick: dict[str, float | None], note: str | None
         cells.append(note)
     line = "; ".join(cells)
     rec["table_note"] = f"{rec['table_note']}\n    {line}" if rec.get("table_note") else line
+
+
+def _ratio(gbps: float | None, floor: float | None) -> float | None:
+    return gbps / floor if floor and gbps is not None else None
+
+
+def _by_method(rec: dict, detail: dict) -> str:
+    """Record every host-copy candidate and kvbench's ratio to it; the line's bracket."""
+    by = detail["host_copy_by_method_gbps"]
+    rec["baseline_host_copy_method"] = detail["host_copy_method"]
+    rec["baseline_host_copy_by_method_gbps"] = dict(by)
+    rec["vs_host_copy_by_method"] = {m: _ratio(rec["gbps"], g) for m, g in by.items()}
+    return " [" + ", ".join(f"{m} {_num(g, '.2f')} GB/s, kvbench/{m} = "
+                            f"{_num(rec['vs_host_copy_by_method'][m], '.3f')}"
+                            for m, g in by.items()) + "]"
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -12,8 +12,11 @@ Two ways to size it:
 The work is a list of chunks (one tile, or a block of token rows of one GEMM). Between
 chunks the caller's `poll` runs: the layerwise sender tests its outstanding send requests
 there, the way an engine's progress thread drives a transport that only moves data when
-polled. On CUDA the chunks are queued asynchronously and the host polls until an event
-recorded after the layer's last chunk completes: the layer's KV is ready only then.
+polled. On CUDA (and cpu-async) the chunks are queued asynchronously; `run(wait=True)` has the
+host poll until an event recorded after the layer's last chunk completes, `run(wait=False)`
+(the overlapped layerwise handoff) only queues them: the layer's send is then queued behind
+them on the device (a readiness event, the copy stream), and the host goes on to the next
+layer without waiting on this one's compute.
 
 No sleeps anywhere: every millisecond here is arithmetic on real tensors.
 """
@@ -146,10 +149,11 @@ class LayerWork:
         self.device = device
         self.description = description
 
-    def run(self, poll: Callable[[], None] | None = None, device=None) -> None:
+    def run(self, poll: Callable[[], None] | None = None, device=None, wait: bool = True) -> None:
         """One layer. On an asynchronous device (a kvbench.p2p.devices.Device: CUDA, cpu-async) the
-        chunks are queued on its stream and the host polls until an event recorded after the
-        last chunk completes; elsewhere each chunk runs now, with a poll after it."""
+        chunks are queued on its stream and, with `wait`, the host polls until an event
+        recorded after the last chunk completes (without: returns once queued); elsewhere
+        each chunk runs now, with a poll after it."""
         dev = device
         if dev is None and self.device == "cuda":
             from kvbench.p2p.devices import CUDADevice
@@ -158,6 +162,8 @@ class LayerWork:
         if dev is not None and dev.asynchronous:
             for c in self.chunks:
                 dev.run(c)
+            if not wait:
+                return
             done = dev.record()
             while not done.query():  # the layer's KV exists only once its kernels finish
                 if poll:

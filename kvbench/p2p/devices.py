@@ -96,6 +96,18 @@ class Device(ABC):
         pinned host memory the host does not wait for it; order it with record()/wait()."""
         self.run(partial(dst.copy_, src, non_blocking=True))
 
+    def copy_after(self, ready: Event | None, pairs) -> tuple[Event, tuple | None]:
+        """Queue the (dst, src) copies between host and device memory on the device's *copy
+        stream*, apart from the stream compute runs on, ordered after `ready` (an event of the
+        compute stream; None: after everything queued so far) by a wait on the device, never
+        on the host. Returns the event after the copies: a transport polls it (query) and
+        reads the host bytes once it is done, while the next layer computes; and the
+        copies' (begin, end) marks on the copy stream for `span_ms` (None: no stream clock).
+        This device has no second stream: queued behind the work on its own."""
+        for dst, src in pairs:
+            self.copy(dst, src)
+        return self.record(), None
+
     def span_begin(self):
         """Start timing queued work on the stream (None: this device has no stream clock, time
         it on the host)."""
@@ -149,6 +161,25 @@ class CUDADevice(Device):
 
     def record(self) -> Event:
         return _CUDAEvent(self)
+
+    def copy_after(self, ready: Event | None, pairs) -> tuple[Event, tuple | None]:
+        """On a second CUDA stream made once: it waits on `ready`'s event (cudaStreamWaitEvent),
+        or on the compute stream as it stands, then copies between two timing events; the
+        completion event is recorded on it."""
+        main = torch.cuda.current_stream()
+        if getattr(self, "_copy_stream", None) is None:
+            self._copy_stream = torch.cuda.Stream()
+        side = self._copy_stream
+        if isinstance(ready, _CUDAEvent):
+            side.wait_event(ready.ev)
+        else:
+            side.wait_stream(main)
+        with torch.cuda.stream(side):  # every record below goes on the copy stream
+            begin = self.span_begin()
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+            end = self.span_begin()
+            return _CUDAEvent(self), (begin, end)
 
     def synchronize(self) -> None:
         self.host_waits += 1
@@ -223,11 +254,34 @@ class AsyncCPUDevice(Device):
         self._stop = False
         self._thread = threading.Thread(target=self._work, daemon=True, name="kvbench-async-dev")
         self._thread.start()
+        self._copy: AsyncCPUDevice | None = None  # the copy stream, made on first use
+        self.log: list[tuple[str, object]] | None = None  # tests: ("queued"/"applied", tag)
+
+    def copy_after(self, ready: Event | None, pairs) -> tuple[Event, tuple | None]:
+        """On a second worker (the copy stream): each copy first waits until this device has
+        applied everything up to `ready` (releasing it that far, as a CUDA stream waiting on
+        an event lets the other stream run on), then copies. Nothing blocks the host."""
+        if self._copy is None:
+            self._copy = AsyncCPUDevice()
+            self._copy.log = self.log  # one log: the order across both streams
+        with self._cv:
+            dep = ready.seq if isinstance(ready, _AsyncEvent) else self._queued
+
+        def copies():
+            self._release(dep)
+            self._wait_for(dep)
+            for dst, src in pairs:
+                dst.copy_(src)
+        copies.tag = ("copy", dep)
+        self._copy.run(copies)
+        return self._copy.record(), None
 
     def run(self, fn) -> None:
         with self._cv:
             self._queued += 1
             self._queue.append((self._queued, fn))
+            if self.log is not None:
+                self.log.append(("queued", getattr(fn, "tag", None)))
 
     def record(self) -> Event:
         with self._cv:
@@ -274,9 +328,13 @@ class AsyncCPUDevice(Device):
                 return
             with self._cv:
                 self._applied = seq
+                if self.log is not None:
+                    self.log.append(("applied", getattr(fn, "tag", None)))
                 self._cv.notify_all()
 
     def close(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
         with self._cv:
             self._stop = True
             self._cv.notify_all()

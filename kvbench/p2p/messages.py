@@ -59,14 +59,44 @@ class MessagePlan:
         return self._by_message.get(message, ())
 
     def pack(self, message: int | None = None) -> None:
-        """Sender: copy the KV into staging for `message` (all messages when None)."""
+        """Sender: copy the KV into staging for `message` (all messages when None). With
+        --pack-kernel cuda: one kernel launch for the message (cuda_kernels.BlockPacker)."""
+        packer = self._block_packer()
+        if packer is not None:
+            packer.pack(message)
+            return
         for _i, layer, part, view in self._steps(message):
             self._cache.gather(layer, part, out=view)
 
     def unpack(self, message: int | None = None) -> None:
         """Receiver: copy staging back into this rank's own cache blocks."""
+        packer = self._block_packer()
+        if packer is not None:
+            packer.unpack(message)
+            return
         for _i, layer, part, view in self._steps(message):
             self._cache.scatter(layer, part, view)
+
+    def block_steps(self) -> list[tuple[int, torch.Tensor, list[int], torch.Tensor]]:
+        """(message, pool, block ids, staging view) per packed (layer, part), in message order:
+        what one launch of the CUDA kernel copies (cuda_kernels.block_pointers)."""
+        c = self._cache
+        return [(i, c.tensors[c.index(layer, part)], c.block_ids[layer], view)
+                for i, layer, part, view in self._pack_steps]
+
+    def _block_packer(self):
+        """The one-launch packer (--pack-kernel cuda, blocks contiguous), made on first use;
+        None: pack per (layer, part) (torch's index ops, or heads-major blocks)."""
+        if not hasattr(self, "_packer"):
+            self._packer = None
+            c = self._cache
+            if c is not None and c.pack_kernel == "cuda" and self._pack_steps:
+                steps = self.block_steps()
+                if all(pool[0].is_contiguous() for _, pool, _, _ in steps):
+                    from kvbench.p2p.cuda_kernels import BlockPacker
+
+                    self._packer = BlockPacker(steps)
+        return self._packer
 
     def clear_staging(self) -> None:
         if self.packed:

@@ -222,6 +222,14 @@ def test_gpu_ipc_two_ranks_one_gpu(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads(next(tmp_path.glob("*.jsonl")).read_text().splitlines()[0])
     assert rec["wrong"] == 0 and rec["transport_info"]["path"] == "cuda_ipc"
+    # issue 40 item 4: the handles opened on the consumer's own GPU, the parts timed by events
+    from kvbench.p2p.transports._ipc_mem import OWN_GPU
+
+    assert rec["transport_info"]["opened_on"] == OWN_GPU
+    parts = rec["breakdown_ms"]
+    for key in ("ipc_wait_ms", "ipc_copy_ms", "ipc_queue_ms"):
+        assert parts[key] and all(v >= 0 for v in parts[key]), (key, parts)
+    assert min(parts["ipc_copy_ms"]) > 0
 
 
 # -- under mpirun ------------------------------------------------------------------------------------
@@ -289,6 +297,12 @@ def test_planted_corruption_is_caught_over_ipc(tmp_path):
         assert rec[f"vs_{kind}"] == pytest.approx(rec["gbps"] / rec[f"baseline_{kind}_gbps"])
     assert rec["baseline_kind"] == "bare_mpi" and rec["vs_baseline"] == rec["vs_bare_mpi"]
     assert "single-process copy" in res.stdout and "kvbench/host copy = " in res.stdout
+    # the floor is the host's fastest copy, named, with numpy.copyto's ratio printed (issue 40)
+    by = rec["baseline_host_copy_by_method_gbps"]
+    assert rec["baseline_host_copy_gbps"] == max(by.values())
+    assert by[rec["baseline_host_copy_method"]] == rec["baseline_host_copy_gbps"]
+    assert "kvbench/numpy.copyto = " in res.stdout
+    assert rec["transport_info"]["copy"] == "ctypes.memmove"
 
 
 def _as_host(name: str) -> list[str]:

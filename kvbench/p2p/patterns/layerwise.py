@@ -16,6 +16,17 @@ One point declares four handoffs on the engine, timed in the same interleaved ro
     exposed_ideal_ms = max(0, (T_x - T_compute) (L-1)/L) + T_x/L       (pipeline bound)
     overlap_efficiency = (T_x - exposed) / (T_x - exposed_ideal)        (1 = ideal, 0 = none)
     saves_ms         = p50(seq) - exposed_ms  (> 0: layerwise pays against compute-then-send)
+
+On an asynchronous device (CUDA; cpu-async in tests) the overlapped handoff never has the host
+wait on a layer's compute: the hook only queues layer l's kernels, the engine records the
+step's readiness event and posts layer l's messages at once, then the hook queues layer l+1.
+Each transport orders its bytes after the event on the device: NCCL enqueues behind the
+compute stream, ipc records its IPC event there, and a host-staged MPI send has its
+device-to-host copy queued on the device's copy stream (Device.copy_after: a second stream
+that waits on the event, so layer l's copy runs while layer l+1 computes) and is handed to MPI
+once the copy's event is done, polled, never waited on. (NIXL and Gloo still wait on the
+readiness event on the host in their post.) The compute-only run waits once, on the last
+layer.
 """
 
 from __future__ import annotations
@@ -232,13 +243,16 @@ class Layerwise(Pattern):
         eng.settle()
         poll = args.layer_poll
 
-        def hook(_layer, poll_sends):
-            work.run(poll_sends if poll else None, ctx.dev)
+        def hook(_layer, poll_sends):  # queue the layer; never wait on it (see module docstring)
+            work.run(poll_sends if poll else None, ctx.dev, wait=False)
 
-        layer_hook = hook if is_sender else None
-        overlapped = Handoff(eng, [link], layers=L, hook=layer_hook, name="overlapped")
+        def compute_only(layer, poll_sends):  # done when the last layer's compute is
+            work.run(poll_sends if poll else None, ctx.dev, wait=layer == L - 1)
+
+        overlapped = Handoff(eng, [link], layers=L, hook=hook if is_sender else None,
+                             name="overlapped")
         handoffs = [WithThreads(h, args.compute_threads) for h in (
-            Handoff(eng, [], layers=L, hook=layer_hook, name="compute"),
+            Handoff(eng, [], layers=L, hook=compute_only if is_sender else None, name="compute"),
             Handoff(eng, [link], name="xfer"),
             Handoff(eng, [seq_link], name="seq"),
             overlapped)]

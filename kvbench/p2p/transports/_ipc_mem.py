@@ -19,8 +19,9 @@ unlinks it only after reserving its pages, and a process killed in between, a se
 for a large KV, leaves the name behind.)
 
 CUDA memory: the region's CUDA IPC memory handle (`_share_cuda_`, what torch.multiprocessing
-sends), opened by the importer on the GPU with the same UUID (cudaIpcOpenMemHandle with lazy
-peer access: the same GPU, or another GPU of the node).
+sends), opened by the importer on its own GPU (cudaIpcOpenMemHandle with lazy peer access: the
+same GPU, or another GPU of the node reached through the peer mapping), so its copy runs in
+its own context; on the exporter's GPU only where the two have no peer access.
 """
 
 from __future__ import annotations
@@ -206,21 +207,46 @@ def export_cuda(buffers: Sequence[torch.Tensor]) -> dict:
             "regions": [st._share_cuda_() for st in storages], "pieces": pieces}
 
 
-class CudaMapping:
-    """The importer's side on CUDA: every handle opened once on the exporter's GPU."""
+OWN_GPU = "the copying rank's own GPU"
+PRODUCER_GPU = "the exporting rank's GPU (this rank's GPU cannot map it: no peer access)"
 
-    def __init__(self, handle: dict):
-        here = local_gpu(handle["uuid"])
-        if here is None:
+
+class CudaMapping:
+    """The importer's side on CUDA: every handle opened once, on this rank's own GPU (its
+    current device), so the copy runs in this rank's context on its own stream and reaches
+    another GPU's memory through the peer mapping cudaIpcOpenMemHandle makes
+    (cudaIpcMemLazyEnablePeerAccess). Opening on the exporter's GPU instead, as torch's
+    multiprocessing does, would run this rank's copy in a second context on that GPU. Where
+    the two GPUs have no peer access, on the exporter's GPU when it is visible here.
+    `opened_on` says which."""
+
+    def __init__(self, handle: dict, own: int | None = None):
+        there = local_gpu(handle["uuid"])
+        if not torch.cuda.is_available():
             raise TransportError(f"ipc: the producer's GPU {handle['uuid']} is not visible to this "
-                                 "rank (CUDA_VISIBLE_DEVICES): CUDA IPC needs both ranks to see "
-                                 "both GPUs")
-        self.device = torch.device("cuda", here)
-        flats = []
-        for reg in handle["regions"]:
-            st = torch.UntypedStorage._new_shared_cuda(here, *reg[1:])
-            flats.append(torch.empty(0, dtype=torch.uint8, device=self.device).set_(st))
+                                 "rank, which has no GPU to open its handles on")
+        own = torch.cuda.current_device() if own is None else own
+        try:
+            self.device, self.opened_on = torch.device("cuda", own), OWN_GPU
+            flats = _open_regions(handle["regions"], own)
+        except RuntimeError as exc:  # no peer access between the two GPUs
+            if there is None or there == own:
+                raise TransportError(f"ipc: cannot open the producer's CUDA IPC handles on GPU "
+                                     f"{own} ({exc}); the producer's GPU {handle['uuid']} is not "
+                                     "visible to this rank (CUDA_VISIBLE_DEVICES)") from None
+            self.device, self.opened_on = torch.device("cuda", there), PRODUCER_GPU
+            flats = _open_regions(handle["regions"], there)
         self.views = [flats[p.region][p.offset:p.offset + p.nbytes] for p in handle["pieces"]]
 
     def close(self) -> None:
         self.views = []
+
+
+def _open_regions(regions: Sequence, device: int) -> list[torch.Tensor]:
+    """Each exported region (torch's _share_cuda_ tuple) opened in `device`'s context, as a
+    flat byte tensor on that device."""
+    flats = []
+    for reg in regions:
+        st = torch.UntypedStorage._new_shared_cuda(device, *reg[1:])
+        flats.append(torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}").set_(st))
+    return flats

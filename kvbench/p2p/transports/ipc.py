@@ -27,10 +27,14 @@ failure is printed by the rank that hit it; its peer ends without a line of its 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
+from kvbench.p2p.hostcopy import METHOD as HOST_COPY
+from kvbench.p2p.hostcopy import memcpy
 from kvbench.p2p.transports import register
+from kvbench.p2p.transports._ipc_cuda import HandoffParts
 from kvbench.p2p.transports._ipc_mem import (
     CudaMapping,
     HostMapping,
@@ -139,6 +143,7 @@ class IPCChannel(Channel):
         self.remote: list | None = None
         self.joins: list[bool] = []  # the copying side: message i continues i-1 on both sides
         self.event = None  # CUDA: the IPC event the sender records and the receiver waits on
+        self.parts = None  # CUDA, the copying side: its handoff's parts timed (_ipc_cuda)
         with WATCHDOG.bounded(f"the ipc handle exchange with rank {peer}"):
             self._exchange(exporter=is_sender == self.reading)
 
@@ -154,23 +159,29 @@ class IPCChannel(Channel):
                 comm.send({"error": str(exc)}, dest=peer, tag=tag)
                 raise Reported(str(exc)) from None
             comm.send(handle, dest=peer, tag=tag)
-            problem = comm.recv(source=peer, tag=tag)
+            reply = comm.recv(source=peer, tag=tag)
+            problem = reply if isinstance(reply, str) else None
+            if isinstance(reply, dict):  # where the peer opened the handles
+                self.t.opened_on = reply.get("opened_on")
         else:
             handle = comm.recv(source=peer, tag=tag)
             problem = handle.get("error")
             if problem is None:
                 try:
                     self.mapping = CudaMapping(handle) if self.cuda else HostMapping(handle)
+                    self.t.opened_on = getattr(self.mapping, "opened_on", None)
                     self.remote = self.mapping.views
                     self.joins = adjacent(self.remote, self.buffers)
                 except (TransportError, OSError, RuntimeError) as exc:
                     comm.send(str(exc), dest=peer, tag=tag)
                     raise Reported(str(exc)) from None
-                comm.send(None, dest=peer, tag=tag)
+                comm.send({"opened_on": self.t.opened_on}, dest=peer, tag=tag)
         if problem:  # the peer's own failure: it prints the line and ends the job
             raise PeerReported(f"rank {peer}: {problem}")
         if self.cuda:
             self._share_event()
+            if self.is_sender != self.reading:  # this rank copies
+                self.parts = HandoffParts(waits=self.reading)
 
     def _share_event(self) -> None:
         """The sender's IPC event (recorded after each step's production, and copy when
@@ -189,13 +200,18 @@ class IPCChannel(Channel):
     def copy_range(self, lo: int, hi: int) -> None:
         """Messages lo..hi-1 copied (read: mapping -> own buffers; write: own -> mapping), one
         copy per run of messages adjacent on both sides (contiguous blocks of a layer; the
-        blocks of paged tables are mostly apart and go one by one). CUDA: queued on this
-        rank's stream, completed by the engine's device synchronisation before the notice."""
+        blocks of paged tables are mostly apart and go one by one). Host: the C library's
+        memcpy (hostcopy.memcpy; torch's copy_ runs at half its speed on some hosts). CUDA:
+        queued on this rank's stream, completed by the engine's device synchronisation before
+        the notice."""
         src, dst = (self.remote, self.buffers) if self.reading else (self.buffers, self.remote)
         a = lo
         for b in range(lo + 1, hi + 1):
             if b == hi or not self.joins[b]:
-                _span(dst, a, b).copy_(_span(src, a, b), non_blocking=self.cuda)
+                if self.cuda:
+                    _span(dst, a, b).copy_(_span(src, a, b), non_blocking=True)
+                else:
+                    memcpy(_span(dst, a, b), _span(src, a, b))
                 self.count_posted()
                 a = b
 
@@ -204,12 +220,15 @@ class IPCChannel(Channel):
         comm, peer, tag = self.comm, self.peer, self.tag
         while comm.Iprobe(source=peer, tag=tag):
             comm.Recv(self.sig, source=peer, tag=tag)
-            if self.cuda:  # this rank's stream runs after the sender's production (and copy)
-                import torch
-
-                torch.cuda.current_stream().wait_event(self.event)
             lo, hi = int(self.sig[0]), int(self.sig[1])
-            if self.reading:
+            if self.cuda:  # this rank's stream runs after the sender's production (and copy)
+                if self.reading:
+                    self.parts.step(self.event, partial(self.copy_range, lo, hi))
+                else:
+                    import torch
+
+                    torch.cuda.current_stream().wait_event(self.event)
+            elif self.reading:
                 self.copy_range(lo, hi)
             self.flags[lo:hi] = True
 
@@ -223,8 +242,7 @@ class IPCChannel(Channel):
             import torch
 
             if not self.reading:
-                for lo, hi in runs(idx):
-                    self.copy_range(lo, hi)
+                self.parts.step(None, lambda: [self.copy_range(lo, hi) for lo, hi in runs(idx)])
             self.event.record(torch.cuda.current_stream())
         else:
             if ready is not None:
@@ -241,6 +259,15 @@ class IPCChannel(Channel):
 
     def begin_handoff(self) -> None:
         self.flags[:] = False
+        if self.parts is not None:
+            self.parts.begin()
+
+    def end_handoff(self) -> None:
+        if self.parts is not None:
+            self.parts.end()
+
+    def breakdown(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.parts.per.items()} if self.parts is not None else {}
 
     def close(self) -> None:
         if self.mapping is not None:
@@ -269,6 +296,7 @@ class IPCTransport(Transport):
         self.dev = ctx.dev
         self.on_cuda = ctx.dev.name == "cuda"
         self.comm = None
+        self.opened_on: str | None = None  # CUDA: where the copying rank opened the handles
         self._channels: dict[tuple[int, int], int] = {}
 
     def refusal(self) -> str | None:
@@ -300,7 +328,12 @@ class IPCTransport(Transport):
         how = ("CUDA IPC memory handles, device-to-device copy on the copying rank's stream"
                if self.on_cuda else
                "anonymous shared memory (memfd, no name; mapped through /proc/PID/fd)")
-        return {"path": self.path, "mode": self.mode, "mapping": how}
+        info = {"path": self.path, "mode": self.mode, "mapping": how}
+        if not self.on_cuda:
+            info["copy"] = HOST_COPY
+        elif self.opened_on:
+            info["opened_on"] = self.opened_on
+        return info
 
     def close(self) -> None:
         if self.comm is not None:

@@ -51,17 +51,21 @@ class HostStaging:
             self.host = self.device_buffers
         self._cur = {"stage_d2h_ms": 0.0, "stage_h2d_ms": 0.0}
         self._spans: list = []  # (begin, end) stream marks of this handoff's host-to-device copies
+        self._d2h_spans: list = []  # the same for the sender's copies on the copy stream
         self.per_handoff: dict[str, list[float]] = {"stage_d2h_ms": [], "stage_h2d_ms": []}
 
     def begin(self) -> None:
         self._cur = dict.fromkeys(self._cur, 0.0)
         self._spans = []
+        self._d2h_spans: list = []
 
     def end(self) -> None:
-        """After the handoff (the receiver synchronised): the copies' stream time is known."""
-        for a, b in self._spans:
-            self._cur["stage_h2d_ms"] += self.dev.span_ms(a, b)
-        self._spans = []
+        """After the handoff (the receiver synchronised, the sender's sends done): the
+        copies' stream time is known."""
+        for key, spans in (("stage_h2d_ms", self._spans), ("stage_d2h_ms", self._d2h_spans)):
+            for a, b in spans:
+                self._cur[key] += self.dev.span_ms(a, b)
+        self._spans, self._d2h_spans = [], []
         for k, v in self._cur.items():
             if v:
                 self.per_handoff[k].append(v)
@@ -84,6 +88,20 @@ class HostStaging:
         self.dev.record().wait()  # the host mirrors are read by the transport next
         self._cur["stage_d2h_ms"] += (time.perf_counter() - t0) * 1e3
         return [self.host[i] for i in idx]
+
+    def to_host_later(self, idx: Sequence[int], ready=None):
+        """Sender, never blocking the host: the step's device-to-host copies queued on the
+        device's copy stream after `ready` (Device.copy_after). Returns the event after the
+        copies; the transport hands the host buffers over once it is done (query), so the
+        next layer's compute is queued while this layer's copy runs. Their stream time, where
+        the device has a stream clock, is `stage_d2h_ms`."""
+        if not self.active:
+            return ready
+        ev, span = self.dev.copy_after(ready, [(self.host[i], self.device_buffers[i])
+                                               for i in idx])
+        if span is not None:
+            self._d2h_spans.append(span)
+        return ev
 
     def to_device(self, i: int) -> None:
         """Receiver, once message i is in host memory: queue the copy back to the device. The
