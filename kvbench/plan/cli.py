@@ -209,6 +209,11 @@ def route_main(argv: Sequence[str]) -> int:
     p95 = bounded_float(args.itl_p95_ms, "--itl-p95-ms", 0, MAX_MS)
     target = bounded_float(args.itl_target_ms, "--itl-target-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
+    for link in links:  # the routing decision has no descriptor count: never drop the term
+        if link.us_per_desc is not None:
+            raise UsageError(f"plan route does not count descriptors: the link [{link.label}] "
+                             "has a per-descriptor term; plan it with `kvbench plan --block-size "
+                             "...` (route with a link without the term)")
     model, dtype, sizings = _sizings(args)
     interf = interference_at(interference, args.interference_at_tokens)
 

@@ -26,6 +26,7 @@ import numpy as np
 from kvbench.errors import (
     UsageError,
     bounded_float,
+    parse_int_pair,
     parse_positive_floats,
 )
 from kvbench.model import (
@@ -233,10 +234,19 @@ def _chosen_groups(doc: FitDocument, path: str, where: dict[str, str]) -> list[F
     return chosen
 
 
+def pair_flag(text: str | None) -> str | None:
+    """--pair through the one integer rule (kvbench.errors.parse_int_pair: ASCII digits, so
+    '²,1' is one line naming the flag, not int()'s traceback), as canonical 'I,J' text."""
+    if text is None or text.strip() == "slowest":
+        return text
+    i, j = parse_int_pair(text, "--pair", ",", 0, 10**7 - 1, "'slowest' or two ranks I,J (e.g. 0,3)")
+    return f"{i},{j}"
+
+
 def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[FittedLink]:
     """Every matching group that is a link with a fitted rate; the rest named in one note.
     A matrix file gives one link: its slowest pair's, or `pair`'s."""
-    doc = load_fit(path, pair)
+    doc = load_fit(path, pair_flag(pair))
     links, skipped = [], [f"[{s.label}] ({s.reason})" for s in doc.skipped
                           if not where or matches(s.group, where)]
     for g in _chosen_groups(doc, path, where):
@@ -311,11 +321,21 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
+def descriptor_term_needs_cut(link: FittedLink) -> str:
+    """Why a link with a per-descriptor term cannot be planned without the deployment's cut
+    (the floor would leave the term out while the link's label promises it)."""
+    return (f"the link [{link.label}] has a per-descriptor term ({link.us_per_desc:g} us per "
+            "descriptor): give the deployment's cut to count its descriptors (--block-size, and "
+            "--kv-pages/--block-ids/--tp-pair if not joint, contiguous, 1:1)")
+
+
 def _descriptor_part(link: FittedLink, sz: KVSizing, budget_ms: float, planned) -> tuple[dict, list[str]]:
     """(row fields, notes) of the per-descriptor term for one prompt, if planned and known."""
     from kvbench.plan.descriptors import descriptor_fields
 
     if planned is None:
+        if link.us_per_desc is not None:  # never plan without a term the link carries
+            raise UsageError(descriptor_term_needs_cut(link))
         return {}, []
     if link.us_per_desc is None:
         why = link.no_descriptor_term or ("this link's fit has no per-descriptor term (measure "

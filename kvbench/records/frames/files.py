@@ -144,10 +144,34 @@ def not_read(root: Path, read: Iterable[Path], kinds: Iterable[str],
     return sorted(out, key=lambda fw: str(fw[0]))
 
 
+def walk(root: Path, onerror=None):
+    """os.walk's (folder, subfolders, file names), top-down, links to folders not followed,
+    but with a stack instead of recursion: Python 3.11's os.walk recurses once per level, and
+    1,100 nested folders were a RecursionError (a page of traceback) in `kvbench report`."""
+    stack = [os.fspath(root)]
+    while stack:
+        top = stack.pop()
+        dirs, files = [], []
+        try:
+            with os.scandir(top) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else files).append(entry.name)
+        except OSError as exc:
+            if onerror is not None:
+                onerror(exc)
+            continue
+        yield top, dirs, files
+        stack.extend(os.path.join(top, d) for d in reversed(dirs))
+
+
 def _not_files(root: Path, skip: Path | None) -> list[tuple[Path, str]]:
     """Results-looking names under root that are no regular file (a broken link, a FIFO)."""
     out = []
-    for d, _, names in os.walk(root):
+    for d, _, names in walk(root):
         for n in names:
             f = Path(d) / n
             if f.suffix in SUFFIXES and not (skip is not None and skip in f.parents):
@@ -166,7 +190,7 @@ def walk_files(root: Path) -> list[Path]:
         raise path_error(exc.filename or root, exc)
 
     found = []
-    for d, _, names in os.walk(root, onerror=refuse):
+    for d, _, names in walk(root, onerror=refuse):
         found += [Path(d) / n for n in names if path_kind(Path(d) / n) == "file"]
     return sorted(found)
 
