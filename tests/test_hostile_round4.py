@@ -231,7 +231,8 @@ def test_the_rule_itself():
 def test_a_given_per_descriptor_term_needs_the_cut():
     """`--gbps 10 --us-per-desc 0.5` without a cut planned without the term while its label
     said "+ 0.5 us per descriptor"."""
-    refused(run(kvplan.cli, *GBPS, "--us-per-desc", "0.5"), "per-descriptor term", "--block-size")
+    refused(run(kvplan.cli, *GBPS, "--us-per-desc", "0.5"), "--us-per-desc 0.5 needs the deployment's cut",
+            "--block-size")
     refused(run(kvplan.cli, "route", *GBPS, "--us-per-desc", "0.5", "--prompt-tokens", "300",
                 "--local-interference-ms", "2", "--itl-p95-ms", "35", "--itl-target-ms", "50"),
             "plan route does not count descriptors")
@@ -294,3 +295,28 @@ def test_a_report_into_a_folder_being_written_is_refused_before_reading(tmp_path
     finally:
         os.close(fd)
     assert list(out.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
+# found by this round's own pass
+
+
+def test_a_recorded_id_file_is_still_held_to_the_request_when_counting_by_formula(tmp_path):
+    """Counting without tables must not skip the check that a file holds the request's ids
+    (the formula's first version planned 10^9 tokens over a file of 3 ids)."""
+    ids = tmp_path / "ids.json"
+    ids.write_text('{"prefill": [0, 1, 2], "decode": [5, 6, 7]}')
+    args = [*GBPS, "--us-per-desc", "0.5", "--block-size", "16", "--block-ids", f"file:{ids}"]
+    refused(run(kvplan.cli, *args, "--prompt-tokens", "1000000000"), "prefill: lists 3 block ids")
+    rc, out, err = run(kvplan.cli, *args, "--prompt-tokens", "48")
+    assert rc == 0, err
+
+
+def test_a_given_per_descriptor_cost_has_the_fits_bound():
+    refused(run(kvplan.cli, *GBPS, "--us-per-desc", "2000000", "--block-size", "16"),
+            "--us-per-desc", "<= 1e+06")
+
+
+def test_a_tp_pair_that_cannot_shard_names_the_flag():
+    refused(run(kvplan.cli, *GBPS, "--us-per-desc", "0.5", "--block-size", "16", "--tp-pair", "3:1"),
+            "kvbench plan: error: --tp-pair 3:1: ", "does not divide")

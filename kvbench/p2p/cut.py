@@ -285,6 +285,10 @@ def count_pieces(model: ModelSpec, dtype: DType, tokens: int, cut: Cut,
     block ids; `merge_adjacent`: the transport joins them itself, as NIXL and ipc do)."""
     lay = page_layout(model, dtype, cut)
     join = lay.whole_pages and (cut.merged or merge_adjacent)
+    if cut.blocks.startswith("file:"):  # a recorded file must hold the request's ids (<= 10^6)
+        need = layer_blocks(model, tokens, cut.block_size, 0)
+        for side in ("prefill", "decode"):
+            block_table(cut.blocks, need, side)
     total = 0
     for layer in range(model.layers):
         nb = layer_blocks(model, tokens, cut.block_size, layer)

@@ -147,12 +147,19 @@ def test_export_with_a_tp_that_cannot_shard_is_one_line(capsys, sweep_fit):
     assert err.startswith("kvbench plan export: error: --tp 3: ") and "does not divide" in err
 
 
-def test_a_fitted_term_is_never_planned_without_the_cut(capsys, sweep_fit):
+def test_a_fitted_term_is_never_left_out_in_silence(capsys, sweep_fit):
     """`plan --fit` with us_per_desc and no --block-size planned without the term and said
-    nothing, where `plan export` refuses the same."""
-    rc, err = plan(capsys, "--fit", sweep_fit[0], "--model", "llama-3.1-8b", "--prompt-tokens", "256")
-    assert rc == 2 and "per-descriptor term" in err and "--block-size" in err, err
-    assert err.count("\n") == 1
+    nothing. It still plans (gpu-check's plan step reads a fit of every step, descriptor
+    sweeps included), and every row says the floor leaves the term out; the table too."""
+    rc, doc = plan(capsys, "--fit", sweep_fit[0], "--model", "llama-3.1-8b", "--prompt-tokens", "256,2000")
+    assert rc == 0, doc
+    for row in doc["rows"]:
+        assert "descriptors" not in row
+        assert any(n.startswith("per-descriptor term left out") and "--block-size" in n
+                   for n in row["notes"]), row["notes"]
+    rc, table = plan(capsys, "--fit", sweep_fit[0], "--model", "llama-3.1-8b", "--prompt-tokens",
+                     "256", "--format", "table")
+    assert rc == 0 and "per-descriptor term left out" in table, table
 
 
 def _edited(tmp_path, sweep_fit, edit) -> str:
