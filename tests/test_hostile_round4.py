@@ -320,3 +320,11 @@ def test_a_given_per_descriptor_cost_has_the_fits_bound():
 def test_a_tp_pair_that_cannot_shard_names_the_flag():
     refused(run(kvplan.cli, *GBPS, "--us-per-desc", "0.5", "--block-size", "16", "--tp-pair", "3:1"),
             "kvbench plan: error: --tp-pair 3:1: ", "does not divide")
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "64,64"], ["--bytes", "4K,4096"],
+                                  ["--layout", "paged", "--block-size", "16,16", "--sizes", "64"]])
+def test_a_point_declared_twice_is_refused(argv):
+    """Two records of one spec id, the second measuring nothing new (as group 8's)."""
+    with pytest.raises(errors.UsageError, match="declared twice"):
+        p2p_validate(*argv)

@@ -320,6 +320,11 @@ def validate(args, world_size: int):
               [Point(prompt_tokens=t, cut=c) for t in tokens for c in cuts])
     if len(points) > MAX_POINTS:
         raise UsageError(f"{len(points)} points (sizes x cuts) in one run; at most {MAX_POINTS}")
+    labels = [pt.label for pt in points]
+    twice = next((x for i, x in enumerate(labels) if x in labels[:i]), None)
+    if twice is not None:  # two records of one spec id: the second measures nothing new
+        raise UsageError(f"the point {twice} is declared twice (a value repeated in --sizes, "
+                         "--bytes or --block-size)")
     return model, dtype, device, tcls, pclasses, points
 
 
