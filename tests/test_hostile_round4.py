@@ -141,10 +141,14 @@ def test_a_block_id_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path,
 
 
 def test_p2p_model_config_must_be_a_regular_file(tmp_path):
+    """Every rank reads it: a FIFO blocked them in open() (a subprocess, as above)."""
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
-    with pytest.raises(errors.UsageError, match="--model-config .*not a regular file"):
-        p2p_validate("--model-config", str(fifo))
+    code = ("from kvbench.p2p.args import build_parser, validate\n"
+            f"validate(build_parser().parse_args(['--model-config', {str(fifo)!r}]), 2)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert r.returncode == 1 and "--model-config" in r.stderr and "not a regular file" in r.stderr
 
 
 # ---------------------------------------------------------------------------
