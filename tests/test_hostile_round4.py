@@ -155,8 +155,9 @@ def test_p2p_model_config_must_be_a_regular_file(tmp_path):
 # 2. tracebacks: report over deep folders
 
 
-def test_report_walks_deep_folders_without_recursion(tmp_path):
-    """1,100 nested folders were a RecursionError in Python 3.11's os.walk."""
+@pytest.fixture
+def deep(tmp_path):
+    """1,100 nested folders holding one x.jsonl, removed without recursion afterwards."""
     d = tmp_path / "runs"
     d.mkdir()
     cwd = os.getcwd()
@@ -168,11 +169,22 @@ def test_report_walks_deep_folders_without_recursion(tmp_path):
         Path("x.jsonl").write_text("{}\n")
     finally:
         os.chdir(cwd)
-    try:
-        res = run(report_cli.cli, d, "--out", tmp_path / "rep")
-        refused(res, "no kvbench results", "skipped 1 file(s)")
-    finally:
-        _remove_deep(d)
+    yield d
+    _remove_deep(d)
+
+
+def test_report_walks_deep_folders_without_recursion(tmp_path, deep):
+    """1,100 nested folders were a RecursionError in Python 3.11's os.walk."""
+    res = run(report_cli.cli, deep, "--out", tmp_path / "rep")
+    refused(res, "no kvbench results", "skipped 1 file(s)")
+
+
+def test_a_glob_over_deep_folders_is_one_line(deep):
+    """glob's `**` recurses per level too: results.load says so and names the way round."""
+    import kvbench.results as results
+
+    with pytest.raises(errors.UsageError, match="nest too deep for a glob; name the folder"):
+        results.load(f"{deep}/**/*.jsonl", "p2p")
 
 
 def _remove_deep(top: Path) -> None:

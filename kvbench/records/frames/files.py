@@ -93,7 +93,7 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str,
                                  f"({' or '.join(KINDS[kind])})")
             out.append(p)
         elif glob.has_magic(str(item)):
-            out += _without_twins([Path(f) for f in sorted(glob.glob(str(item), recursive=True))
+            out += _without_twins([Path(f) for f in sorted(_glob(str(item)))
                                    if path_kind(f) == "file" and _keep(Path(f), kind, quiet_skips)])
         else:
             raise UsageError(f"no such file: {p}")
@@ -142,6 +142,16 @@ def not_read(root: Path, read: Iterable[Path], kinds: Iterable[str],
             continue
         out.append((f, why_not(f, kinds)))
     return sorted(out, key=lambda fw: str(fw[0]))
+
+
+def _glob(pattern: str) -> list[str]:
+    """glob.glob with `**`; Python's recurses once per folder level, so a tree deeper than the
+    interpreter's recursion limit is one line naming the way round, not a traceback."""
+    try:
+        return glob.glob(pattern, recursive=True)
+    except RecursionError:
+        raise UsageError(f"{pattern}: the folders nest too deep for a glob; name the folder "
+                         "instead (folders are walked without recursion)") from None
 
 
 def walk(root: Path, onerror=None):
