@@ -290,11 +290,7 @@ def validate(args, world_size: int):
     if args.dtype not in P2P_DTYPES:
         raise UsageError(f"unknown dtype {args.dtype!r}; choose from {', '.join(P2P_DTYPES)}")
     dtype = get_dtype(args.dtype)
-    block_sizes = parse_positive_ints(str(args.block_size), "--block-size", hi=1 << 20)
-    args.block_size = block_sizes[0]  # what every plan but a block-size sweep uses
-    if len(block_sizes) > 1 and args.layout != "paged":  # each would measure the same point
-        raise UsageError(f"--block-size {','.join(map(str, block_sizes))} sweeps paged block "
-                         "sizes: add --layout paged (a contiguous KV has no blocks)")
+    block_sizes = block_sizes_of(args)
     for t in tokens or ():  # refuses a KV beyond 2^53 bytes before anything is sized
         for bs in block_sizes:
             KVSizing(model, dtype, t, block_size=bs if args.layout == "paged" else None)
@@ -320,12 +316,31 @@ def validate(args, world_size: int):
               [Point(prompt_tokens=t, cut=c) for t in tokens for c in cuts])
     if len(points) > MAX_POINTS:
         raise UsageError(f"{len(points)} points (sizes x cuts) in one run; at most {MAX_POINTS}")
-    labels = [pt.label for pt in points]
-    twice = next((x for i, x in enumerate(labels) if x in labels[:i]), None)
-    if twice is not None:  # two records of one spec id: the second measures nothing new
-        raise UsageError(f"the point {twice} is declared twice (a value repeated in --sizes, "
-                         "--bytes or --block-size)")
+    check_distinct(points)
     return model, dtype, device, tcls, pclasses, points
+
+
+def block_sizes_of(args) -> list[int]:
+    """The --block-size list; args.block_size becomes its first (what every plan but a
+    block-size sweep uses). A list needs a paged KV: a contiguous one has no blocks, and each
+    size would measure the same point."""
+    block_sizes = parse_positive_ints(str(args.block_size), "--block-size", hi=1 << 20)
+    args.block_size = block_sizes[0]
+    if len(block_sizes) > 1 and args.layout != "paged":
+        raise UsageError(f"--block-size {','.join(map(str, block_sizes))} sweeps paged block "
+                         "sizes: add --layout paged (a contiguous KV has no blocks)")
+    return block_sizes
+
+
+def check_distinct(points: list[Point]) -> None:
+    """A point declared twice is refused: two records of one spec id, the second measuring
+    nothing new (--sizes 64,64, --bytes 4K,4096, --block-size 16,16)."""
+    seen: set[str] = set()
+    for pt in points:
+        if pt.label in seen:
+            raise UsageError(f"the point {pt.label} is declared twice (a value repeated in "
+                             "--sizes, --bytes or --block-size)")
+        seen.add(pt.label)
 
 
 def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
