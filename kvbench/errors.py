@@ -138,22 +138,54 @@ def bounded_int(text: str, what: str, lo: int | None = 1, hi: int | None = 10**1
     return value
 
 
-def _items(text: str, what: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split(",")]
+def list_items(text: str, what: str, sep: str = ",") -> list[str]:
+    """The one empty-value rule of every list flag: the items of `text`, stripped; an empty
+    value (`--kv-pages ''`) or an empty item (`4,,16`, `16,`) is refused naming the flag. A
+    flag not given is None and never reaches here: its default is the caller's, never ''."""
+    parts = [p.strip() for p in str(text).split(sep)]
     if not any(parts):
-        raise UsageError(f"{what}: empty list")
+        raise UsageError(f"{what}: empty list (give at least one item, or leave the flag out "
+                         "for its default)")
+    if not all(parts):
+        raise UsageError(f"{what}: empty item in {_short(text)}")
     return parts
 
 
 def parse_positive_ints(text: str, what: str, hi: int = 10**12) -> list[int]:
     """'300,2000,8192' -> [300, 2000, 8192]; anything else is a UsageError."""
-    return [bounded_int(p, what, 1, hi, plural=True) for p in _items(text, what)]
+    return [bounded_int(p, what, 1, hi, plural=True) for p in list_items(text, what)]
+
+
+def parse_int_pair(text: str, what: str, sep: str, lo: int, hi: int, form: str) -> tuple[int, int]:
+    """'2:1' -> (2, 1): two integers in [lo, hi] joined by `sep`, each read by bounded_int
+    (ASCII digits only: '２:１' and '²:1' are refused naming the flag, never read as 2:1 or
+    a traceback from int()). `form` says what was expected, e.g. 'PREFILL_TP:DECODE_TP'."""
+    a, found, b = str(text).strip().partition(sep)
+    try:
+        if not found:
+            raise UsageError("")
+        return bounded_int(a, what, lo, hi), bounded_int(b, what, lo, hi)
+    except UsageError:
+        raise UsageError(f"{what} expects {form}, each an integer {lo:,} .. {hi:,}, got "
+                         f"{_short(text)}") from None
+
+
+def parse_words(text: str, what: str, choices: tuple[str, ...], prefixes: tuple[str, ...] = ()
+                ) -> list[str]:
+    """A list of named values ('joint,split'), each one of `choices` or starting with one of
+    `prefixes` ('file:'); the empty-value rule is list_items'."""
+    items = list_items(text, what)
+    for item in items:
+        if item not in choices and not any(item.startswith(p) and item[len(p):] for p in prefixes):
+            extra = "".join(f" or {p}..." for p in prefixes)
+            raise UsageError(f"{what}: {_short(item)} is not one of {', '.join(choices)}{extra}")
+    return items
 
 
 def parse_positive_floats(text: str, what: str, lo: float = DEFAULT_MIN,
                           hi: float = DEFAULT_MAX) -> list[float]:
     """'100,25,10' -> [100.0, 25.0, 10.0]; zero, negatives, denormals, inf and junk are refused."""
-    return [bounded_float(p, what, lo, hi, plural=True) for p in _items(text, what)]
+    return [bounded_float(p, what, lo, hi, plural=True) for p in list_items(text, what)]
 
 
 def non_negative_float(text: str, what: str, hi: float = DEFAULT_MAX) -> float:

@@ -27,10 +27,11 @@ from kvbench.cli import (
 )
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import engine_shape, patterns, transports
-from kvbench.p2p.cut import Cut, block_table, declared_cuts, layer_blocks, page_layout
+from kvbench.p2p.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.shards import ShardError
 from kvbench.p2p.watchdog import PHASES, slug
+from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
 from kvbench.units import parse_bytes
 
@@ -43,6 +44,7 @@ MAX_ITERS = 10**6
 MAX_SECONDS = 86_400.0  # a day: a --timeout or --seconds-per-point beyond it is a typo
 MAX_SIZES = 256  # sizes in one run
 MAX_POINTS = 1024  # sizes x cuts in one run
+MAX_PIECES = 1 << 22  # pieces one handoff posts (8,192 tokens in blocks of 1, 80 layers: 1.3 M)
 
 _EPILOG = """\
 how it times:
@@ -281,12 +283,14 @@ def validate(args, world_size: int):
     iteration_counts(args)
     raw = raw_sizes(args)
     tokens = None if raw else token_sizes(args)
+    if args.model_config and path_kind(args.model_config) not in ("file", "missing"):
+        raise UsageError(f"--model-config {args.model_config}: not a regular file (a folder, "
+                         "FIFO, socket or device); every rank reads it on its own")
     model = resolve_model(args.model, args.model_config)
     if args.dtype not in P2P_DTYPES:
         raise UsageError(f"unknown dtype {args.dtype!r}; choose from {', '.join(P2P_DTYPES)}")
     dtype = get_dtype(args.dtype)
-    block_sizes = parse_positive_ints(str(args.block_size), "--block-size", hi=1 << 20)
-    args.block_size = block_sizes[0]  # what every plan but a block-size sweep uses
+    block_sizes = block_sizes_of(args)
     for t in tokens or ():  # refuses a KV beyond 2^53 bytes before anything is sized
         for bs in block_sizes:
             KVSizing(model, dtype, t, block_size=bs if args.layout == "paged" else None)
@@ -312,7 +316,31 @@ def validate(args, world_size: int):
               [Point(prompt_tokens=t, cut=c) for t in tokens for c in cuts])
     if len(points) > MAX_POINTS:
         raise UsageError(f"{len(points)} points (sizes x cuts) in one run; at most {MAX_POINTS}")
+    check_distinct(points)
     return model, dtype, device, tcls, pclasses, points
+
+
+def block_sizes_of(args) -> list[int]:
+    """The --block-size list; args.block_size becomes its first (what every plan but a
+    block-size sweep uses). A list needs a paged KV: a contiguous one has no blocks, and each
+    size would measure the same point."""
+    block_sizes = parse_positive_ints(str(args.block_size), "--block-size", hi=1 << 20)
+    args.block_size = block_sizes[0]
+    if len(block_sizes) > 1 and args.layout != "paged":
+        raise UsageError(f"--block-size {','.join(map(str, block_sizes))} sweeps paged block "
+                         "sizes: add --layout paged (a contiguous KV has no blocks)")
+    return block_sizes
+
+
+def check_distinct(points: list[Point]) -> None:
+    """A point declared twice is refused: two records of one spec id, the second measuring
+    nothing new (--sizes 64,64, --bytes 4K,4096, --block-size 16,16)."""
+    seen: set[str] = set()
+    for pt in points:
+        if pt.label in seen:
+            raise UsageError(f"the point {pt.label} is declared twice (a value repeated in "
+                             "--sizes, --bytes or --block-size)")
+        seen.add(pt.label)
 
 
 def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
@@ -327,10 +355,14 @@ def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None
             page_layout(model, dtype, c)
         except ShardError as exc:
             raise UsageError(f"--tp-pair {c.tp[0]}:{c.tp[1]}: {exc}") from None
+        check_pieces(model, dtype, tokens or (), c)
         need = max((layer_blocks(model, t, c.block_size, 0) for t in tokens or ()), default=1)
-        for side in ("prefill", "decode"):  # a block-id file holds the largest request's ids
-            block_table(c.blocks, need, side)
+        for side in ("prefill", "decode") if c.blocks.startswith("file:") else ():
+            block_table(c.blocks, need, side)  # a block-id file holds the largest request's ids
     sweep = len(cuts) > 1
+    if args.layout == "paged" and args.granularity == "block" and not cuts[0].pages:
+        for c in cuts:
+            check_pieces(model, dtype, tokens or (), c)
     if not (sweep or cuts[0].pages):
         return cuts
     if not tokens:
@@ -345,6 +377,24 @@ def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None
         raise UsageError("--block-ids merged: NIXL joins adjacent descriptors itself; measure "
                          "--block-ids contiguous (its descriptors_merged counts what NIXL posted)")
     return cuts
+
+
+def check_pieces(model, dtype, tokens, cut: Cut | None) -> None:
+    """Refuse, before any table is built, a handoff that would post more than MAX_PIECES
+    pieces (each is a message, a view and a descriptor: 10^9 tokens in blocks of 1 built a
+    block table id by id and died in a MemoryError on every rank). Counted by formula:
+    kvbench.p2p.cut.count_pieces for the page plan, layers x parts x blocks for the paged
+    message plan."""
+    for t in tokens:
+        if cut is not None and cut.pages:
+            n = count_pieces(model, dtype, t, cut)
+        else:
+            parts = 1 if model.is_mla else 2
+            n = sum(parts * layer_blocks(model, t, cut.block_size, layer) for layer in range(model.layers))
+        if n > MAX_PIECES:
+            raise UsageError(f"--sizes {t} with --block-size {cut.block_size}: one handoff would post "
+                             f"{n:,} pieces; at most {MAX_PIECES:,} (raise --block-size or lower "
+                             "--sizes)")
 
 
 def transport_class(name: str, device: str):

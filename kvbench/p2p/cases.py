@@ -124,6 +124,13 @@ def _agreed_cases(comm, path: str) -> list[list[str]]:
     return cases
 
 
+def case_status(comm, rc: int) -> int:
+    """One exit status for a case on every rank: the lowest rank's non-zero status (a data
+    check that fails on the decode rank alone was 1 there and 0 on rank 0, so the job's
+    status was whichever rank mpirun saw end first). Collective, bounded by the watchdog."""
+    return next((r for r in comm.allgather(rc) if r), 0)
+
+
 def run_cases(cases: Iterable[Sequence[str]],
               after: Callable[[CaseResult, object], None] | None = None) -> int:
     """Each case through `kvbench p2p` in this MPI job (started here unless the caller runs
@@ -139,7 +146,7 @@ def run_cases(cases: Iterable[Sequence[str]],
     try:
         for index, argv in enumerate(cases, 1):
             t0 = time.perf_counter()
-            rc = p2p.cli(list(argv))
+            rc = case_status(comm, p2p.cli(list(argv)))
             result = CaseResult(index, total, tuple(argv), rc, time.perf_counter() - t0)
             if after is not None:
                 after(result, comm)

@@ -24,13 +24,14 @@ against what the transports actually posted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
 import random
 from dataclasses import dataclass
 
-from kvbench.errors import UsageError
+from kvbench.errors import UsageError, list_items, parse_int_pair, parse_words
 from kvbench.model import DType, ModelSpec
 from kvbench.p2p.shards import ShardError, shard_plan
 from kvbench.records.schema.engine import MAX_SIDE_FILE_BYTES, load_block_ids
@@ -68,7 +69,7 @@ def read_block_file(path: str) -> dict[str, list[int]]:
 
 def file_digest(path: str, what: str) -> str:
     """8 hex digits of the sha256 of a side file's content (read bounded)."""
-    data = read_bounded(path, MAX_SIDE_FILE_BYTES, what, missing=f"no such {what}")
+    data = read_bounded(path, MAX_SIDE_FILE_BYTES, what, missing=f"no such {what}", regular=True)
     return hashlib.sha256(data).hexdigest()[:8]
 
 
@@ -155,23 +156,14 @@ class Cut:
         return f"bs {self.block_size} {self.kv} {self.blocks}{tp}"
 
 
-def _words(text: str, what: str) -> list[str]:
-    items = [t.strip() for t in str(text).split(",")]
-    if not all(items):
-        raise ValueError(f"{what}: empty item in {text!r}")
-    return items
+MAX_TP = 65_536  # a parallel degree, as `plan export --tp` bounds it
 
 
 def parse_tp_pairs(text: str) -> list[tuple[int, int]]:
-    """'1:1,2:1,4:1' -> [(1, 1), (2, 1), (4, 1)] (prefill TP : decode TP)."""
-    out = []
-    for item in _words(text, "--tp-pair"):
-        p, sep, d = item.partition(":")
-        if not (sep and p.isdigit() and d.isdigit() and len(p) < 6 and len(d) < 6
-                and int(p) >= 1 and int(d) >= 1):
-            raise ValueError(f"--tp-pair: expected PREFILL_TP:DECODE_TP (e.g. 2:1), got {item!r}")
-        out.append((int(p), int(d)))
-    return out
+    """'1:1,2:1,4:1' -> [(1, 1), (2, 1), (4, 1)] (prefill TP : decode TP), through the one
+    list and integer rules (kvbench.errors): ASCII digits, 1 .. 65,536, no empty item."""
+    return [parse_int_pair(item, "--tp-pair", ":", 1, MAX_TP, "PREFILL_TP:DECODE_TP (e.g. 2:1)")
+            for item in list_items(text, "--tp-pair")]
 
 
 def declared_cuts(block_sizes: list[int], kv: str | None, blocks: str | None, tp: str | None,
@@ -181,15 +173,11 @@ def declared_cuts(block_sizes: list[int], kv: str | None, blocks: str | None, tp
     pages = pages or any(v is not None for v in (kv, blocks, tp))
     if not pages:
         return [Cut(bs) for bs in block_sizes]
-    kvs = _words(kv or "joint", "--kv-pages")
-    ids = _words(blocks or "contiguous", "--block-ids")
-    for k in kvs:
-        if k not in KV_PAGES:
-            raise ValueError(f"--kv-pages: {k!r} is not one of {', '.join(KV_PAGES)}")
+    # None is "not given" (the default); '' is a value, and refused (kvbench.errors.list_items)
+    kvs = parse_words("joint" if kv is None else kv, "--kv-pages", KV_PAGES)
+    ids = parse_words("contiguous" if blocks is None else blocks, "--block-ids", BLOCK_IDS,
+                      ("file:",))
     for b in ids:
-        if b not in BLOCK_IDS and not b.startswith("file:"):
-            raise ValueError(f"--block-ids: unknown block ids {b!r}: contiguous, scattered, "
-                             "merged or file:PATH")
         block_table(b, 1, "prefill")  # a file is read (and refused) before anything starts
     pairs = parse_tp_pairs(tp) if tp is not None else [(1, 1)]
     cuts = [Cut(bs, k, b, t) for bs, k, b, t in itertools.product(block_sizes, kvs, ids, pairs)]
@@ -245,13 +233,18 @@ def _edge_span(heads: tuple[int, ...], held: tuple[int, ...], side: str) -> int:
     return lo
 
 
+@functools.lru_cache(maxsize=64)
+def _decode_rank0(kv_heads: int, p_tp: int, d_tp: int, mla: bool) -> tuple:
+    """(edges into decode rank 0, its heads, each serving prefill rank's heads): the shard
+    plan once per TP pair, however many prompts, cuts and block sizes a plan counts."""
+    plan = shard_plan(kv_heads, p_tp, d_tp, mla)
+    edges = tuple(e for e in plan.edges if e.dst == p_tp)
+    return edges, tuple(plan.decode_heads[0]), tuple(tuple(plan.prefill_heads[e.src]) for e in edges)
+
+
 def page_layout(model: ModelSpec, dtype: DType, cut: Cut) -> PageLayout:
     """Pieces of one page for decode TP rank 0 under the cut's TP pair. Raises ShardError."""
-    p_tp, d_tp = cut.tp
-    plan = shard_plan(model.kv_heads, p_tp, d_tp, model.is_mla)
-    edges = [e for e in plan.edges if e.dst == p_tp]
-    dh = tuple(plan.decode_heads[0])
-    sh = tuple(tuple(plan.prefill_heads[e.src]) for e in edges)
+    edges, dh, sh = _decode_rank0(model.kv_heads, *cut.tp, model.is_mla)
     parts = 1 if model.is_mla else 2
     width = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
     per_head = cut.block_size * width * dtype.bytes  # one head of one part of one block
@@ -291,15 +284,30 @@ def count_pieces(model: ModelSpec, dtype: DType, tokens: int, cut: Cut,
     page x blocks, or x runs of consecutive ids where consecutive whole pages join (`merged`
     block ids; `merge_adjacent`: the transport joins them itself, as NIXL and ipc do)."""
     lay = page_layout(model, dtype, cut)
-    need = layer_blocks(model, tokens, cut.block_size, 0)
     join = lay.whole_pages and (cut.merged or merge_adjacent)
-    tables = (block_table(cut.blocks, need, "prefill"), block_table(cut.blocks, need, "decode"))
+    if cut.blocks.startswith("file:"):  # a recorded file must hold the request's ids (<= 10^6)
+        need = layer_blocks(model, tokens, cut.block_size, 0)
+        for side in ("prefill", "decode"):
+            block_table(cut.blocks, need, side)
     total = 0
     for layer in range(model.layers):
         nb = layer_blocks(model, tokens, cut.block_size, layer)
-        per_pool = runs_of(tables[0][:nb], tables[1][:nb]) if join else nb * len(lay.pieces)
+        per_pool = _joined_runs(cut.blocks, nb) if join else nb * len(lay.pieces)
         total += lay.pools_per_layer * per_pool
     return total
+
+
+def _joined_runs(kind: str, nb: int) -> int:
+    """Runs of consecutive ids in the first `nb` entries of both sides' tables, by formula where
+    the kind has one (no table of 10^9 ids is built to count 1): contiguous and merged ids
+    are one run; scattered ids are never the next id (even ids on one side), so every entry
+    is its own run; a recorded file (at most 10^6 ids) is counted from its lists."""
+    if kind in ("contiguous", "merged"):
+        return 1 if nb else 0
+    if kind == "scattered":
+        return nb
+    need = max(nb, 1)
+    return runs_of(block_table(kind, need, "prefill")[:nb], block_table(kind, need, "decode")[:nb])
 
 
 def pool_bytes(model: ModelSpec, dtype: DType, tokens: int, cut: Cut, side: str) -> int:

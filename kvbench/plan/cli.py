@@ -31,6 +31,7 @@ from kvbench.plan.floors import (
     MAX_MS,
     _f,
     _r,
+    descriptor_term_left_out,
     format_plan_table,
     plan_rows,
     resolve_links,
@@ -227,6 +228,9 @@ def route_main(argv: Sequence[str]) -> int:
     p95 = bounded_float(args.itl_p95_ms, "--itl-p95-ms", 0, MAX_MS)
     target = bounded_float(args.itl_target_ms, "--itl-target-ms", 0, MAX_MS, lo_open=True)
     links = resolve_links(args)
+    if getattr(args, "us_per_desc", None) is not None:  # the decision counts no descriptors
+        raise UsageError("--us-per-desc: plan route does not count descriptors; plan the cut "
+                         "with `kvbench plan --block-size ...`")
     model, dtype, sizings = _sizings(args)
     interf = interference_at(interference, args.interference_at_tokens)
 
@@ -237,7 +241,8 @@ def route_main(argv: Sequence[str]) -> int:
             d = decide(sz.tokens, sz.kv_bytes, model.layers, pc.cost, interf(sz.tokens), p95,
                        target, args.handoff).to_dict()
             d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
-            d.update(link=link.label, regime=pc.regime, notes=pc.notes)
+            d.update(link=link.label, regime=pc.regime,
+                     notes=pc.notes + descriptor_term_left_out(link))
             decisions.append(d)
 
         def f(t: int, link=link) -> float:

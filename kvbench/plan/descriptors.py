@@ -20,7 +20,14 @@ import numpy as np
 
 from kvbench.errors import UsageError
 from kvbench.model import DType, KVSizing, ModelSpec
-from kvbench.p2p.cut import Cut, count_pieces, declared_cuts, page_layout
+from kvbench.p2p.cut import (
+    Cut,
+    count_pieces,
+    declared_cuts,
+    layer_blocks,
+    page_layout,
+    read_block_file,
+)
 from kvbench.p2p.shards import ShardError
 from kvbench.units import handoff_ms
 
@@ -80,7 +87,7 @@ def decode_bytes(model: ModelSpec, dtype: DType, sizing: KVSizing, cut: Cut) -> 
     try:
         lay = page_layout(model, dtype, cut)
     except ShardError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"--tp-pair {cut.tp[0]}:{cut.tp[1]}: {exc}") from None
     total = 1 if model.is_mla else model.kv_heads
     return sizing.kv_bytes * len(lay.decode_heads) // total
 
@@ -99,8 +106,15 @@ def term(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut, scale: tup
 
 def smallest_block_size(link, model, dtype, tokens: int, planned: PlannedCut, budget: float,
                         scale: tuple) -> int | None:
-    """The smallest block size (1 .. 1024 tokens) whose handoff stays within the budget."""
+    """The smallest block size (1 .. 1024 tokens) whose handoff stays within the budget; with
+    recorded block ids (file:PATH) only sizes whose request the file holds ids for."""
+    held = None
+    if planned.cut.blocks.startswith("file:"):
+        ids = read_block_file(planned.cut.blocks[5:])
+        held = min(len(ids["prefill"]), len(ids["decode"]))
     for bs in CANDIDATE_BLOCK_SIZES:
+        if held is not None and layer_blocks(model, tokens, bs, 0) > held:
+            continue
         if term(link, model, dtype, tokens, planned.with_block_size(bs), scale)["floor_ms"] <= budget:
             return bs
     return None

@@ -46,7 +46,8 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
     count is a constant plus a part per prompt token (blocks grow with the prompt; merged
     pages do not), exact at whole-block prompt lengths below any sliding window. The constant
     goes where a tool has a per-transfer latency, the per-token part into its bandwidth."""
-    from kvbench.p2p.cut import Cut
+    from kvbench.p2p.cut import Cut, page_layout
+    from kvbench.p2p.shards import ShardError
     from kvbench.plan.descriptors import counts_at, descriptor_ms
 
     if link.us_per_desc is None:
@@ -60,6 +61,10 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
                          "it in (--block-size, and --kv-pages/--block-ids if not joint, contiguous)")
     c = planned.cut
     cut = Cut(c.block_size, c.kv, c.blocks, (tp, tp))
+    try:  # a --tp that cannot shard the model's heads: one line naming the flag
+        page_layout(model, dtype, cut)
+    except ShardError as exc:
+        raise UsageError(f"--tp {tp}: {exc}") from None
 
     def ms(t: int) -> float:
         return descriptor_ms(link, *counts_at(link, model, dtype, t, cut))

@@ -26,6 +26,7 @@ import numpy as np
 from kvbench.errors import (
     UsageError,
     bounded_float,
+    parse_int_pair,
     parse_positive_floats,
 )
 from kvbench.model import (
@@ -44,7 +45,7 @@ from kvbench.records.schema.fit import (
     TwoRegimes,
 )
 from kvbench.records.schema.matrix import load_fit_or_matrix
-from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
+from kvbench.records.schema.types import MAX_GBPS, MAX_US_PER_DESC, MIN_GBPS
 from kvbench.records.select import matches, min_samples_for, not_link_reason, parse_where
 
 MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours
@@ -233,10 +234,19 @@ def _chosen_groups(doc: FitDocument, path: str, where: dict[str, str]) -> list[F
     return chosen
 
 
+def pair_flag(text: str | None) -> str | None:
+    """--pair through the one integer rule (kvbench.errors.parse_int_pair: ASCII digits, so
+    '²,1' is one line naming the flag, not int()'s traceback), as canonical 'I,J' text."""
+    if text is None or text.strip() == "slowest":
+        return text
+    i, j = parse_int_pair(text, "--pair", ",", 0, 10**7 - 1, "'slowest' or two ranks I,J (e.g. 0,3)")
+    return f"{i},{j}"
+
+
 def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[FittedLink]:
     """Every matching group that is a link with a fitted rate; the rest named in one note.
     A matrix file gives one link: its slowest pair's, or `pair`'s."""
-    doc = load_fit(path, pair)
+    doc = load_fit(path, pair_flag(pair))
     links, skipped = [], [f"[{s.label}] ({s.reason})" for s in doc.skipped
                           if not where or matches(s.group, where)]
     for g in _chosen_groups(doc, path, where):
@@ -269,7 +279,8 @@ def user_links(effective_gb_s: str, setup_ms: str | None, includes_setup: bool,
         raise UsageError("--gbps needs --setup-ms (or --includes-setup for a rate measured "
                          "end to end)")
     setup = bounded_float(setup_ms, "--setup-ms", 0, MAX_MS)
-    us = None if us_per_desc is None else bounded_float(us_per_desc, "--us-per-desc", 0, MAX_MS)
+    us = None if us_per_desc is None else bounded_float(us_per_desc, "--us-per-desc", 0,
+                                                        MAX_US_PER_DESC)  # as a fit's bound
     term = "" if us is None else f" + {us:g} us per descriptor"
     return [FittedLink(f"{r:g} GB/s + {setup:g} ms setup{term}", "user", r, setup, us_per_desc=us)
             for r in rates]
@@ -311,12 +322,28 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return round(x, nd)
 
 
+def descriptor_term_left_out(link: FittedLink) -> list[str]:
+    """A link's per-descriptor term with no cut to count descriptors for: never dropped in
+    silence. A term the user typed (--us-per-desc) with no cut is a dead flag: refused. A
+    fitted one (a fit over a descriptor sweep, planned at other sizes) gets a note on every
+    row that the floor leaves it out, which `kvbench plan export` refuses outright."""
+    if link.us_per_desc is None:
+        return []
+    if link.source == "user":
+        raise UsageError(f"--us-per-desc {link.us_per_desc:g} needs the deployment's cut to count "
+                         "descriptors: add --block-size (and --kv-pages/--block-ids/--tp-pair if "
+                         "not joint, contiguous, 1:1)")
+    return [f"per-descriptor term left out: the fit carries {link.us_per_desc:.4g} us per "
+            "descriptor and no cut was given (--block-size): this floor is setup and bytes only, "
+            "below the fitted model"]
+
+
 def _descriptor_part(link: FittedLink, sz: KVSizing, budget_ms: float, planned) -> tuple[dict, list[str]]:
     """(row fields, notes) of the per-descriptor term for one prompt, if planned and known."""
     from kvbench.plan.descriptors import descriptor_fields
 
     if planned is None:
-        return {}, []
+        return {}, descriptor_term_left_out(link)
     if link.us_per_desc is None:
         why = link.no_descriptor_term or ("this link's fit has no per-descriptor term (measure "
                                           "several cuts of it: docs/descriptors.md)")

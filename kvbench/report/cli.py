@@ -11,6 +11,8 @@ plots embedded (base64 PNG; the HTML fetches nothing).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import shlex
 import sys
@@ -144,6 +146,27 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def _writing_into(out: Path):
+    """Hold an exclusive lock on the output folder from before the scan until the files are
+    written: a second report into the same folder is refused in one line before it reads
+    anything (two at once used to both scan, print their notes, and the later one was refused
+    only at the write). flock on the folder itself: nothing is left behind, and the kernel
+    drops the lock if the process dies."""
+    import fcntl
+
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"{out}: another kvbench report is writing into this folder; wait "
+                             "for it or give another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from kvbench.records.write import check_destination, write_files
 
@@ -158,12 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if path_kind(n, "write", follow=False) != "missing":
             raise UsageError(f"refusing to overwrite existing file {n}")
     check_destination(out)
-    say = None if args.quiet else (lambda m: print(f"kvbench report: {m}", file=sys.stderr,
-                                                   flush=True))
-    doc = build(root, argv, args.bootstrap, not args.no_refit, skip=out.resolve(), say=say)
-    files = [(names[0], to_markdown(doc)), (names[1], to_html(doc))]
-    files += [(out / "plots" / img.name, img.png) for img in doc.images()]
-    write_files(files)
+    with _writing_into(out):
+        for n in names:  # again under the lock: a report that just ended may have written them
+            if path_kind(n, "write", follow=False) != "missing":
+                raise UsageError(f"refusing to overwrite existing file {n}")
+        say = None if args.quiet else (lambda m: print(f"kvbench report: {m}", file=sys.stderr,
+                                                       flush=True))
+        doc = build(root, argv, args.bootstrap, not args.no_refit, skip=out.resolve(), say=say)
+        files = [(names[0], to_markdown(doc)), (names[1], to_html(doc))]
+        files += [(out / "plots" / img.name, img.png) for img in doc.images()]
+        write_files(files)
     print(f"wrote {names[0]} ({len(doc.images())} plot(s) in {out / 'plots'}) and {names[1]}")
     return 0
 

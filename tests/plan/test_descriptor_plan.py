@@ -133,3 +133,58 @@ def test_export_needs_the_cut_and_only_with_the_term(tmp_path, capsys, sweep_fit
     assert rc == 2 and "--block-size" in err
     rc, out, err = export(capsys, "--fit", fit_file(tmp_path), "--to", "blis", "--block-size", "16")
     assert rc == 2 and "no per-descriptor term" in err
+
+
+# ---------------------------------------------------------------------------
+# hostile round 4 (issue 43): a term the fit carries, held and never dropped
+
+
+def test_export_with_a_tp_that_cannot_shard_is_one_line(capsys, sweep_fit):
+    """`--block-size 16 --tp 3` on 8 KV heads was a ShardError traceback."""
+    rc, out, err = export(capsys, "--fit", sweep_fit[0], "--to", "json", "--block-size", "16",
+                          "--tp", "3")
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("kvbench plan export: error: --tp 3: ") and "does not divide" in err
+
+
+def test_a_fitted_term_is_never_left_out_in_silence(capsys, sweep_fit):
+    """`plan --fit` with us_per_desc and no --block-size planned without the term and said
+    nothing. It still plans (gpu-check's plan step reads a fit of every step, descriptor
+    sweeps included), and every row says the floor leaves the term out; the table too."""
+    rc, doc = plan(capsys, "--fit", sweep_fit[0], "--model", "llama-3.1-8b", "--prompt-tokens", "256,2000")
+    assert rc == 0, doc
+    for row in doc["rows"]:
+        assert "descriptors" not in row
+        assert any(n.startswith("per-descriptor term left out") and "--block-size" in n
+                   for n in row["notes"]), row["notes"]
+    rc, table = plan(capsys, "--fit", sweep_fit[0], "--model", "llama-3.1-8b", "--prompt-tokens",
+                     "256", "--format", "table")
+    assert rc == 0 and "per-descriptor term left out" in table, table
+
+
+def _edited(tmp_path, sweep_fit, edit) -> str:
+    doc = json.loads(sweep_fit[0].read_text())
+    edit(doc["groups"][0])
+    path = tmp_path / "edited.fit.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda g: g.update(us_per_desc_draws=[100 * v for v in g["us_per_desc_draws"]]),
+     "do not surround the estimate"),
+    (lambda g: g.update(us_per_desc_draws=g["us_per_desc_draws"][:3]), "3 us_per_desc_draws beside"),
+    (lambda g: g.update(us_per_desc=1e300), "us_per_desc"),
+    (lambda g: g.update(us_per_desc=None), "us_per_desc_draws without us_per_desc"),
+    (lambda g: g.update(us_per_desc_draws=[-2e6] * len(g["us_per_desc_draws"])), "us_per_desc_draws"),
+])
+def test_hand_edited_descriptor_draws_are_refused(tmp_path, capsys, sweep_fit, edit, needle):
+    """Held like setup and rate draws: around the estimate, one per resample, within the
+    physical bound (|us_per_desc| <= 10^6 us); 1e300 was planned as a 5e299 ms floor."""
+    path = _edited(tmp_path, sweep_fit, edit)
+    rc, err = plan(capsys, "--fit", path, "--model", "llama-3.1-8b", "--prompt-tokens", "256",
+                   "--block-size", "4")
+    assert rc == 2 and needle in err and err.count("\n") == 1, err
+    rc, out, err = export(capsys, "--fit", path, "--to", "json", "--model", "llama-3.1-8b",
+                          "--block-size", "4")
+    assert rc == 2 and needle in err, err

@@ -94,7 +94,7 @@ def expand(paths_or_globs: str | Path | Iterable[str | Path], kind: str,
                                  f"({' or '.join(KINDS[kind])})")
             out.append(p)
         elif glob.has_magic(str(item)):
-            out += _without_twins([Path(f) for f in sorted(glob.glob(str(item), recursive=True))
+            out += _without_twins([Path(f) for f in sorted(_glob(str(item)))
                                    if path_kind(f) == "file" and _keep(Path(f), kind, quiet_skips)])
         else:
             raise UsageError(f"no such file: {p}")
@@ -145,10 +145,44 @@ def not_read(root: Path, read: Iterable[Path], kinds: Iterable[str],
     return sorted(out, key=lambda fw: str(fw[0]))
 
 
+def _glob(pattern: str) -> list[str]:
+    """glob.glob with `**`; Python's recurses once per folder level, so a tree deeper than the
+    interpreter's recursion limit is one line naming the way round, not a traceback."""
+    try:
+        return glob.glob(pattern, recursive=True)
+    except RecursionError:
+        raise UsageError(f"{pattern}: the folders nest too deep for a glob; name the folder "
+                         "instead (folders are walked without recursion)") from None
+
+
+def walk(root: Path, onerror=None):
+    """os.walk's (folder, subfolders, file names), top-down, links to folders not followed,
+    but with a stack instead of recursion: Python 3.11's os.walk recurses once per level, and
+    1,100 nested folders were a RecursionError (a page of traceback) in `kvbench report`."""
+    stack = [os.fspath(root)]
+    while stack:
+        top = stack.pop()
+        dirs, files = [], []
+        try:
+            with os.scandir(top) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else files).append(entry.name)
+        except OSError as exc:
+            if onerror is not None:
+                onerror(exc)
+            continue
+        yield top, dirs, files
+        stack.extend(os.path.join(top, d) for d in reversed(dirs))
+
+
 def _not_files(root: Path, skip: Path | None) -> list[tuple[Path, str]]:
     """Results-looking names under root that are no regular file (a broken link, a FIFO)."""
     out = []
-    for d, _, names in os.walk(root):
+    for d, _, names in walk(root):
         for n in names:
             f = Path(d) / n
             if f.suffix in SUFFIXES and not (skip is not None and skip in f.parents):
@@ -167,7 +201,7 @@ def walk_files(root: Path) -> list[Path]:
         raise path_error(exc.filename or root, exc)
 
     found = []
-    for d, _, names in os.walk(root, onerror=refuse):
+    for d, _, names in walk(root, onerror=refuse):
         found += [Path(d) / n for n in names if path_kind(Path(d) / n) == "file"]
     return sorted(found)
 

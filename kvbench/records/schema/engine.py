@@ -89,7 +89,8 @@ _STEPS = TypeAdapter(StepList, config={"strict": True})
 
 def load_block_ids(path: str | Path) -> BlockIdFile:
     """A --nixl-blocks file; any problem is one UsageError line naming the file and key."""
-    doc = load_json(path, MAX_SIDE_FILE_BYTES, "block-id file", missing="no such block-id file")
+    doc = load_json(path, MAX_SIDE_FILE_BYTES, "block-id file", missing="no such block-id file",
+                    regular=True)  # every rank reads it: a FIFO would block them
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: expected an object with 'prefill' and 'decode' lists of block ids")
     try:
@@ -100,7 +101,8 @@ def load_block_ids(path: str | Path) -> BlockIdFile:
 
 def load_poll_file(path: str | Path) -> list[float] | PollHistogram:
     """A --nixl-poll draw: file: step times (ms), or a cumulative histogram."""
-    doc = load_json(path, MAX_SIDE_FILE_BYTES, "poll file", missing="no such poll file")
+    doc = load_json(path, MAX_SIDE_FILE_BYTES, "poll file", missing="no such poll file",
+                    regular=True)
     try:
         if isinstance(doc, list):
             return [float(v) for v in _STEPS.validate_python(doc)]

@@ -28,6 +28,7 @@ from kvbench.records.schema.types import (
     SignedMs,
     Text,
     TimeMs,
+    UsPerDesc,
     parse,
     refuse,
     show,
@@ -132,6 +133,27 @@ def check_draws_hold(draws: Draws | None, setup_ms: float | None, effective_gb_s
         raise refuse("the draws' median ms_per_gb is not positive: time must grow with bytes")
 
 
+def check_term_draws(name: str, estimate: float | None, draws: list[float] | None,
+                     n_joint: int | None) -> None:
+    """A drawn term (us_per_desc, us_per_merged_desc) is held to the rules of setup and rate:
+    its draws surround its estimate (to the six digits fit writes), it has an estimate if it
+    has draws, and it has as many draws as the joint (setup, rate) draws, which plan stacks
+    column by column into one band: 3 draws beside 200, or draws 100x the estimate (a band
+    of 365 ms beside an 8 ms floor), are another fit's."""
+    if not draws:
+        return
+    if estimate is None:
+        raise refuse(f"{name}_draws without {name}: draws of a term the fit did not estimate")
+    if n_joint is not None and len(draws) != n_joint:
+        raise refuse(f"{len(draws)} {name}_draws beside {n_joint} joint draws: one draw of each "
+                     "term per bootstrap resample")
+    lo, hi = min(draws), max(draws)
+    slack = _slack([lo, hi, estimate], 0.0)
+    if not lo - slack <= estimate <= hi + slack:
+        raise refuse(f"the {name} draws ({lo:.6g}..{hi:.6g}) do not surround the estimate "
+                     f"{name} {estimate:.6g}: not this fit's draws")
+
+
 DrawsIn = Annotated[Draws | None, BeforeValidator(_one_form)]
 
 
@@ -204,15 +226,18 @@ class FitGroup(Open):
     # the per-descriptor term: a link's cuts fitted together (docs/descriptors.md)
     descriptor_term: DescriptorTerm | None = None
     descriptor_field: Text | None = None
-    us_per_desc: Finite | None = None
-    us_per_desc_draws: list[Finite] | None = None
-    us_per_merged_desc: Finite | None = None
-    us_per_merged_desc_draws: list[Finite] | None = None
+    us_per_desc: UsPerDesc | None = None
+    us_per_desc_draws: list[UsPerDesc] | None = None
+    us_per_merged_desc: UsPerDesc | None = None
+    us_per_merged_desc_draws: list[UsPerDesc] | None = None
 
     @model_validator(mode="after")
     def _draws_hold(self):
         check_draws_hold(self.draws, self.setup_ms, self.effective_gb_s,
                          max(row.bytes for row in self.sizes))
+        n = len(self.draws.values) if self.draws and self.draws.values else None
+        for name in ("us_per_desc", "us_per_merged_desc"):
+            check_term_draws(name, getattr(self, name), getattr(self, f"{name}_draws"), n)
         return self
 
 

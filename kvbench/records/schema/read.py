@@ -95,11 +95,32 @@ def _open(p: Path, what: str, missing: str | None):
         raise path_error(p, exc) from None
 
 
-def read_bounded(path: str | Path, limit: int, what: str = "file", missing: str | None = None) -> bytes:
-    """A file's bytes, refused when larger than limit (never reads more than limit + 1)."""
+def _open_regular(p: Path, what: str, missing: str | None):
+    """`p` opened for reading only if it is a regular file. Opened without blocking (a FIFO's
+    open() waits for a writer) and checked on the open descriptor (no window between a check
+    and the open): for files every MPI rank reads on its own, where a FIFO would serve one
+    reader and block the others, past any --timeout."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UsageError(f"{missing or 'no such ' + what}: {p}") from None
+    except OSError as exc:
+        raise path_error(p, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{p}: not a regular file (a folder, FIFO, socket or device); a {what} "
+                         "must be one, read alike by every rank")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(path: str | Path, limit: int, what: str = "file", missing: str | None = None,
+                 *, regular: bool = False) -> bytes:
+    """A file's bytes, refused when larger than limit (never reads more than limit + 1);
+    `regular`: only a regular file (_open_regular)."""
     p = Path(path)
     try:
-        with _open(p, what, missing) as fh:
+        with (_open_regular if regular else _open)(p, what, missing) as fh:
             data = fh.read(limit + 1)
     except IsADirectoryError:
         raise UsageError(f"{p}: is a directory, not a {what}") from None
@@ -112,8 +133,8 @@ def read_bounded(path: str | Path, limit: int, what: str = "file", missing: str 
 
 
 def read_text_bounded(path: str | Path, limit: int, what: str = "file",
-                      missing: str | None = None) -> str:
-    data = read_bounded(path, limit, what, missing)
+                      missing: str | None = None, *, regular: bool = False) -> str:
+    data = read_bounded(path, limit, what, missing, regular=regular)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -243,9 +264,10 @@ def _documents(dec: json.JSONDecoder, text: str) -> list:
 
 
 def load_json(path: str | Path, limit: int, what: str = "JSON file", *, finite: bool = True,
-              missing: str | None = None):
-    """One JSON document from a file of at most limit bytes."""
-    return loads(read_text_bounded(path, limit, what, missing), str(path), finite=finite)
+              missing: str | None = None, regular: bool = False):
+    """One JSON document from a file of at most limit bytes (`regular`: read_bounded's)."""
+    return loads(read_text_bounded(path, limit, what, missing, regular=regular), str(path),
+                 finite=finite)
 
 
 def iter_lines(path: str | Path, what: str = "JSON Lines file", max_line: int = MAX_LINE_BYTES,

@@ -60,6 +60,8 @@ UtcStamp = Annotated[str, Field(max_length=40), AfterValidator(_utc_stamp)]
 ExactInt = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)]  # exact in a double and in a table's int64
 Finite = Annotated[float, Field(ge=-1e300, le=1e300, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+MAX_US_PER_DESC = 1e6  # one second per descriptor: far beyond any transfer list's entry
+UsPerDesc = Annotated[float, Field(ge=-MAX_US_PER_DESC, le=MAX_US_PER_DESC, allow_inf_nan=False)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"\S")]
 AnyText = Annotated[str, Field(max_length=MAX_TEXT * 16)]
 
