@@ -280,7 +280,7 @@ def gpu_check(tmp_path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, needle", [
     (["--steps", ""], "argument --steps: empty list"), (["--steps", "fit,"], "empty item"),
     (["--budget-scale", "1_0"], "from 1 to 10, got '1_0'"),
-    (["--budget-scale", "3"], "past its ceiling of 360 s"),
+    (["--budget-scale", "3"], "past its ceiling of 300 s"),
 ])
 def test_gpu_check_flags(tmp_path, args, needle):
     r = gpu_check(tmp_path, *args)
@@ -290,7 +290,7 @@ def test_gpu_check_flags(tmp_path, args, needle):
 
 def test_gpu_check_scales_within_the_ceiling(tmp_path):
     r = gpu_check(tmp_path, "--budget-scale", "1.5", "--steps", "fit")
-    assert r.returncode == 0 and "(345 s free)" in r.stdout, r.stderr
+    assert r.returncode == 0 and "(285 s free)" in r.stdout, r.stderr
 
 
 # ---------------------------------------------------------------------------
