@@ -193,3 +193,22 @@ def test_a_stalled_prefill_times_out_and_unregisters(ready):
     assert "did not complete before the --timeout" in res.stderr, res.stderr[-2000:]
     assert "aborted; unregistered 1 region(s)" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_baseline_runs_mooncakes_own_benchmark(ready, tmp_path):
+    """--baseline: transfer_engine_bench between the same two ranks on the same bytes and
+    entries; the table prints kvbench's GB/s over the benchmark's and the record keeps both."""
+    res = run_mpi(2, "kvbench.p2p", "--transport", "mooncake", "--layout", "paged",
+                  "--granularity", "block", "--sizes", "16", "--iters", "2", "--min-iters", "2",
+                  "--warmup", "1", "--baseline", "--mooncake-bench-seconds", "1",
+                  "--out", str(tmp_path), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (rec,) = _records(tmp_path)
+    got = rec["baseline_transfer_engine_bench_gbps"]
+    assert got and got > 0, rec.get("table_note")
+    assert rec["baseline_kind"] == "transfer_engine_bench"
+    assert rec["vs_baseline"] == pytest.approx(rec["gbps"] / got)
+    assert "kvbench/transfer engine bench = " in res.stdout
+    assert rec["wrong"] == 0

@@ -352,6 +352,9 @@ class MooncakeTransport(Transport):
                             "1024: the TCP transport's per-peer queue, MC_TCP_MAX_QUEUED_"
                             "TRANSFERS_PER_PEER; past it the engine fails a transfer instead "
                             "of queueing it)")
+        g.add_argument("--mooncake-bench-seconds", type=arg_int(1, 3600), default=3, metavar="S",
+                       help="--baseline: how long transfer_engine_bench runs per point (its "
+                            "--duration; default 3)")
         g.add_argument("--mooncake-inject", choices=("none", "stall"), default="none",
                        help="test hook: stall (prefill never submits or announces)")
 
@@ -374,7 +377,7 @@ class MooncakeTransport(Transport):
         self.max_batch, self.inflight = o.mooncake_max_batch, o.mooncake_inflight
         self.errors, self._seq = 0, {}
         self.comm = self.ctx.comm.Dup()
-        host = "127.0.0.1" if len(set(self.ctx.hosts or ["x"])) <= 1 else _my_address()
+        host = self.host = "127.0.0.1" if len(set(self.ctx.hosts or ["x"])) <= 1 else _my_address()
         # the engine's own bound on a batch's completion (seconds): kvbench's --timeout, so
         # a stopped peer is named within it (a user's own setting wins)
         os.environ.setdefault("MC_TRANSFER_TIMEOUT", str(max(1, int(self.ctx.timeout_s))))
@@ -393,6 +396,22 @@ class MooncakeTransport(Transport):
 
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
         return MooncakeChannel(self, peer, buffers, is_sender, layer_of)
+
+    def yardsticks(self, fields: dict | None) -> dict[str, float | None]:
+        """Mooncake's own transfer_engine_bench between ranks 0 and 1 on the point's bytes
+        and entries (kvbench.p2p.transports.mooncake.bench)."""
+        from kvbench.p2p.transports.mooncake import bench
+
+        got = None if fields is None else (fields["bytes"], fields.get("descriptors"))
+        nbytes, entries = self.comm.bcast(got, root=0)
+        gbps, why = bench.bench_gbps(self.comm, self.host, self.op, self.protocol, self.devices,
+                                     nbytes, entries, self.inflight,
+                                     self.ctx.options.mooncake_bench_seconds, self.ctx.timeout_s)
+        if self.ctx.rank != 0:
+            return {}
+        if why:
+            print(f"kvbench mooncake: no {bench.KIND} figure: {why}", file=sys.stderr, flush=True)
+        return {bench.KIND: gbps}
 
     def record_fields(self) -> dict:
         return {"mooncake_op": self.op, "mooncake_protocol": self.protocol,
