@@ -65,7 +65,7 @@ def _target(comm, peer: int, host: str, cmd: list[str], timeout: float) -> str |
     """Start the target, tell the initiator its segment, wait for the initiator's end."""
     with tempfile.NamedTemporaryFile("w+", prefix="kvbench-teb-target-", suffix=".log") as log:
         proc = subprocess.Popen([*cmd, "--mode=target"], stdout=log, stderr=subprocess.STDOUT,
-                                env=_env())
+                                env=_env(), preexec_fn=libs.die_with_parent)
         try:
             seg, deadline = None, time.perf_counter() + timeout
             while seg is None and proc.poll() is None and time.perf_counter() < deadline:

@@ -139,6 +139,15 @@ def import_module(name: str = "mooncake.engine"):
         return None, f"Mooncake is installed but {name} does not import ({exc}): reinstall with {INSTALL_HINT}"
 
 
+def die_with_parent() -> None:
+    """preexec_fn for a service this rank starts: SIGTERM to it when the rank dies (an
+    MPI_Abort kills the rank before any finally runs), so no service outlives its job."""
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def executable(name: str) -> Path | None:
     """One of the executables the wheel ships inside the `mooncake` package."""
     spec = importlib.util.find_spec("mooncake")

@@ -355,6 +355,13 @@ class MooncakeTransport(Transport):
         g.add_argument("--mooncake-bench-seconds", type=arg_int(1, 3600), default=3, metavar="S",
                        help="--baseline: how long transfer_engine_bench runs per point (its "
                             "--duration; default 3)")
+        st = parser.add_argument_group("Mooncake Store (--pattern store; docs/mooncake.md)")
+        st.add_argument("--store-master", default=None, metavar="HOST:PORT",
+                        help="a running mooncake_master (default: rank 0 starts one for the job "
+                             "on free ports of 127.0.0.1 and stops it at the end)")
+        st.add_argument("--store-segment", default="1G", metavar="SIZE",
+                        help="bytes each rank mounts into the store (its global_segment_size; "
+                             "e.g. 512M, 2G; default 1G): the store holds the ranks' sum")
         g.add_argument("--mooncake-inject", choices=("none", "stall"), default="none",
                        help="test hook: stall (prefill never submits or announces)")
 
@@ -363,6 +370,8 @@ class MooncakeTransport(Transport):
         if device != "cpu":
             return "the mooncake transport runs on --device cpu here (the non-CUDA wheel)"
         return libs.import_module()[1]
+
+    store_mode = False  # --pattern store sets it (kvbench.p2p.patterns.store) before open()
 
     def open(self) -> None:
         mod, why = libs.import_module()
@@ -389,12 +398,50 @@ class MooncakeTransport(Transport):
             raise TransportError(f"mooncake: TransferEngine.initialize({host!r}, 'P2PHANDSHAKE', "
                                  f"{self.protocol!r}, {self.devices!r}) returned {rc}")
         self.session = f"{host}:{self.engine.get_rpc_port()}"
+        self.master = self.store = None
+        if self.store_mode:
+            self._open_store(host)
+
+    def _open_store(self, host: str) -> None:
+        """The job's master (rank 0 starts it unless --store-master names one), then every
+        rank's store client with its mounted segment."""
+        from kvbench.p2p.transports.mooncake import store
+
+        o, rank = self.ctx.options, self.ctx.rank
+        self.misses = self.rejected = 0
+        self.get_codes: dict[int, int] = {}
+        try:
+            self.segment = store.parse_size(o.store_segment)
+        except ValueError as exc:
+            raise TransportError(f"mooncake store: --store-segment: {exc}") from None
+        got = (o.store_master, None, None)
+        if rank == 0 and not o.store_master:
+            try:
+                self.master = store.Master(self.ctx.timeout_s)
+                got = (self.master.address, self.master.metrics, None)
+            except TransportError as exc:
+                got = (None, None, str(exc))
+        self.master_addr, self.metrics_port, err = self.comm.bcast(got, root=0)
+        if err:
+            raise TransportError(err)
+        self.key_prefix = self.comm.bcast(f"kvb{os.getpid()}-{int(time.time())}", root=0)
+        smod, _ = libs.import_module("mooncake.store")
+        self.store = smod.MooncakeDistributedStore()
+        rc = self.store.setup(host, "P2PHANDSHAKE", self.segment, 64 << 20, self.protocol,
+                              self.devices, self.master_addr)
+        if rc != 0:
+            raise TransportError(f"mooncake store: setup against the master at "
+                                 f"{self.master_addr} returned {rc}")
 
     def next_channel_id(self, peer: int) -> int:
         self._seq[peer] = self._seq.get(peer, 0) + 1
         return self._seq[peer]
 
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None) -> Channel:
+        if self.store_mode:
+            from kvbench.p2p.transports.mooncake.store import StoreChannel
+
+            return StoreChannel(self, peer, buffers, is_sender, layer_of)
         return MooncakeChannel(self, peer, buffers, is_sender, layer_of)
 
     def yardsticks(self, fields: dict | None) -> dict[str, float | None]:
@@ -424,6 +471,7 @@ class MooncakeTransport(Transport):
     def info(self) -> dict:
         """Collective: the path in the engine's own words (its protocol, devices, topology)."""
         errors = self.comm.allreduce(self.errors)
+        extra = self._store_info() if self.store_mode else {}
         try:
             topo = self.engine.get_local_topology()
         except Exception as exc:  # noqa: BLE001 - unknown is an answer
@@ -435,9 +483,35 @@ class MooncakeTransport(Transport):
                 "mooncake_metadata": "P2PHANDSHAKE",
                 "mooncake_private_libs": list(libs._preloaded),
                 "engine_start_ms": self.engine_start_ms, **self.record_fields(),
-                "failed_transfers": errors}
+                "failed_transfers": errors, **extra}
+
+    def _store_info(self) -> dict:
+        """The store's own counters from the master (collective: misses summed)."""
+        from kvbench.p2p.transports.mooncake import store
+
+        misses = self.comm.allreduce(self.misses)
+        rejected = self.comm.allreduce(self.rejected)
+        codes: dict[str, int] = {}
+        for part in self.comm.allgather(self.get_codes):
+            for code, n in part.items():
+                codes[str(code)] = codes.get(str(code), 0) + n
+        out = {"store_master": self.master_addr, "store_segment_bytes": self.segment,
+               "store_master_started": self.master is not None, "store_misses": misses,
+               "store_put_rejected": rejected, "store_get_codes": codes}
+        if self.metrics_port and self.ctx.rank == 0:
+            out.update(store.read_counters("127.0.0.1", self.metrics_port))
+        return out
 
     def close(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 - the master may be gone
+                pass
+            self.store = None
+        if self.master is not None:
+            self.master.stop()
+            self.master = None
         self.engine = None  # its destructor stops the engine's threads and listener
         self.comm.Free()
 
