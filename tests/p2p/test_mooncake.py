@@ -37,6 +37,9 @@ CONFIGS = {  # name: (flags, op, granularity, layout)
                             "--mooncake-inflight 128", "write", "block", "paged"),
 }
 CORRUPT = "--debug-corrupt-elements 3"
+STORE = "--pattern store --layout paged --granularity block"
+# 300 tokens: 3,040 pages of 32 KiB (100 MB) into a store of 2 x 32 MiB: most find no room
+UNDERSIZED = f"{STORE} --store-segment 32M --sizes 300"
 
 
 def system_install_allowed(environ=os.environ) -> bool:
@@ -75,8 +78,10 @@ def data_job(ready, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mooncake")
     lines = [f"--transport mooncake {SMALL} {c[0]} --out {tmp / n}" for n, c in CONFIGS.items()]
     lines.append(f"--transport mooncake {SMALL} {CORRUPT} --out {tmp / 'corrupt'}")
+    lines.append(f"--transport mooncake {SMALL} {STORE} --out {tmp / 'store'}")
+    lines.append(f"--transport mooncake {SMALL} {UNDERSIZED} --out {tmp / 'undersized'}")
     res, done = run_cases(2, lines, tmp, timeout=600)
-    names = [*CONFIGS, "corrupt"]
+    names = [*CONFIGS, "corrupt", "store", "undersized"]
     return ({n: _records(tmp / n) for n in names}, res, {n: done.get(str(tmp / n)) for n in names})
 
 
@@ -118,17 +123,71 @@ def test_a_planted_corruption_is_caught(data_job):
     assert "data check failed: 3 wrong elements" in res.stderr
 
 
+def _masters_left() -> list[str]:
+    """mooncake_master processes whose parent is gone (a job's master outliving it)."""
+    left = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if "mooncake/mooncake_master" in cmd and "--metrics_host=127.0.0.1" in cmd \
+                    and ppid == 1:
+                left.append(f"{d.name}: {cmd[:120]}")
+    return left
+
+
+@pytest.mark.mpi
+def test_store_puts_and_gets_through_a_master_it_started(data_job):
+    """--pattern store: prefill puts one object per page, decode gets them into its own cache;
+    0 wrong, put and get ms per handoff, and the store's own counters from the master the
+    job started (and stopped: no master of it is left)."""
+    records, res, done = data_job
+    assert done["store"] is not None and done["store"][0] == 0, res.stderr[-3000:]
+    (rec,) = records["store"]
+    assert rec["pattern"] == "store" and rec["wrong"] == 0
+    pages = rec["stored_tokens"] // rec["block_size"] * 80 * 2
+    assert rec["descriptors"] == pages  # one key per page, per handoff
+    bd, info = rec["breakdown_ms"], rec["transport_info"]
+    handoffs = len(bd["store_put_ms"])
+    assert handoffs >= rec["n_samples"] and len(bd["store_get_ms"]) == handoffs
+    assert info["store_master_started"] and info["store_master"].startswith("127.0.0.1:")
+    assert info["store_misses"] == 0 and info["store_put_rejected"] == 0
+    assert info["store_objects"] == pages * handoffs  # the master's own count
+    assert info["store_bytes_used"] >= rec["bytes"] * handoffs
+    assert _masters_left() == []
+
+
+@pytest.mark.mpi
+def test_an_undersized_store_shows_rejections_and_misses_and_no_wrong_byte_passes(data_job):
+    """A store smaller than one request's KV: puts find no room (counted), decode's gets of
+    those keys miss (counted, named on stderr), and the data check fails the case instead of
+    accepting the wiped bytes."""
+    records, res, done = data_job
+    assert done["undersized"] is not None and done["undersized"][0] == 1, res.stderr[-3000:]
+    (rec,) = records["undersized"]
+    info = rec["transport_info"]
+    assert info["store_put_rejected"] > 0 and info["store_misses"] > 0, info
+    assert info["store_get_codes"].get("-704", 0) > 0  # the store's own word: not found
+    assert rec["wrong"] > 0
+    assert "gets missed in handoff" in res.stderr and "data check counts them wrong" in res.stderr
+
+
 class _Job:
     """One mpirun job in its own session; every process whose command line holds its marker
     is found afterwards (none may be left)."""
 
-    def __init__(self, tmp: Path, *flags: str, hang_s: float = 180):
+    def __init__(self, tmp: Path, *flags: str, hang_s: float = 180, during=None):
         self.marker = str(tmp / "out")
         cmd = [mpirun_path(), "-n", "2", PY, "-m", "kvbench.p2p", "--transport", "mooncake",
                *flags, "--out", self.marker]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        if during is not None:
+            during()
         try:
             self.out, self.err = proc.communicate(timeout=hang_s)
             self.rc = proc.returncode
@@ -212,3 +271,35 @@ def test_baseline_runs_mooncakes_own_benchmark(ready, tmp_path):
     assert rec["vs_baseline"] == pytest.approx(rec["gbps"] / got)
     assert "kvbench/transfer engine bench = " in res.stdout
     assert rec["wrong"] == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_master_stopped_mid_run_ends_the_job_in_one_line(ready, tmp_path):
+    """The test starts its own master (by PID), the job uses it (--store-master); once the
+    store holds objects the master is stopped: the job names it in one line and exits
+    non-zero, nothing hangs and no process of the job is left."""
+    from kvbench.p2p.transports.mooncake import store
+
+    master = store.Master(30)
+    try:
+        def stop_when_busy() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                got = store.read_counters("127.0.0.1", master.metrics).get("store_objects")
+                if got:
+                    break
+                time.sleep(0.2)
+            master.stop()
+
+        job = _Job(tmp_path, *STORE.split(), "--sizes", "16", "--warmup", "1", "--iters",
+                   "100000", "--min-iters", "100000", "--seconds-per-point", "600", "--quiet",
+                   "--timeout", "10", "--store-master", master.address, during=stop_when_busy)
+    finally:
+        master.stop()
+    assert job.rc is not None, f"hung\n{job.err[-3000:]}"
+    errors = job.errors()
+    assert job.rc != 0 and errors, (job.rc, job.err[-3000:])
+    assert "mooncake store" in errors[0] or "--timeout" in errors[0], errors
+    assert "Traceback" not in job.err
+    assert job.processes_left() == []

@@ -12,11 +12,11 @@ and LMCache's Mooncake backend key: one object per page or chunk of tokens) and 
 with `--granularity layer`, and named per handoff: a stale or evicted object can only be a
 miss, never an earlier handoff's bytes passing the data check. Prefill `batch_put_from`s its
 messages, then tells decode over MPI; decode `batch_get_into`s its own buffers. A put the
-store has no room for (-200) is counted as rejected; a get of a key the store does not hold
-(-704: never stored, or evicted) is a miss, counted; its bytes stay wiped, so the data check
-counts them wrong. Every code a get returned is counted in the record: this wheel (0.3.13)
-answers -707 for gets whose bytes arrived intact, so the codes are recorded, never trusted:
-the data check on every handoff checked decides.
+store has no room for (-200) is counted as rejected; a get that does not return the object's
+size is a miss, counted (-704: the store does not hold the key, never stored or evicted;
+-707: its lease expired while it was read); its bytes are not accepted: they stay wiped, and
+the data check counts them wrong. Every answer a get gave is counted in the record. The
+master runs with its default lease (10 s): a lease of 0 turns every get into -707.
 The store's own counters are read from the master's metrics endpoint (Prometheus text).
 """
 
@@ -36,7 +36,6 @@ from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, Trans
 from kvbench.p2p.transports.mooncake import libs
 
 _TAG = 7600
-_NOT_FOUND = -704  # a get of a key the store does not hold (never stored, or evicted)
 _NO_SPACE = -200  # a put the store has no room for (its objects are leased or in use)
 COUNTERS = {  # record field -> the master's metric (summed over its labels)
     "store_objects": "master_key_count",
@@ -65,7 +64,7 @@ class Master:
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvbench-mooncake-master-{os.getpid()}.log"
         cmd = [str(exe), f"--rpc_port={self.rpc}", "--rpc_address=127.0.0.1",
                "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics}",
-               "--enable_http_metadata_server=false", "--default_kv_lease_ttl=0"]
+               "--enable_http_metadata_server=false"]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          env=libs.exe_env(), preexec_fn=libs.die_with_parent)
@@ -216,7 +215,7 @@ class StoreChannel(Channel):
         t0 = time.perf_counter()
         got = self.store.batch_get_into(keys, self.addrs, self.lens)
         self.per.setdefault("store_get_ms", []).append((time.perf_counter() - t0) * 1e3)
-        misses = sum(1 for g in got if g == _NOT_FOUND)
+        misses = sum(1 for g, n in zip(got, self.lens, strict=True) if g != n)
         for g in got:  # every answer counted; only the data check says whether bytes are right
             self.t.get_codes[g] = self.t.get_codes.get(g, 0) + 1
         self.per.setdefault("store_misses", []).append(float(misses))
