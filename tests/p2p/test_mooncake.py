@@ -147,7 +147,7 @@ def test_store_puts_and_gets_through_a_master_it_started(data_job):
     records, res, done = data_job
     assert done["store"] is not None and done["store"][0] == 0, res.stderr[-3000:]
     (rec,) = records["store"]
-    assert rec["pattern"] == "store" and rec["wrong"] == 0
+    assert rec["pattern"] == "store" and rec["wrong"] == 0 and rec["store_misses"] == 0
     pages = rec["stored_tokens"] // rec["block_size"] * 80 * 2
     assert rec["descriptors"] == pages  # one key per page, per handoff
     bd, info = rec["breakdown_ms"], rec["transport_info"]
@@ -171,7 +171,8 @@ def test_an_undersized_store_shows_rejections_and_misses_and_no_wrong_byte_passe
     info = rec["transport_info"]
     assert info["store_put_rejected"] > 0 and info["store_misses"] > 0, info
     assert info["store_get_codes"].get("-704", 0) > 0  # the store's own word: not found
-    assert rec["wrong"] > 0
+    assert rec["wrong"] > 0 and rec["store_misses"] > 0
+    assert rec["fit_as_link"] is False and "store misses" in rec["not_link_reason"]
     assert "gets missed in handoff" in res.stderr and "data check counts them wrong" in res.stderr
 
 
