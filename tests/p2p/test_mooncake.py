@@ -304,3 +304,39 @@ def test_the_master_stopped_mid_run_ends_the_job_in_one_line(ready, tmp_path):
     assert "mooncake store" in errors[0] or "--timeout" in errors[0], errors
     assert "Traceback" not in job.err
     assert job.processes_left() == []
+
+
+HIDE_MOONCAKE = '''\
+import importlib.abc, sys
+
+class _Absent(importlib.abc.MetaPathFinder):
+    """mooncake as if not installed (tests/p2p/test_mooncake.py)."""
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "mooncake":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Absent())
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("missing", ["wheel", "libraries"])
+def test_without_mooncake_one_line_says_what_to_install(tmp_path, missing):
+    """Without the wheel (an import hook hides it) or without the Debian libraries (an empty
+    private folder, where the system lacks them): one error line naming the install, exit 2,
+    nothing written."""
+    env = {"KVBENCH_MOONCAKE_LIBS": str(tmp_path / "empty")}
+    if missing == "wheel":
+        (tmp_path / "sitecustomize.py").write_text(HIDE_MOONCAKE)
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    elif all(libs.on_system(s) for s in libs.SONAMES):
+        pytest.skip("this system has every library Mooncake needs: none can be missing")
+    res = run_mpi(2, "kvbench.p2p", "--transport", "mooncake", "--sizes", "16",
+                  "--out", str(tmp_path / "out"), extra_env=env, timeout=180)
+    errors = [line for line in res.stderr.splitlines() if "kvbench p2p: error:" in line]
+    assert res.returncode != 0 and len(errors) == 1, res.stderr[-2000:]
+    want = "pip install 'kvbench[mooncake]'" if missing == "wheel" else libs.FETCH_CMD
+    assert want in errors[0], errors[0]
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()

@@ -123,7 +123,7 @@ def libs_hint(gone: list[str]) -> str:
 
 def import_module(name: str = "mooncake.engine"):
     """(module, None) or (None, one line saying what to install). Preloads the private copy."""
-    if importlib.util.find_spec("mooncake") is None:
+    if _spec() is None:
         return None, f"Mooncake is not installed: {INSTALL_HINT}"
     gone = missing()
     if gone:
@@ -148,9 +148,17 @@ def die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _spec():
+    """The `mooncake` package's spec without importing it (None: not installed)."""
+    try:
+        return importlib.util.find_spec("mooncake")
+    except (ModuleNotFoundError, ValueError):
+        return None
+
+
 def executable(name: str) -> Path | None:
     """One of the executables the wheel ships inside the `mooncake` package."""
-    spec = importlib.util.find_spec("mooncake")
+    spec = _spec()
     if spec is None or not spec.submodule_search_locations:
         return None
     p = Path(next(iter(spec.submodule_search_locations))) / name
