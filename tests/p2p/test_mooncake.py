@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.p2p.transports.mooncake import libs
-from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_cases, run_mpi
+from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_cases, run_cli, run_mpi
 
 SMALL = "--sizes 16 --warmup 1 --iters 2 --min-iters 2 --quiet"
 CONFIGS = {  # name: (flags, op, granularity, layout)
@@ -68,6 +68,15 @@ def ready():
     mooncake_or_skip()
 
 
+def done_dir(res, name: str) -> Path:
+    """The --out folder of the data job's case `name` (from its command line)."""
+    line = next(a for a in res.args[-1:] if a)  # the cases file
+    for case in Path(line).read_text().splitlines():
+        if case.endswith(f"/{name}"):
+            return Path(case.split("--out ")[-1])
+    raise AssertionError(name)
+
+
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.open()]
 
@@ -78,7 +87,7 @@ def data_job(ready, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mooncake")
     lines = [f"--transport mooncake {SMALL} {c[0]} --out {tmp / n}" for n, c in CONFIGS.items()]
     lines.append(f"--transport mooncake {SMALL} {CORRUPT} --out {tmp / 'corrupt'}")
-    lines.append(f"--transport mooncake {SMALL} {STORE} --out {tmp / 'store'}")
+    lines.append(f"--transport mooncake {SMALL} {STORE} --sizes 16,32 --out {tmp / 'store'}")
     lines.append(f"--transport mooncake {SMALL} {UNDERSIZED} --out {tmp / 'undersized'}")
     res, done = run_cases(2, lines, tmp, timeout=600)
     names = [*CONFIGS, "corrupt", "store", "undersized"]
@@ -146,7 +155,7 @@ def test_store_puts_and_gets_through_a_master_it_started(data_job):
     job started (and stopped: no master of it is left)."""
     records, res, done = data_job
     assert done["store"] is not None and done["store"][0] == 0, res.stderr[-3000:]
-    (rec,) = records["store"]
+    rec = next(r for r in records["store"] if r["prompt_tokens"] == 16 and not r.get("variant"))
     assert rec["pattern"] == "store" and rec["wrong"] == 0 and rec["store_misses"] == 0
     pages = rec["stored_tokens"] // rec["block_size"] * 80 * 2
     assert rec["descriptors"] == pages  # one key per page, per handoff
@@ -155,9 +164,32 @@ def test_store_puts_and_gets_through_a_master_it_started(data_job):
     assert handoffs >= rec["n_samples"] and len(bd["store_get_ms"]) == handoffs
     assert info["store_master_started"] and info["store_master"].startswith("127.0.0.1:")
     assert info["store_misses"] == 0 and info["store_put_rejected"] == 0
-    assert info["store_objects"] == pages * handoffs  # the master's own count
+    assert info["store_objects"] >= pages * handoffs  # the master's own count (both sizes)
     assert info["store_bytes_used"] >= rec["bytes"] * handoffs
     assert _masters_left() == []
+
+
+@pytest.mark.mpi
+def test_store_put_and_get_are_fitted_each_beside_the_handoff(data_job, tmp_path):
+    """The put and the get of the same handoffs are records of their own (variants put, get,
+    the timed handoffs' times in order), so one `kvbench fit` gives three groups: the
+    handoff, the put and the get, each setup + bytes / rate."""
+    records, res, done = data_job
+    recs = records["store"]
+    for tokens in (16, 32):
+        by = {r.get("variant"): r for r in recs if r["prompt_tokens"] == tokens}
+        assert set(by) == {None, "put", "get"}, list(by)
+        w, n = 1, by[None]["n_samples"]  # SMALL: --warmup 1
+        bd = by[None]["breakdown_ms"]
+        assert by["put"]["samples_ms"] == bd["store_put_ms"][1 + w:1 + w + n]
+        assert by["get"]["samples_ms"] == bd["store_get_ms"][1 + w:1 + w + n]
+        assert by["put"]["spec_id"] != by["get"]["spec_id"] != by[None]["spec_id"]
+    out = tmp_path / "store.fit.json"
+    fit = run_cli("kvbench", "fit", *map(str, sorted((done_dir(res, "store")).glob("*.jsonl"))),
+                  "--out", str(out), timeout=120)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    groups = json.loads(out.read_text())["groups"]
+    assert sorted(str(g["group"]["variant"]) for g in groups) == ["None", "get", "put"]
 
 
 @pytest.mark.mpi
@@ -167,7 +199,9 @@ def test_an_undersized_store_shows_rejections_and_misses_and_no_wrong_byte_passe
     accepting the wiped bytes."""
     records, res, done = data_job
     assert done["undersized"] is not None and done["undersized"][0] == 1, res.stderr[-3000:]
-    (rec,) = records["undersized"]
+    rec, *parts = sorted(records["undersized"], key=lambda r: str(r.get("variant") or ""))
+    assert [p["variant"] for p in parts] == ["get", "put"]
+    assert all(p["fit_as_link"] is False for p in parts)  # nor are its put and get fitted
     info = rec["transport_info"]
     assert info["store_put_rejected"] > 0 and info["store_misses"] > 0, info
     assert info["store_get_codes"].get("-704", 0) > 0  # the store's own word: not found
