@@ -164,6 +164,8 @@ def test_store_puts_and_gets_through_a_master_it_started(data_job):
     assert handoffs >= rec["n_samples"] and len(bd["store_get_ms"]) == handoffs
     assert info["store_master_started"] and info["store_master"].startswith("127.0.0.1:")
     assert info["store_misses"] == 0 and info["store_put_rejected"] == 0
+    assert rec["store_pool_bytes"] == 2 * (1 << 30)  # 2 ranks x the default 1G mounted
+    assert rec["store_capacity_requests"] == rec["store_pool_bytes"] // rec["bytes"]
     assert info["store_objects"] >= pages * handoffs  # the master's own count (both sizes)
     assert info["store_bytes_used"] >= rec["bytes"] * handoffs
     assert _masters_left() == []

@@ -27,8 +27,12 @@ class Store(Sequential):
             mine = sum((ch.breakdown() if ch is not None else {}).get("store_misses", []))
             missed = int(self.ctx.comm.allreduce(mine))
             out = inner(loops, wrong)
+            pool = self.ctx.transport.segment * self.ctx.comm.Get_size()
             for rec in out:
                 rec["store_misses"] = missed
+                # what the mounted pool holds of this request's KV (one replica each)
+                rec["store_pool_bytes"] = pool
+                rec["store_capacity_requests"] = pool // rec["bytes"] if rec["bytes"] else None
                 if missed:
                     rec["fit_as_link"] = False
                     rec["not_link_reason"] = (f"store misses: {missed} gets did not return "
