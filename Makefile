@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,p2p,mpi,nixl,plot]"
+	$(PY) -m pip install -q -e ".[test,p2p,mpi,nixl,plot,mooncake]"
 	touch $(STAMP)
 
 bench: $(STAMP)

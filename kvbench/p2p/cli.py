@@ -329,7 +329,8 @@ def _run(args, argv, comm, hosts, gpus, dev, model, dtype, tcls, pclasses, point
         time.sleep(3 * args.timeout + 30)
     progress.total = len(points) * len(pats) if order == "blocks" else 1
     measured = measure_all(ctx, pats, points, order)
-    records = assemble(args, comm, dev.name, measured, spec_common, base_common, notice)
+    records = assemble(args, comm, dev.name, measured, spec_common, base_common, notice,
+                       transport)
     WATCHDOG.phase("tear-down")
     info = transport.info()
     pairs = sorted({pair for p in pats if p.per_pair for pair in p.pairs()})
@@ -372,9 +373,9 @@ def common_fields(args, argv, comm, hosts, gpus, dev, model, dtype, transport, p
 
 
 def assemble(args, comm, device: str, measured, spec_common: dict, base_common: dict,
-             notice: float | None) -> list[dict]:
+             notice: float | None, transport=None) -> list[dict]:
     """Records from the measured fields (rank 0; others get an empty list), with the
-    yardstick of --baseline timed per point (collective)."""
+    yardstick of --baseline timed per point (collective), the transport's own last."""
     records = []
     for pat, pt, results in measured:
         yardstick, detail = None, {}
@@ -384,6 +385,10 @@ def assemble(args, comm, device: str, measured, spec_common: dict, base_common: 
             yardstick = baseline_gbps(comm, results[0]["bytes"] if comm.Get_rank() == 0 else None,
                                       kinds, args, base_common.get("gpus"))
             yardstick, detail = yardstick if yardstick is not None else (None, {})
+            own = transport.yardsticks(results[0] if comm.Get_rank() == 0 else None) \
+                if transport is not None else {}
+            if comm.Get_rank() == 0:
+                yardstick = {**yardstick, **own}
         for fields in results:
             spec = make_spec(spec_common, pat, fields).as_dict()
             rec = make_record({**base_common, "pattern": pat.name}, pt, fields, notice)
@@ -406,7 +411,7 @@ def add_baseline(rec: dict, yardstick: dict[str, float | None], note: str | None
         ratio = _ratio(rec["gbps"], gbps)
         rec[f"baseline_{kind}_gbps"] = gbps
         rec[f"vs_{kind}"] = ratio
-        label = LABELS[kind]
+        label = LABELS.get(kind, kind)
         if kind == "host_copy" and detail.get("host_copy_method"):
             label = f"{label} ({detail['host_copy_method']}, the fastest)"
         cells.append(f"{label} {_num(gbps, '.2f')} GB/s, kvbench/{kind.replace('_', ' ')} = "

@@ -239,6 +239,13 @@ class Transport(ABC):
         tell pairs apart (MPI, Gloo) says nothing per pair it does not know."""
         return {tuple(p): info for p in pairs}
 
+    def yardsticks(self, fields: dict | None) -> dict[str, float | None]:
+        """--baseline: the transport's own benchmark on the point's bytes (`fields`: the first
+        measured record's fields on rank 0, None elsewhere), as {kind: GB/s} on rank 0, listed
+        after the generic yardsticks so kvbench's ratio (`vs_baseline`) is to it. Collective.
+        Default: none."""
+        return {}
+
     def record_fields(self) -> dict:
         """Top-level fields this transport adds to every record (e.g. the operation measured,
         so that fits group by it)."""
