@@ -65,15 +65,31 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+LABEL_LIST_ITEMS = 8  # a list longer than this (every host of a big job) is summarised
+LABEL_VALUE_CHARS = 200  # one value's text beyond this is cut (the label stays one short line)
+
+
 def label_of(fields: dict) -> str:
+    """'key=value ...' of a group's fields, bounded whatever the world size: a long list
+    (hosts of a 1,000-rank job) is summarised as its length, distinct values and ends."""
     parts = []
     for k, v in fields.items():
         if v is None or v == {} or v == []:
             continue
         if isinstance(v, (list, tuple)):
-            v = ",".join(map(str, v))
+            v = _list_text(v)
+        v = str(v)
+        if len(v) > LABEL_VALUE_CHARS:
+            v = v[:LABEL_VALUE_CHARS - 3] + "..."
         parts.append(f"{k}={v}")
     return " ".join(parts)
+
+
+def _list_text(v: list | tuple) -> str:
+    if len(v) <= LABEL_LIST_ITEMS:
+        return ",".join(map(str, v))
+    distinct = len({json.dumps(x, sort_keys=True) for x in v})
+    return f"[{len(v)} values, {distinct} distinct: {v[0]} .. {v[-1]}]"
 
 
 # ---------------------------------------------------------------------------

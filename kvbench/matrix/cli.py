@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, each_once, run_main
 from kvbench.matrix.analyze import DEFAULT_SLOW_FRACTION, analyze
 from kvbench.p2p import linkpath
 from kvbench.p2p.watchdog import env_rank
@@ -155,7 +155,7 @@ def report_main(argv: Sequence[str] | None) -> int:
     args = report_parser().parse_args(argv)
     rules = _rules(args)
     out = check_destination(Path(args.out) if args.out else Path(args.records[0]).parent)
-    doc = analyze(list(args.records), **rules)
+    doc = analyze(each_once(args.records, f"{PROG} report"), **rules)
     return conclude(doc, write_report(doc, out), args.fail_on_outliers)
 
 
