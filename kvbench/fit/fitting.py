@@ -15,6 +15,7 @@ resampling in kvbench/fit/data.py. docs/fit-and-plan.md has the method and every
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -512,9 +513,11 @@ def dumps(doc: dict) -> str:
         return [mark(x) for x in v] if isinstance(v, list) else v
 
     text = dumps_json(mark(doc), indent=2)  # NaN or an infinity is refused, never written
-    for i, c in enumerate(compact):
-        text = text.replace(f'"@draws{i}@"', c, 1)
-    return text
+    # one pass over the text (a replace per array was quadratic: 116 s for 2,000 groups)
+    return _MARKER.sub(lambda m: compact[int(m.group(1))], text) if compact else text
+
+
+_MARKER = re.compile(r'"@draws(\d+)@"')
 
 
 def _marker(store: list[str], value) -> str:
