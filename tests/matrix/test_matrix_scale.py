@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvbench.p2p.spec import HandoffSpec
 from tests.conftest import run_cli
 from tests.fit.test_fit import rounds_records, write_jsonl
@@ -72,3 +74,80 @@ def test_a_refused_export_of_a_matrix_pair_is_one_line(tmp_path):
         assert good.returncode == 0, good.stderr
         prog = "kvbench plan export" if "export" in cmd else "kvbench plan"
         assert good.stderr.startswith(f"{prog}: note: pair [0,1]")  # the pair still named
+
+
+# ---------------------------------------------------------------------------
+# the slow-pair rule from sorted arrays gives the old rule's verdicts
+
+
+def old_slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
+    """The rule before issue 44 (two medians of a rebuilt list per pair: O(P^2 log P)), kept
+    as the reference the new one is held to."""
+    import statistics
+
+    from kvbench.matrix.analyze import _fmt_ci
+
+    rated = [e for e in entries if e.get("effective_gb_s") is not None]
+    out = {}
+    for e in rated:
+        ci = e.get("effective_gb_s_ci95")
+        others = [o for o in rated if o is not e]
+        lows = [o["effective_gb_s_ci95"][0] for o in others
+                if o.get("effective_gb_s_ci95") and o["effective_gb_s_ci95"][0] is not None]
+        if not ci or ci[1] is None or not lows:
+            continue
+        ref_lo = statistics.median(lows)
+        ref = statistics.median(o["effective_gb_s"] for o in others)
+        rate = e["effective_gb_s"]
+        if ci[1] < ref_lo and rate < fraction * ref:
+            out[tuple(e["pair"])] = (
+                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(others)} pairs beyond "
+                f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
+                f"{rate / ref:.0%} of their median")
+    return out
+
+
+def planted_entries(n: int, seed: int) -> list[dict]:
+    """A matrix of n ranks with slow, borderline, tied, unrated and interval-less pairs."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(n):
+        for r in range(n):
+            if s == r:
+                continue
+            rate = float(rng.choice([1.0, 1.0, 0.98, 0.05, 0.75, 0.85, 2.0]))  # ties on purpose
+            half = float(rng.choice([0.01, 0.05, 0.3]))
+            ci = [rate - half, rate + half]
+            kind = rng.integers(0, 12)
+            if kind == 0:
+                rate, ci = None, None  # not fitted
+            elif kind == 1:
+                ci = None  # no interval
+            elif kind == 2:
+                ci = [rate - half, None]  # unbounded above
+            elif kind == 3:
+                ci = [1.0 - half, 1.0 - half]  # an interval on another pair's bounds: ties
+            out.append({"pair": [s, r], "effective_gb_s": rate, "effective_gb_s_ci95": ci})
+    return out
+
+
+@pytest.mark.parametrize("n, seed", [(2, 0), (3, 1), (4, 2), (5, 3), (8, 4), (9, 5), (16, 6),
+                                     (17, 7)])
+@pytest.mark.parametrize("fraction", [0.5, 0.8, 0.9])
+def test_the_sorted_rule_names_what_the_old_rule_named(n, seed, fraction):
+    from kvbench.matrix.analyze import slow_pairs
+
+    es = planted_entries(n, seed)
+    assert slow_pairs(es, fraction) == old_slow_pairs(es, fraction)
+
+
+def test_the_comparison_can_fail(monkeypatch):
+    """A planted fault: the pair's own value left among 'the others' changes some verdict."""
+    from kvbench.matrix import analyze
+
+    monkeypatch.setattr(analyze.Sorted, "median_without",
+                        lambda self, x: analyze.Sorted._at_median(len(self.v), self.v.__getitem__))
+    assert any(analyze.slow_pairs(es, f) != old_slow_pairs(es, f)
+               for es in (planted_entries(n, n) for n in (2, 3, 4, 5)) for f in (0.5, 0.8, 0.9))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from kvbench.errors import UsageError
 from kvbench.records.schema.fit import (
@@ -113,23 +113,26 @@ class MatrixDocument(Open):
     fit_method: dict[str, Any] = {}
     pairs: list[PairEntry] = Field(min_length=1)
     verdict: AnyText
+    _by_pair: dict = PrivateAttr(default_factory=dict)  # (sender, receiver) -> entry
 
     @model_validator(mode="after")
     def _pairs_fit_world(self):
         if len(self.hosts) != self.world_size:
             raise refuse(f"{len(self.hosts)} hosts for world_size {self.world_size}")
-        seen = set()
+        seen: dict[tuple[int, int], PairEntry] = {}
         for p in self.pairs:
-            key = tuple(p.pair)
+            key = (p.pair[0], p.pair[1])
             if key in seen:
                 raise refuse(f"pair {list(key)} is listed twice")
-            seen.add(key)
+            seen[key] = p
             if max(key) >= self.world_size:
                 raise refuse(f"pair {list(key)} names a rank outside world_size {self.world_size}")
+        self._by_pair = seen
         return self
 
     def pair(self, src: int, dst: int) -> PairEntry | None:
-        return next((p for p in self.pairs if p.pair == [src, dst]), None)
+        """The entry of pair (src, dst), found by index (a grid of N x N cells asks N^2 times)."""
+        return self._by_pair.get((src, dst))
 
 
 def is_matrix(raw: object) -> bool:
