@@ -28,7 +28,7 @@ import json
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,8 +118,11 @@ class _SpecsAsWritten:
     """The spec dict of a typed record, with its keys in the file's order (labels and the fit
     file show them in that order): decoded once per spec_id, whose hash the schema checked."""
 
+    MAX_SPECS = 1 << 22  # each is its group's own spec dict (kept by the group anyway)
+
     def __init__(self):
         self._by_id: dict[str, dict] = {}
+        self._hosts: dict[tuple, list] = {}  # one list per distinct host list, shared
 
     def of(self, rec: P2PRecord, raw: bytes, where: str) -> tuple[str, dict] | None:
         if rec.spec is None:
@@ -128,7 +131,11 @@ class _SpecsAsWritten:
         spec = self._by_id.get(sid) if sid else None
         if spec is None:
             spec = decode_line(raw, where)["spec"]
-            if sid and len(self._by_id) < 4096:
+            hosts = spec.get("hosts")
+            if isinstance(hosts, list) and all(type(h) is str for h in hosts):
+                # a matrix's pairs share one job's hosts: held once, not once per pair
+                spec["hosts"] = self._hosts.setdefault(tuple(hosts), hosts)
+            if sid and len(self._by_id) < self.MAX_SPECS:
                 self._by_id[sid] = spec
         return sid or spec_id_of(spec), spec
 
@@ -426,16 +433,22 @@ def group_records(records: Iterable[dict], keep_paths: bool = False) -> list[Gro
     return grouper.groups()
 
 
-def read_groups(paths: Iterable[str | Path], keep_paths: bool = False) -> tuple[list[Group], int]:
+def read_groups(paths: Iterable[str | Path], keep_paths: bool = False,
+                each: Callable[[P2PRecord, dict | None], None] | None = None
+                ) -> tuple[list[Group], int]:
     """Groups of the records in p2p result files, each line checked by the typed record and
-    folded into its group as it is read; returns (groups, records read)."""
+    folded into its group as it is read; returns (groups, records read). `each(record, spec
+    as written or None)` sees every record of the same single parse (kvbench matrix)."""
     grouper = Grouper(keep_paths)
     specs = _SpecsAsWritten()
     for path in paths:
         source = str(path)
         for where, raw in iter_lines(path, "results file", missing="no such file"):
             rec = parse_p2p_line(raw, where)
-            grouper.add(rec, source, specs.of(rec, raw, where))
+            spec = specs.of(rec, raw, where)
+            grouper.add(rec, source, spec)
+            if each is not None:
+                each(rec, None if spec is None else spec[1])
     return grouper.groups(), grouper.n_records
 
 

@@ -34,7 +34,6 @@ from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, fit_group
 from kvbench.p2p import linkpath
 from kvbench.records.schema.matrix import SCHEMA_MATRIX, MatrixDocument
-from kvbench.records.schema.p2p import iter_p2p_records
 
 DEFAULT_SLOW_FRACTION = 0.8
 ACROSS, WITHIN = "across hosts", "same host"
@@ -87,8 +86,19 @@ def _pair_of_spec(spec: dict | None) -> tuple[int, int] | None:
 def read_run(paths: Sequence[str]) -> Run:
     """The matrix records of the files (others are counted and left out); refuses files that
     hold no matrix, or records of more than one configuration (transport, sizes' kind,
-    hosts, ...): a matrix compares pairs measured alike."""
-    groups, _ = read_groups(paths, keep_paths=True)
+    hosts, ...): a matrix compares pairs measured alike. Each file is parsed once: the
+    fit's groups and each pair's paths, data check and wire-up come from the same pass."""
+    pairs, schedules, skipped = {}, set(), [0]
+
+    def each(rec, spec: dict | None) -> None:
+        pair = _pair_of_spec(spec)
+        if pair is None:
+            skipped[0] += 1
+            return
+        _add_record(pairs, pair, rec, spec["hosts"])
+        schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
+
+    groups, _ = read_groups(paths, keep_paths=True, each=each)
     by_pair, keys = {}, {}
     for g in groups:
         pair = _pair_of_spec(g.spec)
@@ -102,16 +112,8 @@ def read_run(paths: Sequence[str]) -> Run:
         raise UsageError(f"{', '.join(paths)} hold {len(keys)} different matrices (transport, "
                          "layout, dtype, hosts or world differ); give the files of one run")
     spec = next(iter(by_pair.values())).spec
-    pairs, schedules, skipped = {}, set(), 0
-    for _, rec in iter_p2p_records(paths):
-        pair = _pair_of_spec(rec.spec.model_dump() if rec.spec else None)
-        if pair is None:
-            skipped += 1
-            continue
-        _add_record(pairs, pair, rec, spec["hosts"])
-        schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
     return Run(spec["transport"], spec["world"]["size"], list(spec["hosts"]), schedules - {None},
-               pairs, by_pair, skipped)
+               pairs, by_pair, skipped[0])
 
 
 def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> None:
