@@ -77,6 +77,17 @@ def _r(x: float | None, nd: int = 6) -> float | None:
     return float(f"{x:.{nd}g}")
 
 
+def draw_rows(draws: np.ndarray) -> list[list[float | None]]:
+    """Each draw's (setup_ms, ms_per_gb) as _r writes them (DRAW_DIGITS significant digits),
+    formatted in one pass over one string: the same numbers, a few times faster than a call
+    of _r per value (a fit of thousands of groups, a matrix of thousands of pairs)."""
+    if not np.isfinite(draws).all():
+        return [[_r(a, DRAW_DIGITS), _r(b, DRAW_DIGITS)] for a, b in draws.tolist()]
+    flat = draws.ravel().tolist()
+    values = list(map(float, ((f"%.{DRAW_DIGITS}g " * len(flat)) % tuple(flat)).split()))
+    return [values[k:k + 2] for k in range(0, len(values), 2)]
+
+
 def _pair(p) -> list | None:
     return None if p is None else [_r(p[0]), _r(p[1])]
 
@@ -125,8 +136,7 @@ def _lof_json(lof) -> dict | None:
 def line_json(line: LineFit, sizes: np.ndarray) -> dict:
     draws = None
     if line.draws is not None:
-        draws = {"columns": ["setup_ms", "ms_per_gb"],
-                 "values": [[_r(a, DRAW_DIGITS), _r(b, DRAW_DIGITS)] for a, b in line.draws]}
+        draws = {"columns": ["setup_ms", "ms_per_gb"], "values": draw_rows(line.draws)}
     return {
         "setup_ms": _r(line.setup_ms),
         "setup_ms_ci95": _pair(line.setup_ci()),

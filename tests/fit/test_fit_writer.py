@@ -60,3 +60,16 @@ def test_many_groups_and_a_marker_like_text_keep_their_bytes():
     doc = {"schema": "kvbench.fit/2", "groups": groups, "note": '"@draws7@"'}
     assert dumps(doc) == old_dumps(doc)
     assert json.loads(dumps(doc)) == doc
+
+
+def test_draws_are_rounded_as_each_value_was():
+    from kvbench.fit.fitting import DRAW_DIGITS, _r, draw_rows
+
+    rng = np.random.default_rng(1)
+    d = np.column_stack([rng.normal(1, 0.01, 5000), rng.lognormal(0, 3, 5000)])
+    d[::7] *= -1
+    d[:4] = [[0.0, 1e-300], [5e-324, 1e300], [-0.0, 1e-5], [123456.5, 0.1234565]]
+    want = [[_r(a, DRAW_DIGITS), _r(b, DRAW_DIGITS)] for a, b in d]
+    assert json.dumps(draw_rows(d)) == json.dumps(want)
+    d[9, 1] = np.nan  # not finite: None, as _r writes it
+    assert draw_rows(d)[9] == [want[9][0], None]
