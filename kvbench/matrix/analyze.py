@@ -29,11 +29,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, fit_group
 from kvbench.p2p import linkpath
-from kvbench.records.schema.matrix import SCHEMA_MATRIX, MatrixDocument
+from kvbench.records.schema.matrix import (
+    DRAW_COLUMNS,
+    DRAWS_SUFFIX,
+    SCHEMA_MATRIX,
+    MatrixDocument,
+)
 
 DEFAULT_SLOW_FRACTION = 0.8
 ACROSS, WITHIN = "across hosts", "same host"
@@ -271,6 +278,9 @@ def _entry(d: PairData, fit: dict) -> dict:
         others = ", ".join(f"{p!r} in {n}" for p, n in d.paths.items() if p != path)
         source = f"{source or ''}; other records said {others}".lstrip("; ")
     fitted = "not_fitted" not in fit
+    for part in ("group", "spec"):  # every pair's would repeat the document's `hosts`
+        if isinstance(fit.get(part), dict):
+            fit[part] = {k: v for k, v in fit[part].items() if k != "hosts"}
     e = {"pair": list(d.pair), "sender": {"rank": d.pair[0], "host": d.hosts[0]},
          "receiver": {"rank": d.pair[1], "host": d.hosts[1]}, "same_host": d.same_host,
          "path": path, "link": kinds.label, "path_source": source, "n_records": d.n_records,
@@ -314,16 +324,53 @@ def verdict_line(entries: list[dict], n_expected: int) -> str:
     return f"{head}; named {len(named)}: " + "; ".join(parts)
 
 
-def analyze(paths: Sequence[str], *, expect_link: str | None = None,
-            expect_local_link: str | None = None, slow_fraction: float = DEFAULT_SLOW_FRACTION,
-            n_boot: int = 1000, seed: int = 0) -> MatrixDocument:
-    """The matrix document of a run's records (typed: the model checks what is written)."""
+def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:
+    """The pairs' joint draws out of the document, into one (pairs, draws, 2) float64 array
+    written beside it (kvbench.records.schema.matrix.DrawsFile): inline they made the
+    document grow past its read bound near 100 ranks, and their text was most of its
+    writing. Pairs whose draw count differs from the most common one keep theirs inline."""
+    counts = Counter(len(e["fit"]["draws"]["values"]) for e in entries
+                     if e["fit"] and e["fit"].get("draws") and e["fit"]["draws"].get("values"))
+    if not counts:
+        return None, None
+    n = counts.most_common(1)[0][0]
+    rows = []
+    for e in entries:
+        d = e["fit"].get("draws") if e["fit"] else None
+        if d and len(d.get("values") or []) == n and d.get("columns") == DRAW_COLUMNS:
+            e["draws_row"] = len(rows)
+            rows.append(d["values"])
+            e["fit"]["draws"] = None
+    arr = np.asarray(rows, dtype=np.float64).reshape(len(rows), n, 2)
+    return arr, {"file": "kvbench-matrix" + DRAWS_SUFFIX, "shape": list(arr.shape),
+                 "columns": DRAW_COLUMNS, "dtype": "float64"}
+
+
+DRAWS_CHOICES = ("auto", "inline", "file")
+MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB of text)
+
+
+def analyze(paths: Sequence[str], **kw) -> MatrixDocument:
+    """The matrix document of a run's records, its draws inline in each pair's fit (as
+    kvbench fit writes a group); `analyze_run` can keep them apart for the files."""
+    return analyze_run(paths, draws="inline", **kw)[0]
+
+
+def analyze_run(paths: Sequence[str], *, expect_link: str | None = None,
+                expect_local_link: str | None = None,
+                slow_fraction: float = DEFAULT_SLOW_FRACTION, n_boot: int = 1000, seed: int = 0,
+                draws: str = "auto") -> tuple[MatrixDocument, np.ndarray | None]:
+    """(the matrix document of a run's records, typed: the model checks what is written;
+    the pairs' draws as one array for the draws file, or None when they stay inline).
+    `draws`: inline, file, or auto (a file beyond MAX_INLINE_DRAW_PAIRS pairs)."""
     from kvbench.records.schema.types import parse
 
     run = read_run(paths)
     fits = fit_pairs(run, n_boot, seed)
     entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
                for p in sorted(run.pairs)]
+    apart = draws == "file" or (draws == "auto" and len(entries) > MAX_INLINE_DRAW_PAIRS)
+    arr, draws_file = take_draws(entries) if apart else (None, None)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size
     doc = {
@@ -342,5 +389,6 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
                                    "pair's roles)"},
         "pairs": entries,
         "verdict": verdict_line(entries, n * (n - 1)),
+        "draws_file": draws_file,
     }
-    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")
+    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)"), arr

@@ -24,10 +24,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, each_once, run_main
-from kvbench.matrix.analyze import DEFAULT_SLOW_FRACTION, analyze
+from kvbench.matrix.analyze import (
+    DEFAULT_SLOW_FRACTION,
+    DRAWS_CHOICES,
+    MAX_INLINE_DRAW_PAIRS,
+    analyze_run,
+)
 from kvbench.p2p import linkpath
 from kvbench.p2p.watchdog import env_rank
-from kvbench.records.schema.matrix import MatrixDocument
+from kvbench.records.schema.matrix import DRAWS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
@@ -64,6 +69,10 @@ def _add_rules(p: ArgumentParser) -> None:
     g.add_argument("--bootstrap", type=arg_int(100, 100_000), default=1000, metavar="N",
                    help="bootstrap resamples per pair (default 1000)")
     g.add_argument("--seed", type=arg_int(0, 2**32 - 1), default=0, help="bootstrap seed")
+    g.add_argument("--draws", choices=DRAWS_CHOICES, default="auto",
+                   help="each pair's bootstrap draws (what plan --pair draws its band from): "
+                        "inline in the .json, or in a .draws.npy file beside it; auto "
+                        f"(default): the file beyond {MAX_INLINE_DRAW_PAIRS} pairs")
 
 
 class _RankParser(ArgumentParser):
@@ -107,22 +116,35 @@ def report_parser() -> ArgumentParser:
 # the report
 
 
-def render(doc: MatrixDocument) -> list[tuple[str, str | bytes]]:
+def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
     """(suffix, content) of every file, rendered before anything is written."""
     from kvbench.fit.fitting import dumps  # indented, each pair's draws on one line
     from kvbench.fit.plots import require_matplotlib
     from kvbench.matrix import report
 
     require_matplotlib()
-    return [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
-            (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
-            (".csv", report.csv_table(doc))]
+    out = [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
+           (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
+           (".csv", report.csv_table(doc))]
+    if draws is not None:
+        import io
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, draws, allow_pickle=False)
+        out.append((DRAWS_SUFFIX, buf.getvalue()))
+    return out
 
 
-def write_report(doc: MatrixDocument, out_dir: Path) -> list[Path]:
-    """The four files together or none, under a fresh name (never overwriting)."""
-    rendered = render(doc)
-    stem = fresh_stem(out_dir, "kvbench-matrix", SUFFIXES)
+def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
+    """The files together or none, under a fresh name (never overwriting); the document
+    names its draws file (`draws`: analyze_run's array) by that name."""
+    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX))
+    if doc.draws_file is not None:  # (typed models are frozen: a copy with the name)
+        doc = doc.model_copy(update={"draws_file": doc.draws_file.model_copy(
+            update={"file": stem.name + DRAWS_SUFFIX})})
+    rendered = render(doc, draws)
     return write_files([(stem.with_name(stem.name + s), c) for s, c in rendered])
 
 
@@ -148,15 +170,15 @@ def _rules(args) -> dict:
     return {"expect_link": args.expect_link, "expect_local_link": args.expect_local_link,
             "slow_fraction": bounded_float(args.slow_fraction, "--slow-fraction", 0, 1,
                                            lo_open=True),
-            "n_boot": args.bootstrap, "seed": args.seed}
+            "n_boot": args.bootstrap, "seed": args.seed, "draws": args.draws}
 
 
 def report_main(argv: Sequence[str] | None) -> int:
     args = report_parser().parse_args(argv)
     rules = _rules(args)
     out = check_destination(Path(args.out) if args.out else Path(args.records[0]).parent)
-    doc = analyze(each_once(args.records, f"{PROG} report"), **rules)
-    return conclude(doc, write_report(doc, out), args.fail_on_outliers)
+    doc, draws = analyze_run(each_once(args.records, f"{PROG} report"), **rules)
+    return conclude(doc, write_report(doc, out, draws), args.fail_on_outliers)
 
 
 # ---------------------------------------------------------------------------
@@ -196,8 +218,8 @@ def measure_main(argv: Sequence[str]) -> int:
         return code
 
     def finish(_argv) -> int:
-        doc = analyze([str(written["records"])], **rules)
-        return conclude(doc, write_report(doc, Path(written["records"]).parent),
+        doc, draws = analyze_run([str(written["records"])], **rules)
+        return conclude(doc, write_report(doc, Path(written["records"]).parent, draws),
                         args.fail_on_outliers)
 
     return max(code, run_main(PROG, finish, []))

@@ -7,6 +7,7 @@ tests/matrix/test_matrix_mpi.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,58 @@ def test_the_comparison_can_fail(monkeypatch):
                         lambda self, x: analyze.Sorted._at_median(len(self.v), self.v.__getitem__))
     assert any(analyze.slow_pairs(es, f) != old_slow_pairs(es, f)
                for es in (planted_entries(n, n) for n in (2, 3, 4, 5)) for f in (0.5, 0.8, 0.9))
+
+
+# ---------------------------------------------------------------------------
+# the pairs' draws beside the document: plan --pair reads them at any N
+
+
+def _plan_rows(doc: Path, pair: str) -> list[dict]:
+    r = run_cli("kvbench.plan", "--fit", str(doc), "--pair", pair, "--format", "json",
+                "--prompt-tokens", "500,4000")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["rows"]
+
+
+def test_plan_reads_a_pairs_draws_from_the_draws_file_as_from_an_inline_document(tmp_path):
+    from kvbench.fit.fitting import dumps
+    from kvbench.matrix import analyze as az
+    from tests.matrix.test_matrix import ODD, PLANTED, matrix_records
+
+    src = write_jsonl(tmp_path / "run.jsonl", matrix_records(PLANTED, ODD))
+    r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path / "side"),
+                "--bootstrap", "200", "--draws", "file")
+    assert r.returncode == 0, r.stderr
+    side = next((tmp_path / "side").glob("kvbench-matrix-*.json"))
+    raw = json.loads(side.read_text())
+    assert raw["draws_file"]["file"] == side.name.removesuffix(".json") + ".draws.npy"
+    assert raw["draws_file"]["shape"] == [6, 200, 2]
+    assert all(p["fit"]["draws"] is None and p["draws_row"] is not None
+               and "hosts" not in p["fit"]["group"] for p in raw["pairs"])
+    inline = tmp_path / "inline.json"  # the same analysis, draws inline as before
+    inline.write_text(dumps(az.analyze([str(src)], n_boot=200).model_dump(by_alias=True)))
+    assert json.loads(inline.read_text())["pairs"][0]["fit"]["draws"]["values"]
+    for pair in ("1,0", "0,2"):
+        a, b = _plan_rows(side, pair), _plan_rows(inline, pair)
+        assert a == b and a[0]["handoff_floor_ms_band95"]
+
+
+def test_a_missing_or_foreign_draws_file_is_one_line(tmp_path):
+    import numpy as np
+
+    from tests.matrix.test_matrix import matrix_records
+
+    src = write_jsonl(tmp_path / "run.jsonl", matrix_records({}))
+    r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path), "--bootstrap", "100",
+                "--draws", "file")
+    assert r.returncode == 0, r.stderr
+    doc = next(tmp_path.glob("kvbench-matrix-*.json"))
+    npy = doc.with_name(doc.name.removesuffix(".json") + ".draws.npy")
+    npy.replace(tmp_path / "kept.npy")
+    for planted, needle in ((None, "is missing"), (np.ones((2, 100, 2)), "not this matrix's"),
+                            (np.full((6, 100, 2), np.inf), "not finite")):
+        if planted is not None:
+            np.save(npy, planted)
+        r = run_cli("kvbench.plan", "--fit", str(doc), "--pair", "0,1")
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
