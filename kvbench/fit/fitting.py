@@ -133,10 +133,13 @@ def _lof_json(lof) -> dict | None:
             "size_scatter_rel": _r(lof.size_scatter_rel, 4), "scatter_from": lof.scatter_from}
 
 
-def line_json(line: LineFit, sizes: np.ndarray) -> dict:
+def line_json(line: LineFit, sizes: np.ndarray, raw_draws: bool = False) -> dict:
+    """The line's fields as the fit document writes them; `raw_draws`: the draws' values
+    left as the (B, 2) array, for a caller that stores them itself (kvbench matrix)."""
     draws = None
     if line.draws is not None:
-        draws = {"columns": ["setup_ms", "ms_per_gb"], "values": draw_rows(line.draws)}
+        draws = {"columns": ["setup_ms", "ms_per_gb"],
+                 "values": line.draws if raw_draws else draw_rows(line.draws)}
     return {
         "setup_ms": _r(line.setup_ms),
         "setup_ms_ci95": _pair(line.setup_ci()),
@@ -223,7 +226,8 @@ def _exclusion_warnings(c: Collected) -> list[dict]:
     return out
 
 
-def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> GroupFit:
+def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None,
+              raw_draws: bool = False) -> GroupFit:
     c = collect(group)
     if c.samples is None:
         raise _empty_group_error(group, c)
@@ -256,7 +260,7 @@ def fit_group(group: Group, n_boot: int, seed: int, line_rate: float | None) -> 
     line = fit_line(s.x, med, w, mdraws=mdraws, iid_var=iid_var, no_interval=why_not,
                     scatter_from=source, rng=rng)
     gf.line = line
-    out.update({k: v for k, v in line_json(line, s.sizes).items() if k in out})
+    out.update({k: v for k, v in line_json(line, s.sizes, raw_draws).items() if k in out})
     out["resampling"] = _resampling(s, why_not, 0 if mdraws is None else len(mdraws))
     _add_residuals(out["sizes"], line)
     se = np.sqrt(np.diag(np.cov(mdraws.T))) if mdraws is not None else np.sqrt(iid_var)

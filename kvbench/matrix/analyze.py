@@ -33,7 +33,7 @@ import numpy as np
 
 from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
-from kvbench.fit.fitting import METHOD, fit_group
+from kvbench.fit.fitting import METHOD, draw_rows, fit_group
 from kvbench.p2p import linkpath
 from kvbench.records.schema.matrix import (
     DRAW_COLUMNS,
@@ -143,16 +143,17 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> No
 # the fits
 
 
-def fit_pairs(run: Run, n_boot: int, seed: int) -> dict[tuple[int, int], dict]:
+def fit_pairs(run: Run, n_boot: int, seed: int, raw_draws: bool = False
+              ) -> dict[tuple[int, int], dict]:
     """Each pair's group fitted as kvbench fit fits a group: {pair: fit record, or
-    {"not_fitted": why}}."""
+    {"not_fitted": why}}; `raw_draws`: each fit's draws left as an array (the draws file)."""
     out = {}
     for pair, g in sorted(run.groups.items()):
         if g.not_link:
             out[pair] = {"not_fitted": f"not a link: {g.not_link}"}
             continue
         try:
-            rec = fit_group(g, n_boot, seed, None).record
+            rec = fit_group(g, n_boot, seed, None, raw_draws).record
         except UsageError as exc:  # e.g. every record of the pair received wrong data
             out[pair] = {"not_fitted": str(exc)}
             continue
@@ -330,17 +331,21 @@ def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:
     document grow past its read bound near 100 ranks, and their text was most of its
     writing. Pairs whose draw count differs from the most common one keep theirs inline."""
     counts = Counter(len(e["fit"]["draws"]["values"]) for e in entries
-                     if e["fit"] and e["fit"].get("draws") and e["fit"]["draws"].get("values"))
+                     if e["fit"] and e["fit"].get("draws") and len(e["fit"]["draws"]["values"]))
     if not counts:
         return None, None
     n = counts.most_common(1)[0][0]
     rows = []
     for e in entries:
         d = e["fit"].get("draws") if e["fit"] else None
-        if d and len(d.get("values") or []) == n and d.get("columns") == DRAW_COLUMNS:
+        if not d:
+            continue
+        if len(d["values"]) == n and d.get("columns") == DRAW_COLUMNS:
             e["draws_row"] = len(rows)
             rows.append(d["values"])
             e["fit"]["draws"] = None
+        elif isinstance(d["values"], np.ndarray):  # kept inline: written as kvbench fit does
+            d["values"] = draw_rows(d["values"])
     arr = np.asarray(rows, dtype=np.float64).reshape(len(rows), n, 2)
     return arr, {"file": "kvbench-matrix" + DRAWS_SUFFIX, "shape": list(arr.shape),
                  "columns": DRAW_COLUMNS, "dtype": "float64"}
@@ -366,10 +371,10 @@ def analyze_run(paths: Sequence[str], *, expect_link: str | None = None,
     from kvbench.records.schema.types import parse
 
     run = read_run(paths)
-    fits = fit_pairs(run, n_boot, seed)
+    apart = draws == "file" or (draws == "auto" and len(run.pairs) > MAX_INLINE_DRAW_PAIRS)
+    fits = fit_pairs(run, n_boot, seed, raw_draws=apart)
     entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
                for p in sorted(run.pairs)]
-    apart = draws == "file" or (draws == "auto" and len(entries) > MAX_INLINE_DRAW_PAIRS)
     arr, draws_file = take_draws(entries) if apart else (None, None)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size

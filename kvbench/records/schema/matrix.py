@@ -113,7 +113,8 @@ DRAW_COLUMNS = ["setup_ms", "ms_per_gb"]
 class DrawsFile(Strict):
     """Where the pairs' joint bootstrap draws are: a NumPy .npy array of float64, shape
     (pairs with draws, draws per pair, 2), beside the document (a plain file name); a pair's
-    `draws_row` is its row. The values are the fit's own, to its 6 significant digits."""
+    `draws_row` is its row. The values are the fit's own, at full precision (inline, as
+    kvbench fit writes them, they are rounded to 6 significant digits)."""
 
     file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
     shape: Annotated[list[Count], Field(min_length=3, max_length=3)]
