@@ -43,6 +43,7 @@ from kvbench.records.schema.matrix import (
 )
 
 DEFAULT_SLOW_FRACTION = 0.8
+MAX_NAMED_IN_VERDICT = 20  # the verdict is one line at any N: beyond, a count
 ACROSS, WITHIN = "across hosts", "same host"
 SPEC_PER_PAIR = ("world", "variant")  # spec keys that differ between the pairs of one matrix
 
@@ -321,8 +322,10 @@ def verdict_line(entries: list[dict], n_expected: int) -> str:
     if not named:
         return head + "; no pair named: no rate below the others beyond the intervals, no odd path"
     parts = [f"[{e['pair'][0]},{e['pair'][1]}] {e['sender']['host']} -> {e['receiver']['host']}: "
-             + ", ".join(f["code"] for f in e["findings"]) for e in named]
-    return f"{head}; named {len(named)}: " + "; ".join(parts)
+             + ", ".join(f["code"] for f in e["findings"]) for e in named[:MAX_NAMED_IN_VERDICT]]
+    more = len(named) - MAX_NAMED_IN_VERDICT
+    tail = f"; and {more} more (the report's pairs)" if more > 0 else ""
+    return f"{head}; named {len(named)}: " + "; ".join(parts) + tail
 
 
 def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:

@@ -148,15 +148,26 @@ def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
     return write_files([(stem.with_name(stem.name + s), c) for s, c in rendered])
 
 
+MAX_PRINTED = 50  # named pairs printed on stdout; the rest are in the report's files
+
+
 def conclude(doc: MatrixDocument, files: Sequence[Path], fail_on_outliers: bool) -> int:
-    """Print the verdict and each finding; one stderr line per failing pair; the status."""
+    """Print the verdict, the pairs' rates in one line and each named pair with its
+    findings (not a line per pair: every pair is in the CSV); one stderr line per failing
+    pair; the status."""
+    from kvbench.matrix.report import rates_line
+
     print(f"{PROG}: {doc.verdict}")
     for kind, path in doc.majority_path.items():
         print(f"  majority path {kind}: {path or 'none (no path held by more than half)'}")
-    for p in doc.pairs:
+    print(f"  {rates_line(doc)}")
+    named = [p for p in doc.pairs if p.findings]
+    for p in named[:MAX_PRINTED]:
         rate = "no rate" if p.effective_gb_s is None else f"{p.effective_gb_s:.4g} GB/s"
         print(f"  [{p.pair[0]},{p.pair[1]}] {p.sender.host} -> {p.receiver.host}: {rate}, "
               f"{p.path}" + "".join(f"\n      {f.code}: {f.message}" for f in p.findings))
+    if len(named) > MAX_PRINTED:
+        print(f"  ... and {len(named) - MAX_PRINTED} more named pairs (the .md and .csv)")
     print("wrote " + ", ".join(str(f) for f in files))
     failing = [(p, f) for p in doc.pairs for f in p.findings
                if f.code in FAILING or (fail_on_outliers and f.code in OUTLIERS)]

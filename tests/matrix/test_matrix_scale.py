@@ -212,3 +212,67 @@ def test_a_missing_or_foreign_draws_file_is_one_line(tmp_path):
         r = run_cli("kvbench.plan", "--fit", str(doc), "--pair", "0,1")
         assert r.returncode == 2 and needle in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------
+# a report a person can read at many ranks
+
+
+def big_doc(n: int, per_node: int, slow=((77, 3),), odd=((5, 70),)):
+    """A typed matrix document of n ranks (every pair at ~1 GB/s, `slow` at 5%, `odd` on
+    another path), built without fitting: the report reads documents only."""
+    from kvbench.records.schema.matrix import MatrixDocument
+
+    hosts = [f"node-{r // per_node:02d}" for r in range(n)]
+    pairs = []
+    for s in range(n):
+        for r in range(n):
+            if s == r:
+                continue
+            rate = 0.05 if (s, r) in slow else 1.0 + 0.001 * ((s * 7 + r) % 10)
+            findings = ([{"code": "slow", "message": "planted"}] if (s, r) in slow else []) + \
+                ([{"code": "path_differs", "message": "planted"}] if (s, r) in odd else [])
+            pairs.append({"pair": [s, r], "sender": {"rank": s, "host": hosts[s]},
+                          "receiver": {"rank": r, "host": hosts[r]},
+                          "same_host": hosts[s] == hosts[r], "path": ETH0, "link": "tcp",
+                          "n_records": 2, "effective_gb_s": rate,
+                          "effective_gb_s_ci95": [rate * 0.99, rate * 1.01],
+                          "findings": findings})
+    return MatrixDocument.model_validate({
+        "schema": "kvbench.matrix/1", "created": "2026-12-06T00:00:00Z", "inputs": ["x"],
+        "transport": "nixl", "world_size": n, "hosts": hosts,
+        "rules": {"slow": "planted", "slow_fraction": 0.8, "path": "planted"},
+        "pairs": pairs, "verdict": "planted"})
+
+
+def test_the_markdown_at_many_ranks_leads_with_findings_and_summarises_nodes():
+    from kvbench.matrix.report import csv_table, markdown
+
+    doc = big_doc(80, 8)
+    md = markdown(doc)
+    lines = md.splitlines()
+    first_finding = next(k for k, x in enumerate(lines) if x.startswith("- **"))
+    assert first_finding < 6  # right after the verdict
+    assert "**SLOW** [77,3] node-09 -> node-00" in md and "**PATH** [5,70] node-00 -> node-08" in md
+    assert "## Nodes" in md and "## Effective GB/s" not in md  # no 80-column grid
+    assert "| node-09 | 72..79 (8) |" in md
+    rows = [x for x in lines if x.startswith("| [")]
+    assert "## Named pairs" in md and len(rows) == 2  # the named ones only
+    assert len(md) < 20_000
+    assert len(csv_table(doc).splitlines()) == 80 * 79 + 1  # every pair in the CSV
+    small = markdown(big_doc(6, 2, slow=((1, 0),), odd=()))
+    assert "## Effective GB/s" in small  # every pair still, and the grid
+    assert len([x for x in small.splitlines() if x.startswith("| [")]) == 30
+
+
+def test_the_heatmap_at_many_ranks_is_by_node_with_the_named_pairs_marked(tmp_path):
+    from kvbench.matrix.report import heatmap_png
+
+    png = heatmap_png(big_doc(80, 8))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "m.png").write_bytes(png)  # (looked at by eye: tests/matrix README)
+    import matplotlib.pyplot as plt
+
+    img = plt.imread(tmp_path / "m.png")
+    red = (img[..., 0] > 0.5) & (img[..., 1] < 0.2) & (img[..., 2] < 0.2)
+    assert red.sum() > 100  # the frames and the list are drawn in red
