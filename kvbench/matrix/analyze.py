@@ -358,19 +358,14 @@ DRAWS_CHOICES = ("auto", "inline", "file")
 MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB of text)
 
 
-def analyze(paths: Sequence[str], **kw) -> MatrixDocument:
-    """The matrix document of a run's records, its draws inline in each pair's fit (as
-    kvbench fit writes a group); `analyze_run` can keep them apart for the files."""
-    return analyze_run(paths, draws="inline", **kw)[0]
-
-
-def analyze_run(paths: Sequence[str], *, expect_link: str | None = None,
-                expect_local_link: str | None = None,
-                slow_fraction: float = DEFAULT_SLOW_FRACTION, n_boot: int = 1000, seed: int = 0,
-                draws: str = "auto") -> tuple[MatrixDocument, np.ndarray | None]:
-    """(the matrix document of a run's records, typed: the model checks what is written;
-    the pairs' draws as one array for the draws file, or None when they stay inline).
-    `draws`: inline, file, or auto (a file beyond MAX_INLINE_DRAW_PAIRS pairs)."""
+def analyze(paths: Sequence[str], *, expect_link: str | None = None,
+            expect_local_link: str | None = None, slow_fraction: float = DEFAULT_SLOW_FRACTION,
+            n_boot: int = 1000, seed: int = 0, draws: str = "inline",
+            draws_out: list | None = None) -> MatrixDocument:
+    """The matrix document of a run's records (typed: the model checks what is written).
+    `draws`: each pair's draws inline in its fit (as kvbench fit writes a group), in the
+    draws file (`file`: the array is appended to `draws_out` for the writer), or `auto`
+    (the file beyond MAX_INLINE_DRAW_PAIRS pairs)."""
     from kvbench.records.schema.types import parse
 
     run = read_run(paths)
@@ -379,6 +374,8 @@ def analyze_run(paths: Sequence[str], *, expect_link: str | None = None,
     entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
                for p in sorted(run.pairs)]
     arr, draws_file = take_draws(entries) if apart else (None, None)
+    if draws_out is not None and arr is not None:
+        draws_out.append(arr)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size
     doc = {
@@ -399,4 +396,4 @@ def analyze_run(paths: Sequence[str], *, expect_link: str | None = None,
         "verdict": verdict_line(entries, n * (n - 1)),
         "draws_file": draws_file,
     }
-    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)"), arr
+    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")

@@ -28,7 +28,7 @@ from kvbench.matrix.analyze import (
     DEFAULT_SLOW_FRACTION,
     DRAWS_CHOICES,
     MAX_INLINE_DRAW_PAIRS,
-    analyze_run,
+    analyze,
 )
 from kvbench.p2p import linkpath
 from kvbench.p2p.watchdog import env_rank
@@ -139,7 +139,7 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
 
 def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
     """The files together or none, under a fresh name (never overwriting); the document
-    names its draws file (`draws`: analyze_run's array) by that name."""
+    names its draws file (`draws`: the array analyze gave) by that name."""
     stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX))
     if doc.draws_file is not None:  # (typed models are frozen: a copy with the name)
         doc = doc.model_copy(update={"draws_file": doc.draws_file.model_copy(
@@ -188,8 +188,9 @@ def report_main(argv: Sequence[str] | None) -> int:
     args = report_parser().parse_args(argv)
     rules = _rules(args)
     out = check_destination(Path(args.out) if args.out else Path(args.records[0]).parent)
-    doc, draws = analyze_run(each_once(args.records, f"{PROG} report"), **rules)
-    return conclude(doc, write_report(doc, out, draws), args.fail_on_outliers)
+    draws: list = []
+    doc = analyze(each_once(args.records, f"{PROG} report"), draws_out=draws, **rules)
+    return conclude(doc, write_report(doc, out, *draws), args.fail_on_outliers)
 
 
 # ---------------------------------------------------------------------------
@@ -229,8 +230,9 @@ def measure_main(argv: Sequence[str]) -> int:
         return code
 
     def finish(_argv) -> int:
-        doc, draws = analyze_run([str(written["records"])], **rules)
-        return conclude(doc, write_report(doc, Path(written["records"]).parent, draws),
+        draws: list = []
+        doc = analyze([str(written["records"])], draws_out=draws, **rules)
+        return conclude(doc, write_report(doc, Path(written["records"]).parent, *draws),
                         args.fail_on_outliers)
 
     return max(code, run_main(PROG, finish, []))
