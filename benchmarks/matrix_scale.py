@@ -12,7 +12,8 @@ successive N (log time ratio / log pairs ratio: 1.0 is linear in pairs).
 Planted faults, checked in the child's output: two slow pairs (5% of the others' rate,
 one of them across nodes and one inside a node when there are several ranks per node) and one
 pair on an odd path (another interface). A run passes only when exactly these three pairs are
-named (`slow`, `slow`, `path_differs`); anything else is printed and the exit status is 1.
+named (`slow`, `slow`, `path_differs`) and `kvbench plan --fit DOC --pair I,J` plans with a
+planted pair (band included, from its draws); anything else is printed and exits 1.
 
     .venv/bin/python benchmarks/matrix_scale.py                     # N = 8, 16, 32, 64
     .venv/bin/python benchmarks/matrix_scale.py --ranks 32,64,128 --bootstrap 1000
@@ -131,6 +132,20 @@ def run_report(jsonl: Path, out: Path, boot: int) -> tuple[float, float, str, in
     return time.perf_counter() - t0, usage.ru_maxrss / 1024, text, proc.returncode
 
 
+def plan_pair(doc: Path, pair: tuple[int, int]) -> tuple[float, bool]:
+    """`kvbench plan --fit DOC --pair I,J` on a planted pair: (wall s, it planned with that
+    pair and a band from its draws)."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "kvbench.plan", "--fit", str(doc), "--pair",
+                        f"{pair[0]},{pair[1]}", "--format", "json"], cwd=ROOT,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    ok = r.returncode == 0 and json.loads(r.stdout)["rows"][0].get("handoff_floor_ms_band95")
+    if not ok:
+        print(r.stderr[-2000:], file=sys.stderr)
+    return wall, bool(ok)
+
+
 def named_in(out: Path) -> dict[tuple[int, int], list[str]]:
     doc = json.loads(next(out.glob("kvbench-matrix-*.csv")).with_suffix(".json").read_text())
     return {tuple(p["pair"]): [f["code"] for f in p["findings"]] for p in doc["pairs"]
@@ -152,8 +167,10 @@ def one(n: int, args, work: Path) -> dict:
         print(text[-3000:], file=sys.stderr)
     doc = next(folder.glob("kvbench-matrix-*.json"), None)
     draws = next(folder.glob("kvbench-matrix-*.draws.npy"), None)
+    plan_s, plan_ok = plan_pair(doc, next(iter(want))) if doc else (float("nan"), False)
+    ok = ok and plan_ok
     return {"n": n, "pairs": n * (n - 1), "records": n * (n - 1) * len(SIZES),
-            "doc_mb": doc.stat().st_size / 1e6 if doc else float("nan"),
+            "doc_mb": doc.stat().st_size / 1e6 if doc else float("nan"), "plan_s": plan_s,
             "draws_mb": draws.stat().st_size / 1e6 if draws else 0.0,
             "file_mb": jsonl.stat().st_size / 1e6, "write_s": write_s, "report_s": wall,
             "peak_mib": peak, "status": code, "named_ok": ok, "named": got,
@@ -178,7 +195,7 @@ def main(argv=None) -> int:
           f"{args.ranks_per_node} ranks per node, sizes 1 MiB and 8 MiB, {args.rounds} rounds, "
           f"{args.bootstrap} bootstrap resamples per pair. {args.note}")
     print(f"{'N':>5} {'pairs':>8} {'records':>8} {'file MB':>9} {'write s':>8} {'report s':>9} "
-          f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'draws MB':>8}  named")
+          f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'draws MB':>8} {'plan s':>6}  named")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kvbench-matrix-scale-"))
     prev, bad = None, 0
     for n in ns:
@@ -188,8 +205,8 @@ def main(argv=None) -> int:
         bad += not r["named_ok"]
         print(f"{n:>5} {r['pairs']:>8} {r['records']:>8} {r['file_mb']:>9.1f} "
               f"{r['write_s']:>8.1f} {r['report_s']:>9.1f} {r['peak_mib']:>9.0f} {exp:>5.2f} "
-              f"{r['doc_mb']:>7.1f} {r['draws_mb']:>8.1f}  "
-              f"{'exactly the planted pairs' if r['named_ok'] else 'WRONG: ' + str(r['named'])}"
+              f"{r['doc_mb']:>7.1f} {r['draws_mb']:>8.1f} {r['plan_s']:>6.1f}  "
+              f"{'exactly the planted pairs, plan --pair read' if r['named_ok'] else 'WRONG: ' + str(r['named'])}"
               f" (exit {r['status']}, {r['stdout_lines']} stdout lines)", flush=True)
         prev = r
     if not args.dir:
