@@ -34,7 +34,7 @@ def _bytes_per_record(records: list[dict]) -> float:
 def test_a_records_bytes_do_not_grow_with_the_job(tmp_path):
     four, eight = _job(4, tmp_path / "n4"), _job(8, tmp_path / "n8")
     b4, b8 = _bytes_per_record(four), _bytes_per_record(eight)
-    assert b8 / b4 < 1.5, (b4, b8)
+    assert b8 / b4 < 1.5, (b4, b8)  # before: 12.5 KB and 22.3 KB (every rank's env each)
     for recs, n in ((four, 4), (eight, 8)):
         assert len(recs[0]["env"]["ranks"]) == n  # every rank's, once, in the first record
         assert all(len(r["env"]["ranks"]) == 1 and r["env"]["ranks_in"] == "the first record"
