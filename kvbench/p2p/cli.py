@@ -444,6 +444,10 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
         once = k > 0 and rec.get("pair") is not None
         rec["env"] = ({"ranks": envs[:1], "ranks_in": "the first record", **summary} if once
                       else {"ranks": envs, **summary})
+        if once and isinstance(rec.get("clock"), dict):  # its pair's two offsets, not N
+            clock, (s, d) = rec["clock"], rec["pair"]
+            rec["clock"] = {"method": clock.get("method"), "ranks_in": "the first record",
+                            "pair_offset_ms": [clock["offset_ms"][s], clock["offset_ms"][d]]}
         rec["timestamp"] = stamp
     print(format_table(records))
     print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "
