@@ -226,3 +226,22 @@ def output_format(given: str | None) -> str:
         return "json"
 
 
+
+
+def each_once(paths: Sequence[str], prog: str) -> list[str]:
+    """Each input file once: `f.jsonl ./f.jsonl` (or a link to it) names the same records
+    twice, and reading both would count every sample twice. Files are the same when their
+    device and inode are (os.path.samefile's test); a note on stderr names each one dropped."""
+    kept: list[tuple[str, tuple[int, int] | str]] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            ident: tuple[int, int] | str = (st.st_dev, st.st_ino)
+        except OSError:
+            ident = os.path.abspath(p)  # the reader words the error when it opens it
+        first = next((q for q, i in kept if i == ident), None)
+        if first is not None:
+            print(f"{prog}: note: {p} is {first}, given already: read once", file=sys.stderr)
+            continue
+        kept.append((p, ident))
+    return [p for p, _ in kept]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_main
+from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, each_once, run_main
 from kvbench.fit.data import (
     read_groups,
 )
@@ -78,21 +77,8 @@ def _line_rate(text: str | None) -> float | None:
 
 
 def _once(paths: list[str]) -> list[str]:
-    """Each file once: `f.jsonl ./f.jsonl` (or a link to it) named the same records twice, and
-    reading both counted every sample twice. Files are the same when os.path.samefile says so."""
-    kept: list[tuple[str, tuple[int, int] | str]] = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            ident: tuple[int, int] | str = (st.st_dev, st.st_ino)
-        except OSError:
-            ident = os.path.abspath(p)  # the reader words the error when it opens it
-        first = next((q for q, i in kept if i == ident), None)
-        if first is not None:
-            print(f"kvbench fit: note: {p} is {first}, given already: read once", file=sys.stderr)
-            continue
-        kept.append((p, ident))
-    return [p for p, _ in kept]
+    """Each file once (kvbench.cli.each_once)."""
+    return each_once(paths, "kvbench fit")
 
 
 def _paths(args) -> tuple[list[str], Path, Path | None, str | None]:

@@ -28,7 +28,7 @@ import json
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,15 +65,31 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+LABEL_LIST_ITEMS = 8  # a list longer than this (every host of a big job) is summarised
+LABEL_VALUE_CHARS = 200  # one value's text beyond this is cut (the label stays one short line)
+
+
 def label_of(fields: dict) -> str:
+    """'key=value ...' of a group's fields, bounded whatever the world size: a long list
+    (hosts of a 1,000-rank job) is summarised as its length, distinct values and ends."""
     parts = []
     for k, v in fields.items():
         if v is None or v == {} or v == []:
             continue
         if isinstance(v, (list, tuple)):
-            v = ",".join(map(str, v))
+            v = _list_text(v)
+        v = str(v)
+        if len(v) > LABEL_VALUE_CHARS:
+            v = v[:LABEL_VALUE_CHARS - 3] + "..."
         parts.append(f"{k}={v}")
     return " ".join(parts)
+
+
+def _list_text(v: list | tuple) -> str:
+    if len(v) <= LABEL_LIST_ITEMS:
+        return ",".join(map(str, v))
+    distinct = len({json.dumps(x, sort_keys=True) for x in v})
+    return f"[{len(v)} values, {distinct} distinct: {v[0]} .. {v[-1]}]"
 
 
 # ---------------------------------------------------------------------------
@@ -102,8 +118,11 @@ class _SpecsAsWritten:
     """The spec dict of a typed record, with its keys in the file's order (labels and the fit
     file show them in that order): decoded once per spec_id, whose hash the schema checked."""
 
+    MAX_SPECS = 1 << 22  # each is its group's own spec dict (kept by the group anyway)
+
     def __init__(self):
         self._by_id: dict[str, dict] = {}
+        self._hosts: dict[tuple, list] = {}  # one list per distinct host list, shared
 
     def of(self, rec: P2PRecord, raw: bytes, where: str) -> tuple[str, dict] | None:
         if rec.spec is None:
@@ -112,7 +131,11 @@ class _SpecsAsWritten:
         spec = self._by_id.get(sid) if sid else None
         if spec is None:
             spec = decode_line(raw, where)["spec"]
-            if sid and len(self._by_id) < 4096:
+            hosts = spec.get("hosts")
+            if isinstance(hosts, list) and all(type(h) is str for h in hosts):
+                # a matrix's pairs share one job's hosts: held once, not once per pair
+                spec["hosts"] = self._hosts.setdefault(tuple(hosts), hosts)
+            if sid and len(self._by_id) < self.MAX_SPECS:
                 self._by_id[sid] = spec
         return sid or spec_id_of(spec), spec
 
@@ -409,16 +432,22 @@ def group_records(records: Iterable[dict], keep_paths: bool = False) -> list[Gro
     return grouper.groups()
 
 
-def read_groups(paths: Iterable[str | Path], keep_paths: bool = False) -> tuple[list[Group], int]:
+def read_groups(paths: Iterable[str | Path], keep_paths: bool = False,
+                each: Callable[[P2PRecord, dict | None], None] | None = None
+                ) -> tuple[list[Group], int]:
     """Groups of the records in p2p result files, each line checked by the typed record and
-    folded into its group as it is read; returns (groups, records read)."""
+    folded into its group as it is read; returns (groups, records read). `each(record, spec
+    as written or None)` sees every record of the same single parse (kvbench matrix)."""
     grouper = Grouper(keep_paths)
     specs = _SpecsAsWritten()
     for path in paths:
         source = str(path)
         for where, raw in iter_lines(path, "results file", missing="no such file"):
             rec = parse_p2p_line(raw, where)
-            grouper.add(rec, source, specs.of(rec, raw, where))
+            spec = specs.of(rec, raw, where)
+            grouper.add(rec, source, spec)
+            if each is not None:
+                each(rec, None if spec is None else spec[1])
     return grouper.groups(), grouper.n_records
 
 

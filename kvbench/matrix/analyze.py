@@ -22,21 +22,28 @@ The verdict's rules (every setting is written into the document):
 
 from __future__ import annotations
 
+import bisect
 import json
-import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
-from kvbench.fit.fitting import METHOD, fit_group
+from kvbench.fit.fitting import METHOD, draw_rows, fit_group
 from kvbench.p2p import linkpath
-from kvbench.records.schema.matrix import SCHEMA_MATRIX, MatrixDocument
-from kvbench.records.schema.p2p import iter_p2p_records
+from kvbench.records.schema.matrix import (
+    DRAW_COLUMNS,
+    DRAWS_SUFFIX,
+    SCHEMA_MATRIX,
+    MatrixDocument,
+)
 
 DEFAULT_SLOW_FRACTION = 0.8
+MAX_NAMED_IN_VERDICT = 20  # the verdict is one line at any N: beyond, a count
 ACROSS, WITHIN = "across hosts", "same host"
 SPEC_PER_PAIR = ("world", "variant")  # spec keys that differ between the pairs of one matrix
 
@@ -87,8 +94,19 @@ def _pair_of_spec(spec: dict | None) -> tuple[int, int] | None:
 def read_run(paths: Sequence[str]) -> Run:
     """The matrix records of the files (others are counted and left out); refuses files that
     hold no matrix, or records of more than one configuration (transport, sizes' kind,
-    hosts, ...): a matrix compares pairs measured alike."""
-    groups, _ = read_groups(paths, keep_paths=True)
+    hosts, ...): a matrix compares pairs measured alike. Each file is parsed once: the
+    fit's groups and each pair's paths, data check and wire-up come from the same pass."""
+    pairs, schedules, skipped = {}, set(), [0]
+
+    def each(rec, spec: dict | None) -> None:
+        pair = _pair_of_spec(spec)
+        if pair is None:
+            skipped[0] += 1
+            return
+        _add_record(pairs, pair, rec, spec["hosts"])
+        schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
+
+    groups, _ = read_groups(paths, keep_paths=True, each=each)
     by_pair, keys = {}, {}
     for g in groups:
         pair = _pair_of_spec(g.spec)
@@ -102,16 +120,8 @@ def read_run(paths: Sequence[str]) -> Run:
         raise UsageError(f"{', '.join(paths)} hold {len(keys)} different matrices (transport, "
                          "layout, dtype, hosts or world differ); give the files of one run")
     spec = next(iter(by_pair.values())).spec
-    pairs, schedules, skipped = {}, set(), 0
-    for _, rec in iter_p2p_records(paths):
-        pair = _pair_of_spec(rec.spec.model_dump() if rec.spec else None)
-        if pair is None:
-            skipped += 1
-            continue
-        _add_record(pairs, pair, rec, spec["hosts"])
-        schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
     return Run(spec["transport"], spec["world"]["size"], list(spec["hosts"]), schedules - {None},
-               pairs, by_pair, skipped)
+               pairs, by_pair, skipped[0])
 
 
 def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> None:
@@ -137,16 +147,17 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> No
 # the fits
 
 
-def fit_pairs(run: Run, n_boot: int, seed: int) -> dict[tuple[int, int], dict]:
+def fit_pairs(run: Run, n_boot: int, seed: int, raw_draws: bool = False
+              ) -> dict[tuple[int, int], dict]:
     """Each pair's group fitted as kvbench fit fits a group: {pair: fit record, or
-    {"not_fitted": why}}."""
+    {"not_fitted": why}}; `raw_draws`: each fit's draws left as an array (the draws file)."""
     out = {}
     for pair, g in sorted(run.groups.items()):
         if g.not_link:
             out[pair] = {"not_fitted": f"not a link: {g.not_link}"}
             continue
         try:
-            rec = fit_group(g, n_boot, seed, None).record
+            rec = fit_group(g, n_boot, seed, None, raw_draws).record
         except UsageError as exc:  # e.g. every record of the pair received wrong data
             out[pair] = {"not_fitted": str(exc)}
             continue
@@ -168,25 +179,59 @@ def _fmt_ci(ci) -> str:
 
 
 def slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
-    """{pair: why} for the pairs below the others beyond the intervals (module doc)."""
+    """{pair: why} for the pairs below the others beyond the intervals (module doc).
+
+    "The others" of a pair are every other rated pair: their medians are read from two
+    sorted arrays (all rates; all lower ends) with the pair's own value taken out, so the
+    rule costs O(P log P) for P pairs, not a rebuilt list and two medians per pair."""
     rated = [e for e in entries if e.get("effective_gb_s") is not None]
+    rates = Sorted(e["effective_gb_s"] for e in rated)
+    lows = Sorted(_low(e) for e in rated if _low(e) is not None)
     out = {}
     for e in rated:
         ci = e.get("effective_gb_s_ci95")
-        others = [o for o in rated if o is not e]
-        lows = [o["effective_gb_s_ci95"][0] for o in others
-                if o.get("effective_gb_s_ci95") and o["effective_gb_s_ci95"][0] is not None]
-        if not ci or ci[1] is None or not lows:
+        own_low = _low(e)
+        n_lows = len(lows) - (own_low is not None)
+        if not ci or ci[1] is None or not n_lows:
             continue
-        ref_lo = statistics.median(lows)
-        ref = statistics.median(o["effective_gb_s"] for o in others)
+        ref_lo = lows.median_without(own_low)
         rate = e["effective_gb_s"]
+        ref = rates.median_without(rate)
         if ci[1] < ref_lo and rate < fraction * ref:
             out[tuple(e["pair"])] = (
-                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(others)} pairs beyond "
+                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(rated) - 1} pairs beyond "
                 f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
                 f"{rate / ref:.0%} of their median")
     return out
+
+
+def _low(e: dict) -> float | None:
+    ci = e.get("effective_gb_s_ci95")
+    return ci[0] if ci and ci[0] is not None else None
+
+
+class Sorted:
+    """Values sorted once; the median of all of them but one (statistics.median's value)."""
+
+    def __init__(self, values):
+        self.v = sorted(values)
+
+    def __len__(self) -> int:
+        return len(self.v)
+
+    def median_without(self, x: float | None) -> float:
+        """The median of the values with one copy of x taken out (x None: none taken out)."""
+        n = len(self.v) - (x is not None)
+        if x is None:
+            return self._at_median(n, lambda k: self.v[k])
+        cut = bisect.bisect_left(self.v, x)  # the copy taken out sits at index cut
+        return self._at_median(n, lambda k: self.v[k if k < cut else k + 1])
+
+    @staticmethod
+    def _at_median(n: int, at) -> float:
+        if n % 2:
+            return at(n // 2)
+        return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def majority_paths(entries: list[dict]) -> dict[str, str | None]:
@@ -245,6 +290,9 @@ def _entry(d: PairData, fit: dict) -> dict:
         others = ", ".join(f"{p!r} in {n}" for p, n in d.paths.items() if p != path)
         source = f"{source or ''}; other records said {others}".lstrip("; ")
     fitted = "not_fitted" not in fit
+    for part in ("group", "spec"):  # every pair's would repeat the document's `hosts`
+        if isinstance(fit.get(part), dict):
+            fit[part] = {k: v for k, v in fit[part].items() if k != "hosts"}
     e = {"pair": list(d.pair), "sender": {"rank": d.pair[0], "host": d.hosts[0]},
          "receiver": {"rank": d.pair[1], "host": d.hosts[1]}, "same_host": d.same_host,
          "path": path, "link": kinds.label, "path_source": source, "n_records": d.n_records,
@@ -284,20 +332,60 @@ def verdict_line(entries: list[dict], n_expected: int) -> str:
     if not named:
         return head + "; no pair named: no rate below the others beyond the intervals, no odd path"
     parts = [f"[{e['pair'][0]},{e['pair'][1]}] {e['sender']['host']} -> {e['receiver']['host']}: "
-             + ", ".join(f["code"] for f in e["findings"]) for e in named]
-    return f"{head}; named {len(named)}: " + "; ".join(parts)
+             + ", ".join(f["code"] for f in e["findings"]) for e in named[:MAX_NAMED_IN_VERDICT]]
+    more = len(named) - MAX_NAMED_IN_VERDICT
+    tail = f"; and {more} more (the report's pairs)" if more > 0 else ""
+    return f"{head}; named {len(named)}: " + "; ".join(parts) + tail
+
+
+def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:
+    """The pairs' joint draws out of the document, into one (pairs, draws, 2) float64 array
+    written beside it (kvbench.records.schema.matrix.DrawsFile): inline they made the
+    document grow past its read bound near 100 ranks, and their text was most of its
+    writing. Pairs whose draw count differs from the most common one keep theirs inline."""
+    counts = Counter(len(e["fit"]["draws"]["values"]) for e in entries
+                     if e["fit"] and e["fit"].get("draws") and len(e["fit"]["draws"]["values"]))
+    if not counts:
+        return None, None
+    n = counts.most_common(1)[0][0]
+    rows = []
+    for e in entries:
+        d = e["fit"].get("draws") if e["fit"] else None
+        if not d:
+            continue
+        if len(d["values"]) == n and d.get("columns") == DRAW_COLUMNS:
+            e["draws_row"] = len(rows)
+            rows.append(d["values"])
+            e["fit"]["draws"] = None
+        elif isinstance(d["values"], np.ndarray):  # kept inline: written as kvbench fit does
+            d["values"] = draw_rows(d["values"])
+    arr = np.asarray(rows, dtype=np.float64).reshape(len(rows), n, 2)
+    return arr, {"file": "kvbench-matrix" + DRAWS_SUFFIX, "shape": list(arr.shape),
+                 "columns": DRAW_COLUMNS, "dtype": "float64"}
+
+
+DRAWS_CHOICES = ("auto", "inline", "file")
+MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB of text)
 
 
 def analyze(paths: Sequence[str], *, expect_link: str | None = None,
             expect_local_link: str | None = None, slow_fraction: float = DEFAULT_SLOW_FRACTION,
-            n_boot: int = 1000, seed: int = 0) -> MatrixDocument:
-    """The matrix document of a run's records (typed: the model checks what is written)."""
+            n_boot: int = 1000, seed: int = 0, draws: str = "inline",
+            draws_out: list | None = None) -> MatrixDocument:
+    """The matrix document of a run's records (typed: the model checks what is written).
+    `draws`: each pair's draws inline in its fit (as kvbench fit writes a group), in the
+    draws file (`file`: the array is appended to `draws_out` for the writer), or `auto`
+    (the file beyond MAX_INLINE_DRAW_PAIRS pairs)."""
     from kvbench.records.schema.types import parse
 
     run = read_run(paths)
-    fits = fit_pairs(run, n_boot, seed)
+    apart = draws == "file" or (draws == "auto" and len(run.pairs) > MAX_INLINE_DRAW_PAIRS)
+    fits = fit_pairs(run, n_boot, seed, raw_draws=apart)
     entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
                for p in sorted(run.pairs)]
+    arr, draws_file = take_draws(entries) if apart else (None, None)
+    if draws_out is not None and arr is not None:
+        draws_out.append(arr)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size
     doc = {
@@ -316,5 +404,6 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
                                    "pair's roles)"},
         "pairs": entries,
         "verdict": verdict_line(entries, n * (n - 1)),
+        "draws_file": draws_file,
     }
     return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")

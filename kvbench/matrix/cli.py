@@ -23,11 +23,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, run_main
-from kvbench.matrix.analyze import DEFAULT_SLOW_FRACTION, analyze
+from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, each_once, run_main
+from kvbench.matrix.analyze import (
+    DEFAULT_SLOW_FRACTION,
+    DRAWS_CHOICES,
+    MAX_INLINE_DRAW_PAIRS,
+    analyze,
+)
 from kvbench.p2p import linkpath
 from kvbench.p2p.watchdog import env_rank
-from kvbench.records.schema.matrix import MatrixDocument
+from kvbench.records.schema.matrix import DRAWS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
@@ -65,6 +70,10 @@ def _add_rules(p: ArgumentParser) -> None:
     g.add_argument("--bootstrap", type=arg_int(100, 100_000), default=1000, metavar="N",
                    help="bootstrap resamples per pair (default 1000)")
     g.add_argument("--seed", type=arg_int(0, 2**32 - 1), default=0, help="bootstrap seed")
+    g.add_argument("--draws", choices=DRAWS_CHOICES, default="auto",
+                   help="each pair's bootstrap draws (what plan --pair draws its band from): "
+                        "inline in the .json, or in a .draws.npy file beside it; auto "
+                        f"(default): the file beyond {MAX_INLINE_DRAW_PAIRS} pairs")
 
 
 class _RankParser(ArgumentParser):
@@ -108,34 +117,58 @@ def report_parser() -> ArgumentParser:
 # the report
 
 
-def render(doc: MatrixDocument) -> list[tuple[str, str | bytes]]:
+def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
     """(suffix, content) of every file, rendered before anything is written."""
     from kvbench.fit.fitting import dumps  # indented, each pair's draws on one line
     from kvbench.fit.plots import require_matplotlib
     from kvbench.matrix import report
 
     require_matplotlib()
-    return [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
-            (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
-            (".csv", report.csv_table(doc))]
+    out = [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
+           (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
+           (".csv", report.csv_table(doc))]
+    if draws is not None:
+        import io
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, draws, allow_pickle=False)
+        out.append((DRAWS_SUFFIX, buf.getvalue()))
+    return out
 
 
-def write_report(doc: MatrixDocument, out_dir: Path) -> list[Path]:
-    """The four files together or none, under a fresh name (never overwriting)."""
-    rendered = render(doc)
-    stem = fresh_stem(out_dir, "kvbench-matrix", SUFFIXES)
+def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
+    """The files together or none, under a fresh name (never overwriting); the document
+    names its draws file (`draws`: the array analyze gave) by that name."""
+    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX))
+    if doc.draws_file is not None:  # (typed models are frozen: a copy with the name)
+        doc = doc.model_copy(update={"draws_file": doc.draws_file.model_copy(
+            update={"file": stem.name + DRAWS_SUFFIX})})
+    rendered = render(doc, draws)
     return write_files([(stem.with_name(stem.name + s), c) for s, c in rendered])
 
 
+MAX_PRINTED = 50  # named pairs printed on stdout; the rest are in the report's files
+
+
 def conclude(doc: MatrixDocument, files: Sequence[Path], fail_on_outliers: bool) -> int:
-    """Print the verdict and each finding; one stderr line per failing pair; the status."""
+    """Print the verdict, the pairs' rates in one line and each named pair with its
+    findings (not a line per pair: every pair is in the CSV); one stderr line per failing
+    pair; the status."""
+    from kvbench.matrix.report import rates_line
+
     print(f"{PROG}: {doc.verdict}")
     for kind, path in doc.majority_path.items():
         print(f"  majority path {kind}: {path or 'none (no path held by more than half)'}")
-    for p in doc.pairs:
+    print(f"  {rates_line(doc)}")
+    named = [p for p in doc.pairs if p.findings]
+    for p in named[:MAX_PRINTED]:
         rate = "no rate" if p.effective_gb_s is None else f"{p.effective_gb_s:.4g} GB/s"
         print(f"  [{p.pair[0]},{p.pair[1]}] {p.sender.host} -> {p.receiver.host}: {rate}, "
               f"{p.path}" + "".join(f"\n      {f.code}: {f.message}" for f in p.findings))
+    if len(named) > MAX_PRINTED:
+        print(f"  ... and {len(named) - MAX_PRINTED} more named pairs (the .md and .csv)")
     print("wrote " + ", ".join(str(f) for f in files))
     failing = [(p, f) for p in doc.pairs for f in p.findings
                if f.code in FAILING or (fail_on_outliers and f.code in OUTLIERS)]
@@ -149,15 +182,16 @@ def _rules(args) -> dict:
     return {"expect_link": args.expect_link, "expect_local_link": args.expect_local_link,
             "slow_fraction": bounded_float(args.slow_fraction, "--slow-fraction", 0, 1,
                                            lo_open=True),
-            "n_boot": args.bootstrap, "seed": args.seed}
+            "n_boot": args.bootstrap, "seed": args.seed, "draws": args.draws}
 
 
 def report_main(argv: Sequence[str] | None) -> int:
     args = report_parser().parse_args(argv)
     rules = _rules(args)
     out = check_destination(Path(args.out) if args.out else Path(args.records[0]).parent)
-    doc = analyze(list(args.records), **rules)
-    return conclude(doc, write_report(doc, out), args.fail_on_outliers)
+    draws: list = []
+    doc = analyze(each_once(args.records, f"{PROG} report"), draws_out=draws, **rules)
+    return conclude(doc, write_report(doc, out, *draws), args.fail_on_outliers)
 
 
 # ---------------------------------------------------------------------------
@@ -197,8 +231,9 @@ def measure_main(argv: Sequence[str]) -> int:
         return code
 
     def finish(_argv) -> int:
-        doc = analyze([str(written["records"])], **rules)
-        return conclude(doc, write_report(doc, Path(written["records"]).parent),
+        draws: list = []
+        doc = analyze([str(written["records"])], draws_out=draws, **rules)
+        return conclude(doc, write_report(doc, Path(written["records"]).parent, *draws),
                         args.fail_on_outliers)
 
     return max(code, run_main(PROG, finish, []))

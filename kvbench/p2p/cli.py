@@ -472,10 +472,19 @@ def report(args, records: list[dict], info: dict, envs: list[dict], notice: floa
            written: dict | None = None) -> int:
     """Rank 0: finish the records, print the table, write the files, return the exit status."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for rec in records:
+    summary = {k: envs[0][k] for k in ("torch", "mpi4py", "mpi_library", "nccl", "nixl", "gpu",
+                                       "cpu")}
+    for k, rec in enumerate(records):
         rec.setdefault("transport_info", info)
-        rec["env"] = {"ranks": envs, **{k: envs[0][k] for k in ("torch", "mpi4py", "mpi_library",
-                                                                  "nccl", "nixl", "gpu", "cpu")}}
+        # every rank's environment once per job: a matrix's N(N-1) pair records would
+        # otherwise carry N of them each (N^3 in the file); its later records carry rank 0's
+        once = k > 0 and rec.get("pair") is not None
+        rec["env"] = ({"ranks": envs[:1], "ranks_in": "the first record", **summary} if once
+                      else {"ranks": envs, **summary})
+        if once and isinstance(rec.get("clock"), dict):  # its pair's two offsets, not N
+            clock, (s, d) = rec["clock"], rec["pair"]
+            rec["clock"] = {"method": clock.get("method"), "ranks_in": "the first record",
+                            "pair_offset_ms": [clock["offset_ms"][s], clock["offset_ms"][d]]}
         rec["timestamp"] = stamp
     print(format_table(records))
     print(f"notice one-way latency {notice:.4f} ms (included once in every sample); "

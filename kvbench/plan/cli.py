@@ -197,7 +197,8 @@ def plan_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
     _check_out(args)
     budget = bounded_float(args.budget_ms, "--budget-ms", 0, MAX_MS, lo_open=True)
-    links = resolve_links(args)
+    notes: list[str] = []  # said once the plan is out: a refusal is one line
+    links = resolve_links(args, notes)
     model, dtype, sizings = _sizings(args)
     doc = contract_dump(PlanDocument, {
         "schema": SCHEMA_PLAN,
@@ -211,7 +212,13 @@ def plan_main(argv: Sequence[str]) -> int:
         "not_measured": plan_labels(model.name, *_given_link(links), budget),
     }, "the plan being written")
     _emit(doc, _labelled(format_plan_table(doc), doc["not_measured"]), args)
+    say_notes("kvbench plan", notes)
     return 0
+
+
+def say_notes(prog: str, notes: list[str]) -> None:
+    for note in notes:
+        print(f"{prog}: note: {note}", file=sys.stderr)
 
 
 def planned_cut(args):
@@ -227,7 +234,8 @@ def route_main(argv: Sequence[str]) -> int:
     interference = bounded_float(args.local_interference_ms, "--local-interference-ms", 0, MAX_MS)
     p95 = bounded_float(args.itl_p95_ms, "--itl-p95-ms", 0, MAX_MS)
     target = bounded_float(args.itl_target_ms, "--itl-target-ms", 0, MAX_MS, lo_open=True)
-    links = resolve_links(args)
+    notes: list[str] = []
+    links = resolve_links(args, notes)
     if getattr(args, "us_per_desc", None) is not None:  # the decision counts no descriptors
         raise UsageError("--us-per-desc: plan route does not count descriptors; plan the cut "
                          "with `kvbench plan --block-size ...`")
@@ -267,6 +275,7 @@ def route_main(argv: Sequence[str]) -> int:
         "not_measured": route_labels(model.name, *_given_link(links), interference, p95, target),
     }, "the routing decision being written")
     _emit(doc, format_route_table(doc), args)
+    say_notes("kvbench plan route", notes)
     return 0
 
 
@@ -339,7 +348,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     args = build_export_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.out:
         check_new_file(args.out)
-    links = links_from_fit(args.fit, parse_where(args.where), args.pair)
+    notes: list[str] = []  # said once the export is written: a refusal is one line
+    links = links_from_fit(args.fit, parse_where(args.where), args.pair, notes)
     if len(links) > 1:
         raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
                          f"({'; '.join(link.label for link in links)})")
@@ -351,6 +361,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         write_new_file(Path(args.out), text)
     sys.stdout.write(text)
+    say_notes("kvbench plan export", notes)
     return 0
 
 

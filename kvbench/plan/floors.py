@@ -166,16 +166,24 @@ def _draws(d: Draws | None) -> np.ndarray | None:
     return arr[np.all(np.isfinite(arr), axis=1)]
 
 
-def load_fit(path: str, pair: str | None = None) -> FitDocument:
+def load_fit(path: str, pair: str | None = None, notes: list[str] | None = None) -> FitDocument:
     """A fit file through its contract (kvbench.records.schema.fit.FitDocument): every field
     plan computes with is finite and of its type, so no NaN, infinity, denormal rate or
     string reaches the arithmetic or the table; any problem is one line naming the key path.
     A kvbench matrix file is read as the fit of one of its pairs: `pair` ("I,J"), or the
-    slowest (kvbench.records.schema.matrix.as_fit_document); a note names the pair."""
+    slowest (kvbench.records.schema.matrix.as_fit_document); a note names the pair (printed,
+    or kept in `notes` for a caller that prints its notes only once nothing is refused)."""
     doc, note = load_fit_or_matrix(path, pair)
     if note:
-        print(f"kvbench plan: note: {note}", file=sys.stderr)
+        _note(note, notes)
     return doc
+
+
+def _note(text: str, notes: list[str] | None) -> None:
+    if notes is None:
+        print(f"kvbench plan: note: {text}", file=sys.stderr)
+    else:
+        notes.append(text)
 
 
 def _group_not_link(g: FitGroup) -> str | None:
@@ -243,10 +251,11 @@ def pair_flag(text: str | None) -> str | None:
     return f"{i},{j}"
 
 
-def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) -> list[FittedLink]:
+def links_from_fit(path: str, where: dict[str, str], pair: str | None = None,
+                   notes: list[str] | None = None) -> list[FittedLink]:
     """Every matching group that is a link with a fitted rate; the rest named in one note.
-    A matrix file gives one link: its slowest pair's, or `pair`'s."""
-    doc = load_fit(path, pair_flag(pair))
+    A matrix file gives one link: its slowest pair's, or `pair`'s. `notes`: see load_fit."""
+    doc = load_fit(path, pair_flag(pair), notes)
     links, skipped = [], [f"[{s.label}] ({s.reason})" for s in doc.skipped
                           if not where or matches(s.group, where)]
     for g in _chosen_groups(doc, path, where):
@@ -261,7 +270,7 @@ def links_from_fit(path: str, where: dict[str, str], pair: str | None = None) ->
         raise UsageError(f"no matching group in {path} is a link with a fitted rate: "
                          f"{'; '.join(skipped)}")
     if skipped:
-        print(f"kvbench plan: note: skipped group(s): {'; '.join(skipped)}", file=sys.stderr)
+        _note(f"skipped group(s): {'; '.join(skipped)}", notes)
     return links
 
 
@@ -286,7 +295,8 @@ def user_links(effective_gb_s: str, setup_ms: str | None, includes_setup: bool,
             for r in rates]
 
 
-def resolve_links(args) -> list[FittedLink]:
+def resolve_links(args, notes: list[str] | None = None) -> list[FittedLink]:
+    """The links to plan with (--fit or --gbps); `notes`: see load_fit."""
     where = parse_where(args.where)
     if args.fit and args.gbps:
         raise UsageError("use either --fit or --gbps, not both")
@@ -298,7 +308,7 @@ def resolve_links(args) -> list[FittedLink]:
             raise UsageError("--setup-ms is for --gbps; with --fit the fitted setup is used")
         if getattr(args, "us_per_desc", None) is not None:
             raise UsageError("--us-per-desc is for --gbps; with --fit the fitted term is used")
-        return links_from_fit(args.fit, where, getattr(args, "pair", None))
+        return links_from_fit(args.fit, where, getattr(args, "pair", None), notes)
     if where:
         raise UsageError("--where selects groups of a --fit file")
     if getattr(args, "pair", None) is not None:

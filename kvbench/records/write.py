@@ -20,7 +20,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -183,12 +183,18 @@ def _new_temp(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def _write_temp(path: Path, content: str | bytes) -> str:
-    """content in a fresh temp file beside path, flushed to disk; returns the temp's name."""
+def _write_temp(path: Path, content: str | bytes | Iterable[str]) -> str:
+    """content in a fresh temp file beside path, flushed to disk; returns the temp's name.
+    content may be chunks of text, written as they come (a big job's records are never one
+    string in memory)."""
     fd, tmp = _new_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(content if isinstance(content, bytes) else _utf8(content))
+            if isinstance(content, (str, bytes)):
+                fh.write(content if isinstance(content, bytes) else _utf8(content))
+            else:
+                for chunk in content:
+                    fh.write(_utf8(chunk))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -210,7 +216,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_files(files: Sequence[tuple[str | Path, str | bytes]]) -> list[Path]:
+def write_files(files: Sequence[tuple[str | Path, str | bytes | Iterable[str]]]) -> list[Path]:
     """Write several new files so that all of them appear or none (a group commit).
 
     Every file is first written to a temp file beside its target and synced; only then are
@@ -319,17 +325,25 @@ def _csv_cell(value):
 
 def records_to_csv(records: Sequence[dict]) -> str:
     """Flat CSV twin of the JSONL: scalars as they are, lists and objects as compact JSON."""
-    columns: list[str] = []
+    return "".join(csv_lines(records))
+
+
+def csv_lines(records: Sequence[dict]) -> Iterator[str]:
+    """records_to_csv's text, a few records at a time (the columns are every record's keys,
+    in first-seen order: one pass over the records for them, one to write)."""
+    columns: dict[str, None] = {}
     for rec in records:
-        for key in rec:
-            if key not in columns:
-                columns.append(key)
+        columns.update(dict.fromkeys(rec))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    for rec in records:
-        writer.writerow({k: _csv_cell(v) for k, v in rec.items()})
-    return buf.getvalue()
+    for k, rec in enumerate(records):
+        writer.writerow({key: _csv_cell(v) for key, v in rec.items()})
+        if k % 256 == 255:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
 
 
 def write_records(out_dir: Path, records: Sequence[dict], prefix: str,
@@ -338,12 +352,11 @@ def write_records(out_dir: Path, records: Sequence[dict], prefix: str,
 
     extra: more (suffix, content) files of the same run committed in the same group.
     """
-    jsonl = "".join(dumps_json(r, indent=None) + "\n" for r in records)
-    csv_text = records_to_csv(records)
     suffixes = (".jsonl", ".csv", *(s for s, _ in extra))
     for _ in range(5):  # a name taken between fresh_stem and the link: take another
         stem = fresh_stem(Path(out_dir), prefix, suffixes)
-        contents = (jsonl, csv_text, *(c for _, c in extra))
+        jsonl = (dumps_json(r, indent=None) + "\n" for r in records)  # streamed, record by record
+        contents = (jsonl, csv_lines(records), *(c for _, c in extra))
         files = [(stem.with_name(stem.name + s), c) for s, c in zip(suffixes, contents, strict=True)]
         try:
             paths = write_files(files)

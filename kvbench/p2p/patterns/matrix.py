@@ -270,6 +270,7 @@ class Matrix(Pattern):
         if self.ctx.rank != 0:
             return []
         hosts = self._hosts()
+        at = {p: k for k, p in enumerate(order)}  # a pair's place, by index (not list.index)
         out = []
         for k, (rnd, loop) in enumerate(zip(self.rounds, loops, strict=True)):
             for s, r in rnd:
@@ -289,9 +290,10 @@ class Matrix(Pattern):
                     "schedule": {"name": self.kind, "round": k, "rounds": len(self.rounds),
                                  "pairs_in_round": [list(p) for p in rnd]},
                     "wireup_ms": self.wireup_ms.get((s, r)),
-                    "breakdown_ms": breakdown, "peak_rss_bytes": rss,
-                    "peak_device_bytes": per_rank_or_none(gpu),
-                    **descriptors_of(counts[order.index((s, r))]),
+                    "breakdown_ms": breakdown,  # every rank's peaks: the point's first record
+                    "peak_rss_bytes": rss if not out else None,
+                    "peak_device_bytes": per_rank_or_none(gpu) if not out else None,
+                    **descriptors_of(counts[at[(s, r)]]),
                 })
         return out
 

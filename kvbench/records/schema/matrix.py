@@ -5,6 +5,11 @@ hosts, the path the transport named, the pair's fit as `kvbench fit` writes a gr
 the verdict found), and `kvbench plan` / `plan export` read it: `as_fit_document` reduces a
 matrix to the one pair a plan uses (the slowest, or a named one) as a `kvbench.fit/2`
 document with that pair's group, so the planner code reads one format only.
+
+What would grow with the world size in every pair is kept once: a pair's fit group and spec
+leave out `hosts` (the document's `hosts`, put back when a pair is read as a fit), and its
+joint bootstrap draws are a row of the draws file beside the document (`draws_file`,
+`draws_row`); a document whose pairs carry their draws inline is read as before.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from kvbench.errors import UsageError
 from kvbench.records.schema.fit import (
@@ -79,6 +84,7 @@ class PairEntry(Strict):
     fit: FitGroup | None = None  # the pair's group as kvbench fit writes it
     not_fitted: AnyText | None = None  # why there is no fit
     findings: list[Finding] = []
+    draws_row: Count | None = None  # its fit's joint draws: this row of the draws file
 
     @model_validator(mode="after")
     def _ends_agree(self):
@@ -100,6 +106,22 @@ class Rules(Strict):
     expect_local_link: Text | None = None
 
 
+DRAWS_SUFFIX = ".draws.npy"
+DRAW_COLUMNS = ["setup_ms", "ms_per_gb"]
+
+
+class DrawsFile(Strict):
+    """Where the pairs' joint bootstrap draws are: a NumPy .npy array of float64, shape
+    (pairs with draws, draws per pair, 2), beside the document (a plain file name); a pair's
+    `draws_row` is its row. The values are the fit's own, at full precision (inline, as
+    kvbench fit writes them, they are rounded to 6 significant digits)."""
+
+    file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
+    shape: Annotated[list[Count], Field(min_length=3, max_length=3)]
+    columns: list[Text] = DRAW_COLUMNS
+    dtype: Literal["float64"] = "float64"
+
+
 class MatrixDocument(Open):
     schema_: Literal["kvbench.matrix/1"] = Field(alias="schema")
     created: UtcStamp
@@ -113,23 +135,27 @@ class MatrixDocument(Open):
     fit_method: dict[str, Any] = {}
     pairs: list[PairEntry] = Field(min_length=1)
     verdict: AnyText
+    draws_file: DrawsFile | None = None  # the pairs' draws, beside the document
+    _by_pair: dict = PrivateAttr(default_factory=dict)  # (sender, receiver) -> entry
 
     @model_validator(mode="after")
     def _pairs_fit_world(self):
         if len(self.hosts) != self.world_size:
             raise refuse(f"{len(self.hosts)} hosts for world_size {self.world_size}")
-        seen = set()
+        seen: dict[tuple[int, int], PairEntry] = {}
         for p in self.pairs:
-            key = tuple(p.pair)
+            key = (p.pair[0], p.pair[1])
             if key in seen:
                 raise refuse(f"pair {list(key)} is listed twice")
-            seen.add(key)
+            seen[key] = p
             if max(key) >= self.world_size:
                 raise refuse(f"pair {list(key)} names a rank outside world_size {self.world_size}")
+        self._by_pair = seen
         return self
 
     def pair(self, src: int, dst: int) -> PairEntry | None:
-        return next((p for p in self.pairs if p.pair == [src, dst]), None)
+        """The entry of pair (src, dst), found by index (a grid of N x N cells asks N^2 times)."""
+        return self._by_pair.get((src, dst))
 
 
 def is_matrix(raw: object) -> bool:
@@ -178,6 +204,32 @@ def choose_pair(doc: MatrixDocument, path: str, choice: tuple[int, int] | None) 
     return min(fitted, key=lambda p: p.effective_gb_s)
 
 
+def pair_draws(doc: MatrixDocument, path: str, row: int) -> list[list[float]]:
+    """One pair's draws from the document's draws file, read by memory map (the file of a
+    big matrix is never read whole); any problem is one line naming the file."""
+    import numpy as np
+
+    df = doc.draws_file
+    if df is None:
+        raise UsageError(f"{path}: a pair names draws_row {row} but the document has no draws_file")
+    where = Path(path).parent / df.file
+    try:
+        arr = np.load(where, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: its draws file {where} is missing (keep the matrix's "
+                         f"{DRAWS_SUFFIX} beside its .json)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: its draws file {where} cannot be read: {exc}") from None
+    if arr.dtype != np.float64 or list(arr.shape) != df.shape or row >= arr.shape[0]:
+        raise UsageError(f"{path}: its draws file {where} holds {arr.dtype} {list(arr.shape)}, "
+                         f"the document says float64 {df.shape} (row {row}): not this matrix's")
+    values = np.asarray(arr[row])
+    if not np.isfinite(values).all():
+        raise UsageError(f"{path}: its draws file {where}: row {row} holds a value that is not "
+                         "finite")
+    return values.tolist()
+
+
 def pair_label(p: PairEntry) -> str:
     return (f"pair [{p.pair[0]},{p.pair[1]}] {p.sender.host} -> {p.receiver.host} "
             f"({p.path})")
@@ -189,6 +241,11 @@ def as_fit_document(doc: MatrixDocument, path: str, choice: tuple[int, int] | No
     and why). The group keeps its fields and gets the pair's ends in its label and group."""
     p = choose_pair(doc, path, choice)
     group = p.fit.model_dump(by_alias=True)
+    for part in ("group", "spec"):  # a pair's fit leaves the document's hosts out
+        if isinstance(group.get(part), dict) and "hosts" not in group[part]:
+            group[part] = {**group[part], "hosts": list(doc.hosts)}
+    if p.draws_row is not None:
+        group["draws"] = {"columns": DRAW_COLUMNS, "values": pair_draws(doc, path, p.draws_row)}
     group["label"] = f"{pair_label(p)}: {group['label']}"
     group["group"] = {**group["group"], "pair": list(p.pair), "sender_host": p.sender.host,
                       "receiver_host": p.receiver.host}

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""How `kvbench matrix report` grows with the number of ranks N (issue 44).
+
+For each N it writes the records of one synthetic N-rank matrix run through the project's
+own writer (kvbench.records.write.write_records: the .jsonl and its .csv, as `kvbench p2p`
+writes them), shaped as a real job's records (spec with every host, the pair, sender,
+receiver, schedule, transport_info with the pair's path, rank 0's environment), then runs the
+real `python -m kvbench.matrix report` on them in a child process and prints its wall time,
+its peak RSS (the child's own ru_maxrss, from wait4) and the growth exponent between
+successive N (log time ratio / log pairs ratio: 1.0 is linear in pairs).
+
+Planted faults, checked in the child's output: two slow pairs (5% of the others' rate,
+one of them across nodes and one inside a node when there are several ranks per node) and one
+pair on an odd path (another interface). A run passes only when exactly these three pairs are
+named (`slow`, `slow`, `path_differs`) and `kvbench plan --fit DOC --pair I,J` plans with a
+planted pair (band included, from its draws); anything else is printed and exits 1.
+
+    .venv/bin/python benchmarks/matrix_scale.py                     # N = 8, 16, 32, 64
+    .venv/bin/python benchmarks/matrix_scale.py --ranks 32,64,128 --bootstrap 1000
+    .venv/bin/python benchmarks/matrix_scale.py --big               # adds 256, 512, 1024
+
+Shape (deterministic, --seed): --ranks-per-node ranks per host (host names node-000, ...),
+two payload sizes (1 MiB and 8 MiB), --rounds timing rounds per record, every pair at
+1 GB/s and 1 ms setup with 2% noise and a load shared by each round, the planted ones apart.
+Numbers from a busy machine say so (--note); `uptime` is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvbench.p2p.patterns.matrix import schedule  # noqa: E402
+from kvbench.p2p.spec import HandoffSpec  # noqa: E402
+from kvbench.records.schema.p2p import spec_id_of  # noqa: E402
+from kvbench.records.write import environment, write_records  # noqa: E402
+
+SIZES = (1 << 20, 8 << 20)
+ETH0 = "UCX RMA write: tcp/eth0 (zero-copy); notifications (AM): tcp/eth0"
+ETH1 = "UCX RMA write: tcp/eth1 (zero-copy); notifications (AM): tcp/eth1"
+SHM = "UCX RMA write: sysv/memory (zero-copy); notifications (AM): posix/memory"
+DEFAULT_RANKS = (8, 16, 32, 64)
+BIG_RANKS = (256, 512, 1024)
+
+
+def planted(n: int, per_node: int) -> dict[tuple[int, int], str]:
+    """{pair: code} of the faults planted in an n-rank matrix."""
+    across = (n - 1, 0) if per_node < n else (1, 0)
+    inside = (1, 0) if per_node > 1 else (n // 2, 1)
+    odd = (0, n - 1) if per_node < n else (0, 1)
+    out = {across: "slow", inside: "slow"}
+    out[odd if odd not in out else (0, n // 2 + 1)] = "path_differs"
+    return out
+
+
+def _stats(s: np.ndarray) -> dict:
+    p50 = float(np.percentile(s, 50))
+    return {"p50_ms": p50, "p95_ms": None, "p99_ms": None, "mean_ms": float(s.mean()),
+            "min_ms": float(s.min()), "max_ms": float(s.max()),
+            "iqr_ms": float(np.percentile(s, 75) - np.percentile(s, 25))}
+
+
+def records(n: int, per_node: int, rounds: int, seed: int):
+    """The records of one n-rank run, pair by pair and size by size (a generator: memory
+    stays one record whatever n is)."""
+    rng = np.random.default_rng(seed)
+    hosts = [f"node-{r // per_node:03d}" for r in range(n)]
+    faults = planted(n, per_node)
+    env = environment()
+    rounds_of = schedule(n, "rounds")
+    round_of = {p: k for k, rnd in enumerate(rounds_of) for p in rnd}
+    shift = rng.normal(0, 0.02, rounds)
+    base = {"schema": "kvbench.p2p/1", "transport": "nixl", "layout": "raw", "dtype": None,
+            "device": "cpu", "model": None, "block_size": None, "world_size": n, "hosts": hosts,
+            "gpus": None, "argv": ["python", "-m", "kvbench.p2p", "--pattern", "matrix"],
+            "run_id": f"synthetic-{n}", "order": "rounds", "pattern": "matrix",
+            "prompt_tokens": None, "granularity": "whole", "messages": 1, "packed": False,
+            "stored_tokens": None, "fit_as_link": True, "not_link_reason": None, "wrong": 0,
+            "descriptors": 1, "iters": rounds, "n_samples": rounds,
+            "sample_rounds": list(range(rounds)), "warmup_ms": [], "notice_ms": 0.005,
+            "env": env, "timestamp": "2026-12-06T00:00:00Z"}
+    for s in range(n):
+        for r in range(n):
+            if s == r:
+                continue
+            same = hosts[s] == hosts[r]
+            rate = 0.05 if faults.get((s, r)) == "slow" else 1.0
+            path = ETH1 if faults.get((s, r)) == "path_differs" else (SHM if same else ETH0)
+            spec = HandoffSpec(transport="nixl", pattern="matrix", granularity="whole",
+                               layout="raw", device="cpu", hosts=hosts, variant=f"{s}->{r}",
+                               world={"size": n, "prefill_ranks": [s], "decode_ranks": [r]}
+                               ).as_dict()
+            k = round_of[(s, r)]
+            pair = {"variant": f"{s}->{r}", "pair": [s, r],
+                    "sender": {"rank": s, "host": hosts[s]},
+                    "receiver": {"rank": r, "host": hosts[r]},
+                    "schedule": {"name": "rounds", "round": k, "rounds": len(rounds_of),
+                                 "pairs_in_round": [list(p) for p in rounds_of[k]]},
+                    "wireup_ms": 2.0, "spec": spec, "spec_id": spec_id_of(spec),
+                    "transport_info": {"path": path, "path_source": "synthetic"}}
+            for b in SIZES:
+                t = 1.0 + b / (rate * 1e9) * 1e3
+                samples = t * np.exp(shift + rng.normal(0, 0.02, rounds))
+                st = _stats(samples)
+                yield {**base, **pair, "bytes": b, "samples_ms": [round(float(v), 5)
+                                                                   for v in samples],
+                       **st, "gbps": b / 1e9 / (st["p50_ms"] / 1e3),
+                       "gbps_best": b / 1e9 / (st["min_ms"] / 1e3), "cold_ms": 2 * t}
+
+
+def run_report(jsonl: Path, out: Path, boot: int) -> tuple[float, float, str, int]:
+    """`python -m kvbench.matrix report` in a child: (wall s, peak RSS MiB, stdout, status)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "kvbench.matrix", "report", str(jsonl),
+                             "--out", str(out), "--bootstrap", str(boot)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024, text, proc.returncode
+
+
+def plan_pair(doc: Path, pair: tuple[int, int]) -> tuple[float, bool]:
+    """`kvbench plan --fit DOC --pair I,J` on a planted pair: (wall s, it planned with that
+    pair and a band from its draws)."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "kvbench.plan", "--fit", str(doc), "--pair",
+                        f"{pair[0]},{pair[1]}", "--format", "json"], cwd=ROOT,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    ok = r.returncode == 0 and json.loads(r.stdout)["rows"][0].get("handoff_floor_ms_band95")
+    if not ok:
+        print(r.stderr[-2000:], file=sys.stderr)
+    return wall, bool(ok)
+
+
+def named_in(out: Path) -> dict[tuple[int, int], list[str]]:
+    doc = json.loads(next(out.glob("kvbench-matrix-*.csv")).with_suffix(".json").read_text())
+    return {tuple(p["pair"]): [f["code"] for f in p["findings"]] for p in doc["pairs"]
+            if p["findings"]}
+
+
+def one(n: int, args, work: Path) -> dict:
+    folder = work / f"n{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    jsonl, _ = write_records(folder, list(records(n, args.ranks_per_node, args.rounds,
+                                                  args.seed)), "kvbench-p2p")
+    write_s = time.perf_counter() - t0
+    wall, peak, text, code = run_report(jsonl, folder, args.bootstrap)
+    want = {p: [c] for p, c in planted(n, args.ranks_per_node).items()}
+    got = named_in(folder) if code in (0, 1) else None
+    ok = got == want
+    if not ok:
+        print(text[-3000:], file=sys.stderr)
+    doc = next(folder.glob("kvbench-matrix-*.json"), None)
+    draws = next(folder.glob("kvbench-matrix-*.draws.npy"), None)
+    plan_s, plan_ok = plan_pair(doc, next(iter(want))) if doc else (float("nan"), False)
+    ok = ok and plan_ok
+    return {"n": n, "pairs": n * (n - 1), "records": n * (n - 1) * len(SIZES),
+            "doc_mb": doc.stat().st_size / 1e6 if doc else float("nan"), "plan_s": plan_s,
+            "draws_mb": draws.stat().st_size / 1e6 if draws else 0.0,
+            "file_mb": jsonl.stat().st_size / 1e6, "write_s": write_s, "report_s": wall,
+            "peak_mib": peak, "status": code, "named_ok": ok, "named": got,
+            "stdout_lines": len(text.splitlines())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)),
+                   help="world sizes N, comma-separated (default %(default)s)")
+    p.add_argument("--big", action="store_true", help=f"also N = {BIG_RANKS}")
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", help="work folder (kept); default a temporary one, removed")
+    p.add_argument("--note", default="", help="printed with the results (e.g. 'busy machine')")
+    args = p.parse_args(argv)
+    ns = sorted({int(x) for x in args.ranks.split(",")} | (set(BIG_RANKS) if args.big else set()))
+    print(f"uptime before: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus; "
+          f"{args.ranks_per_node} ranks per node, sizes 1 MiB and 8 MiB, {args.rounds} rounds, "
+          f"{args.bootstrap} bootstrap resamples per pair. {args.note}")
+    print(f"{'N':>5} {'pairs':>8} {'records':>8} {'file MB':>9} {'write s':>8} {'report s':>9} "
+          f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'draws MB':>8} {'plan s':>6}  named")
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kvbench-matrix-scale-"))
+    prev, bad = None, 0
+    for n in ns:
+        r = one(n, args, work)
+        exp = (math.log(r["report_s"] / prev["report_s"]) / math.log(r["pairs"] / prev["pairs"])
+               if prev else float("nan"))
+        bad += not r["named_ok"]
+        print(f"{n:>5} {r['pairs']:>8} {r['records']:>8} {r['file_mb']:>9.1f} "
+              f"{r['write_s']:>8.1f} {r['report_s']:>9.1f} {r['peak_mib']:>9.0f} {exp:>5.2f} "
+              f"{r['doc_mb']:>7.1f} {r['draws_mb']:>8.1f} {r['plan_s']:>6.1f}  "
+              f"{'exactly the planted pairs, plan --pair read' if r['named_ok'] else 'WRONG: ' + str(r['named'])}"
+              f" (exit {r['status']}, {r['stdout_lines']} stdout lines)", flush=True)
+        prev = r
+    if not args.dir:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(f"uptime after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print("exp: growth exponent of the report's time against pairs since the previous N "
+          "(1.0 = linear in pairs)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
