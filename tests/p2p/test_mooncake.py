@@ -376,3 +376,42 @@ def test_without_mooncake_one_line_says_what_to_install(tmp_path, missing):
     assert want in errors[0], errors[0]
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_rdma_devices_are_read_from_the_engines_topology():
+    from kvbench.p2p.transports.mooncake.transport import rdma_devices
+
+    assert rdma_devices('{"cpu:0": [[], []]}') == set()  # this machine's: no RDMA device
+    assert rdma_devices('{"cpu:0": [["mlx5_0"], ["mlx5_1"]], "cpu:1": [[], ["mlx5_2"]]}') == \
+        {"mlx5_0", "mlx5_1", "mlx5_2"}
+    assert rdma_devices("unknown (RuntimeError)") is None  # nothing concluded from it
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("flags, needle", [
+    ("--mooncake-devices mlx5_0", "--mooncake-devices names RDMA devices"),
+    ("--store-segment 0", "--store-segment: only with --pattern store"),
+    ("--store-master 127.0.0.1:1", "--store-master: only with --pattern store"),
+])
+def test_a_flag_that_would_do_nothing_is_refused(ready, tmp_path, flags, needle):
+    """Hostile pass over the new transport: these ran and ignored the flag."""
+    res = run_mpi(2, "kvbench.p2p", "--transport", "mooncake", *flags.split(), "--sizes", "16",
+                  "--out", str(tmp_path / "out"), timeout=180)
+    errors = [line for line in res.stderr.splitlines() if "kvbench p2p: error:" in line]
+    assert res.returncode == 2 and len(errors) == 1 and needle in errors[0], res.stderr[-2000:]
+    assert not list((tmp_path / "out").glob("*"))  # nothing written (the folder may be made)
+
+
+@pytest.mark.mpi
+def test_rdma_without_a_device_is_one_line_not_a_run_labelled_rdma(ready, tmp_path):
+    """The engine took protocol rdma on a machine with no RDMA device, moved the bytes some
+    other way, and the record said `Mooncake rdma`: now one line and no record."""
+    ib = Path("/sys/class/infiniband")
+    if ib.is_dir() and any(ib.iterdir()):
+        pytest.skip("this machine has RDMA devices")
+    res = run_mpi(2, "kvbench.p2p", "--transport", "mooncake", "--mooncake-protocol", "rdma",
+                  "--sizes", "16", "--out", str(tmp_path / "out"), timeout=180)
+    errors = [line for line in res.stderr.splitlines() if "kvbench p2p: error:" in line]
+    assert res.returncode != 0 and len(errors) == 1, res.stderr[-2000:]
+    assert "found no RDMA device" in errors[0] and "Traceback" not in res.stderr
+    assert not list((tmp_path / "out").glob("*.jsonl"))

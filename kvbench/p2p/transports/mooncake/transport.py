@@ -24,6 +24,8 @@ from kvbench.cli import arg_int
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import (
     Channel,
+    PeerReported,
+    Reported,
     Request,
     TransferTimeout,
     Transport,
@@ -34,6 +36,21 @@ from kvbench.p2p.transports.mooncake import libs
 
 _TAG_BASE = 7000
 _SETUP, _READY, _DONE = 0, 1, 2
+
+
+DEFAULT_SEGMENT = "1G"  # --store-segment when not given: what each rank mounts into the store
+
+
+def rdma_devices(topology) -> set[str] | None:
+    """The RDMA devices in the engine's topology (JSON: location -> [preferred, available]
+    device lists); None where it cannot be read (then nothing is concluded from it)."""
+    import json
+
+    try:
+        doc = json.loads(topology) if isinstance(topology, str) else topology
+        return {str(d) for lists in doc.values() for devs in lists for d in devs}
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def now() -> float:
@@ -359,11 +376,24 @@ class MooncakeTransport(Transport):
         st.add_argument("--store-master", default=None, metavar="HOST:PORT",
                         help="a running mooncake_master (default: rank 0 starts one for the job "
                              "on free ports of 127.0.0.1 and stops it at the end)")
-        st.add_argument("--store-segment", default="1G", metavar="SIZE",
+        st.add_argument("--store-segment", default=None, metavar="SIZE",
                         help="bytes each rank mounts into the store (its global_segment_size; "
                              "e.g. 512M, 2G; default 1G): the store holds the ranks' sum")
         g.add_argument("--mooncake-inject", choices=("none", "stall"), default="none",
                        help="test hook: stall (prefill never submits or announces)")
+
+    def refusal(self) -> str | None:
+        """A flag that would do nothing in this run is refused, not ignored."""
+        o = self.ctx.options
+        if o.mooncake_devices and o.mooncake_protocol != "rdma":
+            return ("--mooncake-devices names RDMA devices: give it with --mooncake-protocol rdma "
+                    f"(the protocol is {o.mooncake_protocol})")
+        stores = "store" in [p.strip() for p in str(getattr(o, "pattern", "")).split(",")]
+        given = [f for f, v in (("--store-master", o.store_master), ("--store-segment", o.store_segment))
+                 if v is not None]
+        if given and not stores:
+            return f"{', '.join(given)}: only with --pattern store (Mooncake Store)"
+        return None
 
     @classmethod
     def unavailable_reason(cls, device: str) -> str | None:
@@ -397,10 +427,25 @@ class MooncakeTransport(Transport):
         if rc != 0:
             raise TransportError(f"mooncake: TransferEngine.initialize({host!r}, 'P2PHANDSHAKE', "
                                  f"{self.protocol!r}, {self.devices!r}) returned {rc}")
+        if self.protocol == "rdma":
+            self._refuse_rdma_without_devices()
         self.session = f"{host}:{self.engine.get_rpc_port()}"
         self.master = self.store = None
         if self.store_mode:
             self._open_store(host)
+
+    def _refuse_rdma_without_devices(self) -> None:
+        """The engine takes protocol rdma where it finds no RDMA device and moves the bytes some
+        other way: a record would say rdma. Agreed over MPI, told once (rank 0's line)."""
+        none = rdma_devices(self.engine.get_local_topology()) == set()
+        if not self.comm.allreduce(int(none)):
+            return
+        error = ("--mooncake-protocol rdma: the engine found no RDMA device on a rank (its "
+                 "topology lists none; --mooncake-devices names only devices it finds): use "
+                 "--mooncake-protocol tcp there")
+        if self.ctx.rank == 0:
+            raise Reported(error, everyone=True)
+        raise PeerReported(error)
 
     def _open_store(self, host: str) -> None:
         """The job's master (rank 0 starts it unless --store-master names one), then every
@@ -411,7 +456,7 @@ class MooncakeTransport(Transport):
         self.misses = self.rejected = 0
         self.get_codes: dict[int, int] = {}
         try:
-            self.segment = store.parse_size(o.store_segment)
+            self.segment = store.parse_size(o.store_segment or DEFAULT_SEGMENT)
         except ValueError as exc:
             raise TransportError(f"mooncake store: --store-segment: {exc}") from None
         got = (o.store_master, None, None)
