@@ -176,6 +176,8 @@ class Group:
     paths: Counter = field(default_factory=Counter)  # LinkPath -> records (with keep_paths)
     cuts: list[dict] | None = None  # a link's cuts fitted together (merge_cuts), else None
     n_without_desc: int = 0  # records with samples but no `descriptors`
+    # a store's mounted pool (store records' `store_pool_bytes`): plan's capacity in requests
+    store_pools: set = field(default_factory=set)
     _bytes: array = field(default_factory=lambda: array("q"))
     _ms: array = field(default_factory=lambda: array("d"))
     _unit: array = field(default_factory=lambda: array("q"))  # >= 0 a round, < 0 a block
@@ -230,6 +232,9 @@ class Group:
         order = rec.get("order") or "blocks (no order recorded)"
         if order not in self.orders:
             self.orders.append(order)
+        pool = rec.get("store_pool_bytes")
+        if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
+            self.store_pools.add(pool)
         m = self.meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})
         if rec.get("prompt_tokens") is not None:
             m["prompt_tokens"].add(rec.get("prompt_tokens"))
@@ -336,6 +341,7 @@ def _merged(members: list[Group]) -> Group:
         out.orders += [o for o in g.orders if o not in out.orders]
         out.n_wrong, out.n_empty = out.n_wrong + g.n_wrong, out.n_empty + g.n_empty
         out.paths.update(g.paths)
+        out.store_pools |= g.store_pools
         out.error = out.error or g.error
         for nbytes, m in g.meta.items():
             have = out.meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})

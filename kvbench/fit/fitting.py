@@ -212,7 +212,21 @@ def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
         "bytes_min": int(s.sizes[0]), "bytes_max": int(s.sizes[-1]),
         "models": models or None, "sizes": size_rows(s, c.meta), "two_regimes": None,
         "warnings": warnings, "sources": c.sources,
+        **_store_pool(group, warnings),
     }
+
+
+def _store_pool(group: Group, warnings: list[dict]) -> dict:
+    """A store group's mounted pool, for plan's capacity in requests: the one size every
+    record names; runs with different pools give none (and say so), never a blend."""
+    if not group.store_pools:
+        return {}
+    if len(group.store_pools) > 1:
+        warnings.append(_warn("store_pool_varies", "the records name different store pools ("
+                              + ", ".join(f"{p:,} B" for p in sorted(group.store_pools))
+                              + "): no capacity in requests is planned from this group"))
+        return {"store_pool_bytes": None}
+    return {"store_pool_bytes": next(iter(group.store_pools))}
 
 
 def _exclusion_warnings(c: Collected) -> list[dict]:

@@ -343,20 +343,21 @@ def build_export_parser() -> ArgumentParser:
 def export_main(argv: Sequence[str] | None = None) -> int:
     from kvbench.plan.descriptors import PlannedCut
     from kvbench.plan.floors import links_from_fit
+    from kvbench.plan.twohop import store_handoff
     from kvbench.records.select import parse_where
 
     args = build_export_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.out:
         check_new_file(args.out)
     notes: list[str] = []  # said once the export is written: a refusal is one line
-    links = links_from_fit(args.fit, parse_where(args.where), args.pair, notes)
+    links, two_hop = store_handoff(links_from_fit(args.fit, parse_where(args.where), args.pair, notes))
     if len(links) > 1:
         raise UsageError(f"{args.fit} holds {len(links)} fitted links; pick one with --where KEY=VALUE "
                          f"({'; '.join(link.label for link in links)})")
     model = resolve_model(args.model, args.model_config)
     planned = PlannedCut.from_args(args.block_size, args.kv_pages, args.block_ids, None)
     doc = kv_transfer_model(links[0], args.fit, model, get_dtype(args.dtype), args.tp,
-                            args.fold_at_tokens, planned)
+                            args.fold_at_tokens, planned, two_hop)
     text = render(doc, args.to, args.setup_as)
     if args.out:
         write_new_file(Path(args.out), text)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from kvbench.errors import UsageError
 from kvbench.model import KVSizing
+from kvbench.plan.twohop import two_hop_notes
 from kvbench.records.schema.plan import SCHEMA_KV_MODEL, KVTransferModel
 from kvbench.records.write import as_contract, dumps_json
 from kvbench.units import handoff_ms
@@ -85,11 +86,16 @@ def _per_rank_bytes_per_token(model, dtype, tp: int) -> tuple[int, dict]:
 
 
 def kv_transfer_model(link, fit_path: str, model, dtype, tp: int, fold_tokens: int,
-                      planned=None) -> KVTransferModel:
+                      planned=None, two_hop: dict | None = None) -> KVTransferModel:
     """The tool-neutral `kvbench.kv-transfer-model/1` document, built as its contract:
-    every export format is computed from this object only."""
+    every export format is computed from this object only. `two_hop`: a store's handoff
+    (kvbench.plan.twohop), kept in `context.two_hop` with the pool's capacity at the fold."""
     desc = descriptor_model(link, model, dtype, tp, planned, fold_tokens)
     doc = _two_terms(link, fit_path, model, dtype, tp, fold_tokens)
+    if two_hop is not None:
+        pool, kv = two_hop.get("store_pool_bytes"), KVSizing(model, dtype, fold_tokens).kv_bytes
+        doc["context"]["two_hop"] = {**two_hop, "capacity_requests_at_fold":
+                                     pool // kv if pool and kv else None}
     doc = doc if desc is None else _with_descriptors(doc, fold_tokens, desc)
     return as_contract(KVTransferModel, doc, "the kv-transfer model being written")
 
@@ -176,6 +182,10 @@ def tool_parameters(doc: KVTransferModel, tool: str, setup_as: str = "fold") -> 
     """A tool's parameters, what it predicts, and what it cannot represent."""
     bpt, setup, rate = doc.bytes_per_token_per_rank, doc.setup_ms, doc.effective_gb_s
     missing = ["the 95% intervals (a point estimate only)"]
+    two_hop = doc.context.get("two_hop")
+    if two_hop:
+        missing[0:0] = two_hop_notes(two_hop, tool, setup_as,
+                                     two_hop.get("capacity_requests_at_fold"), doc.fold.prompt_tokens)
     d = doc.descriptor
     if d:  # the tool takes two terms: setup plus constant descriptors, and one bandwidth
         setup, rate = d.base_ms, d.rate_gb_s

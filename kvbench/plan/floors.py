@@ -90,6 +90,7 @@ class FittedLink:
     descriptor_field: str | None = None  # the counts the fit used
     desc_draws: np.ndarray | None = None  # (B, 3 or 4): setup, ms/GB, us_per_desc[, merged]
     no_descriptor_term: str | None = None  # why the fit has no us_per_desc
+    store_pool_bytes: int | None = None  # a store link's mounted pool (kvbench p2p --pattern store)
 
     @property
     def shape(self) -> str | None:
@@ -223,7 +224,8 @@ def _link_of(g: FitGroup, schema: str) -> FittedLink:
         setup_ms=float(g.setup_ms or 0.0), group=dict(g.group),
         setup_ci95=g.setup_ms_ci95, rate_ci95=g.effective_gb_s_ci95,
         sizes=tuple(g.sizes), two_regimes=g.two_regimes,
-        fit_warnings=tuple(w.code for w in g.warnings), draws=draws, no_band=why)
+        fit_warnings=tuple(w.code for w in g.warnings), draws=draws, no_band=why,
+        store_pool_bytes=g.store_pool_bytes)
 
 
 def _chosen_groups(doc: FitDocument, path: str, where: dict[str, str]) -> list[FitGroup]:
@@ -412,8 +414,25 @@ def plan_rows(links: list[FittedLink], sizings: list[KVSizing], budget_ms: float
                 "fit_warnings": list(link.fit_warnings),
                 "notes": notes,
                 **{k: v for k, v in desc.items() if k not in ("kv_bytes", "floor_ms", "band")},
+                **_store_capacity(link, kv),
             })
     return rows
+
+
+def _store_capacity(link: FittedLink, kv: int) -> dict:
+    """A store link's capacity: whole requests of this prompt's KV its mounted pool holds,
+    one replica each, before any eviction (nothing for a direct link)."""
+    pool = link.store_pool_bytes
+    if pool is None:
+        return {}
+    return {"store_pool_bytes": pool, "store_capacity_requests": pool // kv if kv else None}
+
+
+def _store_line(r: dict) -> str | None:
+    if r.get("store_capacity_requests") is None:
+        return None
+    return (f"      store holds {r['store_capacity_requests']:,} requests of "
+            f"{r['prompt_tokens']} tokens (pool {r['store_pool_bytes'] / 2**30:.4g} GiB)")
 
 
 def _f(v, spec: str) -> str:
@@ -477,8 +496,8 @@ def format_plan_table(doc: dict) -> str:
                      f"{'budget':>7} {'meas p50':>9} {'meas p99':>9} {'n':>5}")
         for r in rows:
             lines.append(_plan_row_line(r))
-            extra = _descriptor_line(r)
-            lines += [extra] if extra else []
+            extra = [_descriptor_line(r), _store_line(r)]
+            lines += [x for x in extra if x]
             lines += [f"      note: {n}" for n in r["notes"] if n not in common]
     return "\n".join(lines)
 

@@ -230,6 +230,8 @@ class FitGroup(Open):
     us_per_desc_draws: list[UsPerDesc] | None = None
     us_per_merged_desc: UsPerDesc | None = None
     us_per_merged_desc_draws: list[UsPerDesc] | None = None
+    # a store link's mounted pool (absent in fits of direct links and in fits before it)
+    store_pool_bytes: Bytes | None = None
 
     @model_validator(mode="after")
     def _draws_hold(self):

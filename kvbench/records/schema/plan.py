@@ -63,6 +63,10 @@ class PlanRow(Open):
     regime: Text
     fit_warnings: list[Text] = []
     notes: list[AnyText] = []
+    # a store link (kvbench p2p --pattern store): its mounted pool, and the whole requests of
+    # this prompt's KV it holds (one replica each, before any eviction)
+    store_pool_bytes: Bytes | None = None
+    store_capacity_requests: Count | None = None
 
 
 class PlanDocument(Open):
