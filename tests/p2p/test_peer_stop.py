@@ -115,9 +115,10 @@ class Job:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
     def kvbench_lines(self, kind: str) -> list[str]:
-        """kvbench's own lines (the launcher may glue other output before one)."""
+        """kvbench's own lines (the launcher may glue other output before one, or its abort
+        banner, a run of dashes, after one: seen once under load in a fresh-clone CI run)."""
         tag = f"kvbench p2p: {kind}:"
-        return [text[text.index(tag):] for _, text in self.lines if tag in text]
+        return [text[text.index(tag):].split("-" * 20)[0] for _, text in self.lines if tag in text]
 
     @property
     def stop_to_end_s(self) -> float | None:
