@@ -155,6 +155,27 @@ class Channel(ABC):
         """Release registrations and handles. Must be safe to call on every path."""
 
 
+class TimedParts:
+    """A channel's named part times in ms, kept for `breakdown`: `_add` sums into the current
+    figure (this handoff's, or the set-up's), `_flush` closes it (one entry per figure and
+    handoff; a one-element list for the set-up). The channel sets `self.cur = {}` and
+    `self.per = {}` before its set-up."""
+
+    cur: dict[str, float]
+    per: dict[str, list[float]]
+
+    def _add(self, name: str, ms: float) -> None:
+        self.cur[name] = self.cur.get(name, 0.0) + ms
+
+    def _flush(self) -> None:
+        for k, v in self.cur.items():
+            self.per.setdefault(k, []).append(v)
+        self.cur = {}
+
+    def breakdown(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.per.items()}
+
+
 class Transport(ABC):
     """A way of moving bytes between ranks. Subclasses register themselves by `name`."""
 

@@ -32,7 +32,13 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvbench.p2p.transports.base import Channel, Request, TransferTimeout, TransportError
+from kvbench.p2p.transports.base import (
+    Channel,
+    Request,
+    TimedParts,
+    TransferTimeout,
+    TransportError,
+)
 from kvbench.p2p.transports.mooncake import libs
 
 _TAG = 7600
@@ -135,7 +141,7 @@ class _Req(Request):
         return ch.finished
 
 
-class StoreChannel(Channel):
+class StoreChannel(TimedParts, Channel):
     """Prefill puts every message of a handoff under its own key; decode gets them into its
     buffers once told they are in (see the module doc)."""
 
@@ -246,9 +252,6 @@ class StoreChannel(Channel):
                                       "notice before the --timeout")
         self.sends = []
         self.in_handoff = False
-
-    def breakdown(self) -> dict[str, list[float]]:
-        return {k: list(v) for k, v in self.per.items()}
 
     def close(self) -> None:
         if self.closed:

@@ -27,6 +27,7 @@ from kvbench.p2p.transports.base import (
     PeerReported,
     Reported,
     Request,
+    TimedParts,
     TransferTimeout,
     Transport,
     TransportError,
@@ -102,7 +103,7 @@ class _Req(Request):
         return ch.done[self.u]
 
 
-class MooncakeChannel(Channel):
+class MooncakeChannel(TimedParts, Channel):
     """One prefill/decode pair over a fixed set of message buffers (see the module doc)."""
 
     def __init__(self, transport: MooncakeTransport, peer: int, buffers: Sequence,
@@ -137,14 +138,6 @@ class MooncakeChannel(Channel):
             raise
 
     # -- timing ---------------------------------------------------------------
-
-    def _add(self, name: str, ms: float) -> None:
-        self.cur[name] = self.cur.get(name, 0.0) + ms
-
-    def _flush(self) -> None:
-        for k, v in self.cur.items():
-            self.per.setdefault(k, []).append(v)
-        self.cur = {}
 
     def _tag(self, kind: int) -> int:
         return _TAG_BASE + (self.cid % 1000) * 4 + kind
@@ -315,9 +308,6 @@ class MooncakeChannel(Channel):
             self.cur["mooncake_first_transfer_ms"] = self.cur.pop("mooncake_transfer_ms")
         self._flush()
         self.in_handoff = False
-
-    def breakdown(self) -> dict[str, list[float]]:
-        return {k: list(v) for k, v in self.per.items()}
 
     def close(self) -> None:
         """Unregister; local calls only (safe after a timeout)."""

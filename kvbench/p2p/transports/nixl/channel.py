@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from kvbench.p2p.transports.base import (
     Channel,
     Request,
+    TimedParts,
     TransferTimeout,
     Transport,
     TransportError,
@@ -147,7 +148,7 @@ def default_batch(granularity: str, patterns: str) -> str:
     return "layer" if "layerwise" in (patterns or "") else "handoff"
 
 
-class NIXLChannel(Channel):
+class NIXLChannel(TimedParts, Channel):
     """One prefill/decode pair over a fixed set of message buffers (see the module doc)."""
 
     def __init__(self, transport: Transport, peer: int, buffers: Sequence, is_sender: bool,
@@ -201,16 +202,6 @@ class NIXLChannel(Channel):
             raise
 
     # -- timing ------------------------------------------------------------
-
-    def _add(self, name: str, ms: float) -> None:
-        """Add to the current figure: this handoff's, or the channel set-up's (one-off)."""
-        self.cur[name] = self.cur.get(name, 0.0) + ms
-
-    def _flush(self) -> None:
-        """One entry per figure: per handoff, or a one-element list for the set-up."""
-        for k, v in self.cur.items():
-            self.per.setdefault(k, []).append(v)
-        self.cur = {}
 
     def _tag(self, kind: int) -> int:
         return _TAG_BASE + (self.cid % _TAG_SPAN) * 4 + kind
@@ -444,9 +435,6 @@ class NIXLChannel(Channel):
         self.xc.finish_sends()
         self._flush()
         self.in_handoff = False
-
-    def breakdown(self) -> dict[str, list[float]]:
-        return {k: list(v) for k, v in self.per.items()}
 
     # -- tear-down -------------------------------------------------------------
 
