@@ -155,6 +155,17 @@ class Channel(ABC):
         """Release registrations and handles. Must be safe to call on every path."""
 
 
+def cancel_pending(requests) -> None:
+    """Cancel every MPI request not yet complete; best effort, for close and abort paths (a
+    peer that has gone may leave a send that never completes)."""
+    for r in requests:
+        try:
+            if not r.Test():
+                r.Cancel()
+        except Exception:  # noqa: BLE001 - best effort on the abort path
+            pass
+
+
 class TimedParts:
     """A channel's named part times in ms, kept for `breakdown`: `_add` sums into the current
     figure (this handoff's, or the set-up's), `_flush` closes it (one entry per figure and

@@ -38,6 +38,7 @@ from kvbench.p2p.transports.base import (
     TimedParts,
     TransferTimeout,
     TransportError,
+    cancel_pending,
 )
 from kvbench.p2p.transports.mooncake import libs
 
@@ -257,12 +258,7 @@ class StoreChannel(TimedParts, Channel):
         if self.closed:
             return
         self.closed = True
-        for r in self.sends:
-            try:
-                if not r.Test():
-                    r.Cancel()
-            except Exception:  # noqa: BLE001 - best effort on the abort path
-                pass
+        cancel_pending(self.sends)
         for addr in self.registered:
             try:
                 self.store.unregister_buffer(addr)

@@ -31,6 +31,7 @@ from kvbench.p2p.transports.base import (
     TransferTimeout,
     Transport,
     TransportError,
+    cancel_pending,
     seen_by_both,
 )
 from kvbench.p2p.transports.mooncake import libs
@@ -314,12 +315,7 @@ class MooncakeChannel(TimedParts, Channel):
         if self.closed:
             return
         self.closed = True
-        for r in self.sends:
-            try:
-                if not r.Test():
-                    r.Cancel()
-            except Exception:  # noqa: BLE001 - best effort on the abort path
-                pass
+        cancel_pending(self.sends)
         n = len(self.registered)
         for addr in self.registered:
             self.t.engine.unregister_memory(addr)

@@ -18,6 +18,7 @@ from kvbench.p2p.transports.base import (
     TransferTimeout,
     Transport,
     TransportError,
+    cancel_pending,
     seen_by_both,
 )
 
@@ -96,12 +97,7 @@ class _Exchange:
         self.sends = []
 
     def cancel_sends(self) -> None:
-        for r in self.sends:
-            try:
-                if not r.Test():
-                    r.Cancel()
-            except Exception:  # noqa: BLE001 - best effort on the abort path
-                pass
+        cancel_pending(self.sends)
         self.sends = []
 
 
