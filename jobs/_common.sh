@@ -42,10 +42,10 @@ fi
 
 # The declared link: arms the fit's line-rate check and its link check (which path NCCL,
 # UCX or the MPI library says carried the bytes). KVBENCH_LINK names one of
-# `python -m kvbench.p2p.linkpath links`; KVBENCH_LINE_RATE_GBPS / KVBENCH_EXPECT_LINK override.
+# `python -m kvbench.links.linkpath links`; KVBENCH_LINE_RATE_GBPS / KVBENCH_EXPECT_LINK override.
 KVBENCH_LINK=${KVBENCH_LINK:-$KVBENCH_DEFAULT_LINK}
 if [[ -z ${KVBENCH_LINE_RATE_GBPS:-} || -z ${KVBENCH_EXPECT_LINK:-} ]]; then
-    _declared=$("$KVBENCH_PY" -m kvbench.p2p.linkpath declared "$KVBENCH_LINK") || exit 2
+    _declared=$("$KVBENCH_PY" -m kvbench.links.linkpath declared "$KVBENCH_LINK") || exit 2
     KVBENCH_EXPECT_LINK=${KVBENCH_EXPECT_LINK:-${_declared% *}}
     KVBENCH_LINE_RATE_GBPS=${KVBENCH_LINE_RATE_GBPS:-${_declared#* }}
 fi

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from kvbench import errors
+from kvbench.kv import cut as kc
+from kvbench.kv.shards import heads_by_rank, shard_plan
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import cut as kc
-from kvbench.p2p.shards import heads_by_rank, shard_plan
 from kvbench.plan import cli as kvplan
 from kvbench.report import cli as report_cli
 from tests.test_robust import refused, run

@@ -8,6 +8,6 @@
     sim.py       simulated runs with known truth (coverage checks and benchmarks)
     cli.py       flags and the command
 
-May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.p2p.linkpath (link names).
+May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names).
 Never plan, slo, lab or report.
 """

@@ -19,7 +19,7 @@ from kvbench.fit.fitting import (
     format_table,
     skipped_note,
 )
-from kvbench.p2p import linkpath
+from kvbench.links import linkpath
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_GBPS, MIN_GBPS
 from kvbench.records.select import parse_where

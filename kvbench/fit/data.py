@@ -36,7 +36,7 @@ import numpy as np
 
 from kvbench.errors import UsageError
 from kvbench.fit.stats import GroupSamples
-from kvbench.p2p import linkpath
+from kvbench.links import linkpath
 from kvbench.records.schema.p2p import (
     LEGACY_GROUP_KEYS,
     LEGACY_OPTIONAL_KEYS,
@@ -462,7 +462,7 @@ def group_not_link(group: Group) -> str | None:
 
 
 def link_mismatch(group: Group, expect: str) -> str | None:
-    """The fit's link_mismatch line for a group read with keep_paths (kvbench.p2p.linkpath)."""
+    """The fit's link_mismatch line for a group read with keep_paths (kvbench.links.linkpath)."""
     return linkpath.mismatch_of(group.paths, expect)
 
 

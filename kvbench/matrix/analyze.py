@@ -15,7 +15,7 @@ The verdict's rules (every setting is written into the document):
                 pair of that kind is named by this rule.
   expect_link   a pair whose path cannot be shown to be the kind of link expected
                 (`--expect-link`, `--expect-local-link` for pairs within one host), by
-                kvbench.p2p.linkpath's classification of the transport's own words.
+                kvbench.links.linkpath's classification of the transport's own words.
   wrong_data    the pair's receiver counted wrong elements in the data check.
   no_fit        no rate could be fitted (the fit's warning says why).
 """
@@ -34,7 +34,7 @@ import numpy as np
 from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, draw_rows, fit_group
-from kvbench.p2p import linkpath
+from kvbench.links import linkpath
 from kvbench.records.schema.matrix import (
     DRAW_COLUMNS,
     DRAWS_SUFFIX,
@@ -262,7 +262,7 @@ def odd_paths(entries: list[dict], majority: dict[str, str | None]) -> dict[tupl
 def link_failures(entries: list[dict], kinds: dict[tuple, linkpath.LinkPath],
                   expect: str | None, expect_local: str | None) -> dict[tuple, str]:
     """Pairs whose KV path is not the expected kind (or is UCX's software emulation), each
-    with the causes and fixes its records show (kvbench.p2p.linkcauses)."""
+    with the causes and fixes its records show (kvbench.links.linkcauses)."""
     out = {}
     for e in entries:
         want = expect_local if e["same_host"] and expect_local else expect

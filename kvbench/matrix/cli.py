@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvbench.cli import ArgumentParser, UsageError, arg_int, bounded_float, each_once, run_main
+from kvbench.links import linkpath
 from kvbench.matrix.analyze import (
     DEFAULT_SLOW_FRACTION,
     DRAWS_CHOICES,
     MAX_INLINE_DRAW_PAIRS,
     analyze,
 )
-from kvbench.p2p import linkpath
 from kvbench.p2p.watchdog import env_rank
 from kvbench.records.schema.matrix import DRAWS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files

@@ -3,14 +3,13 @@
 Owns the measurement: the one handoff engine (engine.py) and its timing loop (harness.py),
 the frozen spec of what was measured (spec.py), KV tensors and their layouts (layout.py,
 devices.py, messages.py, compute.py), the MPI world and its watchdog (world.py,
-watchdog.py), GPU and link-path facts (gpu_select.py, cuda_kernels.py; the torch-free link
-vocabulary: linkpath.py, nccl_log.py, ucx_rows.py, linkcauses.py), the bare-transport
+watchdog.py), GPU facts (gpu_select.py, cuda_kernels.py; the torch-free link vocabulary lives in
+kvbench.links, the KV cut and shard plan in kvbench.kv), the bare-transport
 yardstick (baseline.py), the handoff patterns (patterns/) and the transports (transports/).
 args.py parses the flags, cli.py runs the job.
 
-May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records. Never fit, plan,
-slo, lab or report (tests/test_layout.py keeps it so). Kept import-light: importing
-kvbench.p2p.linkpath must not start MPI or import torch.
+May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.kv,
+kvbench.links. Never fit, plan, slo, lab or report (tests/test_layout.py keeps it so).
 
 Host-to-host copies that kvbench times (the ipc transport's) and the --baseline floor use the
 host's own memcpy, not torch's copy_ (hostcopy.py).

@@ -25,11 +25,11 @@ from kvbench.cli import (
     one_line,
     parse_positive_ints,
 )
+from kvbench.kv.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
+from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import engine_shape, patterns, transports
-from kvbench.p2p.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
 from kvbench.p2p.patterns.base import Point
-from kvbench.p2p.shards import ShardError
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
@@ -344,7 +344,7 @@ def check_distinct(points: list[Point]) -> None:
 
 
 def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
-    """The declared cuts (kvbench.p2p.cut), each checked against the model and the flags."""
+    """The declared cuts (kvbench.kv.cut), each checked against the model and the flags."""
     engine = getattr(args, "nixl_shape", "link") == "engine"
     try:
         cuts = declared_cuts(block_sizes, args.kv_pages, args.block_ids, args.tp_pair, engine)
@@ -383,7 +383,7 @@ def check_pieces(model, dtype, tokens, cut: Cut | None) -> None:
     """Refuse, before any table is built, a handoff that would post more than MAX_PIECES
     pieces (each is a message, a view and a descriptor: 10^9 tokens in blocks of 1 built a
     block table id by id and died in a MemoryError on every rank). Counted by formula:
-    kvbench.p2p.cut.count_pieces for the page plan, layers x parts x blocks for the paged
+    kvbench.kv.cut.count_pieces for the page plan, layers x parts x blocks for the paged
     message plan."""
     for t in tokens:
         if cut is not None and cut.pages:

@@ -14,7 +14,7 @@ moves it the way vLLM 0.32.0's NIXL connector does (read from its sources; docs/
   a recorded distribution) instead of a busy loop.
 
 This module holds the parts that need no NIXL: option parsing, the message plan (the page
-plan of kvbench.p2p.cut, where block tables and regions live), descriptor ids and the merged
+plan of kvbench.kv.cut, where block tables and regions live), descriptor ids and the merged
 count they should give, and the poll schedule. The NIXL side is
 kvbench.p2p.transports.nixl.engine.
 """
@@ -26,7 +26,7 @@ import random
 import time
 
 from kvbench.errors import UsageError, bounded_float
-from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with the cut)
+from kvbench.kv.cut import (  # noqa: F401  (block tables and regions live with the cut)
     BLOCK_IDS,
     KV_PAGES,
     Cut,
@@ -35,16 +35,16 @@ from kvbench.p2p.cut import (  # noqa: F401  (block tables and regions live with
     block_table,
     file_digest,
     page_layout,
-    plan_pages,
     pool_blocks,
     read_block_file,
 )
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
+from kvbench.p2p.pages import plan_pages
 from kvbench.records.schema.engine import MAX_STEP_MS, load_poll_file
 
 # ---------------------------------------------------------------------------
-# the message plan: the page plan of kvbench.p2p.cut
+# the message plan: the page plan of kvbench.kv.cut
 
 
 def plan_engine(data: KVCache) -> MessagePlan:

@@ -87,7 +87,7 @@ class KVSpec:
     pages: str = "split"
     # paged only: heads-major blocks ([heads, block_size, width], vLLM's HND layout), so a
     # group of heads is one contiguous piece of a block (a TP pair that splits heads per
-    # block, kvbench.p2p.cut); False keeps token-major blocks ([block_size, heads, width])
+    # block, kvbench.kv.cut); False keeps token-major blocks ([block_size, heads, width])
     hnd: bool = False
 
     def __post_init__(self):
@@ -201,7 +201,7 @@ class KVCache:
         from the host copy of the table: `int()` on a CUDA tensor's element is one device sync
         per block, and a block plan has tens of thousands."""
         if self.spec.hnd:  # a token-major view of a heads-major block is no contiguous message
-            raise ValueError("heads-major blocks move as pages (kvbench.p2p.cut), not as views")
+            raise ValueError("heads-major blocks move as pages (kvbench.kv.cut), not as views")
         pool = self.tensors[self.index(layer, part)]
         return [pool[b] for b in self.block_ids[layer]]
 

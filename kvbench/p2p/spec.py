@@ -6,7 +6,7 @@ fit's group key); records with different ones must never be pooled. So every opt
 changes what is measured belongs here: transport and its options, pattern and variant,
 granularity, layout, block size, dtype, device, pack kernel, the layerwise compute settings
 and polling, the world's roles and hosts, and for the page plan the cut (K/V pages, block
-ids, TP pair: kvbench.p2p.cut). The payload size is not in it: it is the x of a fit.
+ids, TP pair: kvbench.kv.cut). The payload size is not in it: it is the x of a fit.
 
 Not in it, on purpose: how the samples were taken (`order`, iteration counts, warm-up),
 which is recorded beside it and does not change the quantity being estimated.
@@ -60,7 +60,7 @@ class HandoffSpec:
     model: str | None = None
     compute: dict | None = None
     layer_poll: bool | None = None
-    cut: dict | None = None  # the page plan's cut (kvbench.p2p.cut); absent otherwise
+    cut: dict | None = None  # the page plan's cut (kvbench.kv.cut); absent otherwise
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

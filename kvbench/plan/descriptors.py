@@ -4,7 +4,7 @@ smallest block size (or the merge) that keeps the handoff within a budget.
     handoff_floor_ms = setup_ms + descriptors x us_per_desc / 1000 + bytes / (GB/s x 1e9) x 1000
 
 The count comes from the same code that cut the KV when it was measured
-(kvbench.p2p.cut.count_pieces): per layer, pools x pieces per page x blocks, where a TP pair
+(kvbench.kv.cut.count_pieces): per layer, pools x pieces per page x blocks, where a TP pair
 (P, D) cuts every page into one piece per serving prefill rank and part, and consecutive
 whole pages join into one piece when the block ids are merged (or contiguous, for ipc, which
 copies adjacent messages as one). A fit with a second term (NIXL joins adjacent descriptors
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.errors import UsageError
-from kvbench.model import DType, KVSizing, ModelSpec
-from kvbench.p2p.cut import (
+from kvbench.kv.cut import (
     Cut,
     count_pieces,
     declared_cuts,
@@ -28,7 +27,8 @@ from kvbench.p2p.cut import (
     page_layout,
     read_block_file,
 )
-from kvbench.p2p.shards import ShardError
+from kvbench.kv.shards import ShardError
+from kvbench.model import DType, KVSizing, ModelSpec
 from kvbench.units import handoff_ms
 
 JOINING_TRANSPORTS = ("ipc",)  # copy adjacent messages as one: their `descriptors` count that

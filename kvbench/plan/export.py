@@ -47,8 +47,8 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
     count is a constant plus a part per prompt token (blocks grow with the prompt; merged
     pages do not), exact at whole-block prompt lengths below any sliding window. The constant
     goes where a tool has a per-transfer latency, the per-token part into its bandwidth."""
-    from kvbench.p2p.cut import Cut, page_layout
-    from kvbench.p2p.shards import ShardError
+    from kvbench.kv.cut import Cut, page_layout
+    from kvbench.kv.shards import ShardError
     from kvbench.plan.descriptors import counts_at, descriptor_ms
 
     if link.us_per_desc is None:

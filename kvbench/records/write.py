@@ -429,7 +429,7 @@ def environment(extra: dict | None = None) -> dict:
         "load_average": _load_average(),
         "variables": relevant_env(),
         # two ranks of one process, or in different containers, cannot use UCX's intra-node
-        # transports (kvbench.p2p.linkcauses reads these)
+        # transports (kvbench.links.linkcauses reads these)
         "pid": os.getpid(),
         "pid_namespace": _pid_namespace(),
     }

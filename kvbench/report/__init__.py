@@ -6,6 +6,6 @@
     doc.py        Markdown and self-contained HTML
     cli.py        flags and the command
 
-May import anything below it: units, cli, model, records, p2p.linkpath, fit, plan, slo.
+May import anything below it: units, cli, model, records, kv, links, fit, plan, slo.
 Nothing imports it.
 """

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from kvbench.cli import UsageError
+from kvbench.links.linkpath import LinkPath
 from kvbench.matrix import analyze as az
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
-from kvbench.p2p.linkpath import LinkPath
 from kvbench.p2p.patterns.matrix import FromPeer, ordered_pairs, pair_loop, schedule
 from kvbench.p2p.spec import HandoffSpec
 from kvbench.records.schema.matrix import (
@@ -466,7 +466,7 @@ def test_read_complete_lines_leaves_a_line_being_written(tmp_path):
 
 
 def test_nccl_connections_of_one_pair():
-    from kvbench.p2p import nccl_log
+    from kvbench.links import nccl_log
     from tests.conftest import ROOT
 
     log = nccl_log.parse((ROOT / "tests/data/nccl/nccl-2.21-net-ib-gdrdma.log").read_text())

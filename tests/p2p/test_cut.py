@@ -1,4 +1,4 @@
-"""How the KV is cut (kvbench.p2p.cut) and what the transports count as descriptors.
+"""How the KV is cut (kvbench.kv.cut) and what the transports count as descriptors.
 
 Without MPI: the declarations of a sweep and their refusals; the pieces a TP pair cuts a
 page into; the pure count `kvbench plan` uses equals the messages of the page plan the run
@@ -19,9 +19,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from kvbench.kv import cut as kc
+from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, get_dtype, resolve_model
-from kvbench.p2p import cut as kc
-from kvbench.p2p.shards import ShardError
+from kvbench.p2p import pages
 from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import ROOT, run_mpi
 
@@ -100,8 +101,8 @@ CUTS = [kc.Cut(bs, kv, ids, tp) for bs, kv, ids, tp in [
 def _plans(model, tokens: int, cut: kc.Cut):
     sides = {}
     for side in ("prefill", "decode"):
-        caches, lay = kc.cut_data(model, BF16, tokens, cut, side, "cpu")
-        sides[side] = (caches, kc.plan_pages(caches, lay, cut, side))
+        caches, lay = pages.cut_data(model, BF16, tokens, cut, side, "cpu")
+        sides[side] = (caches, pages.plan_pages(caches, lay, cut, side))
     return sides
 
 

@@ -18,8 +18,8 @@ from argparse import Namespace
 import pytest
 
 from kvbench.cli import UsageError
+from kvbench.kv import cut as kc
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import cut as kc
 from kvbench.p2p import engine_shape as es
 from kvbench.p2p.patterns.base import Point
 from tests.p2p.test_engine_shape import _args

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from kvbench.p2p import linkcauses, linkpath, nccl_log, ucx_rows
+from kvbench.links import linkcauses, linkpath, nccl_log, ucx_rows
 from kvbench.p2p.transports.nixl.transport import CUDA_IPC_GET, kvbench_ucx_env
 from tests.conftest import ROOT, run_cli
 
@@ -261,8 +261,8 @@ def test_docs_table_lists_every_cause_once():
         assert tuple(row[1:]) == linkcauses.CAUSES[row[0].strip("`")], row[0]
 
 
-@pytest.mark.parametrize("module", ["kvbench.p2p.linkcauses", "kvbench.p2p.ucx_rows",
-                                    "kvbench.p2p.linkpath"])
+@pytest.mark.parametrize("module", ["kvbench.links.linkcauses", "kvbench.links.ucx_rows",
+                                    "kvbench.links.linkpath"])
 def test_the_link_vocabulary_stays_torch_free(module):
     r = subprocess.run([sys.executable, "-c", f"import sys, {module}; print(sorted(m for m in "
                         "('torch', 'mpi4py') if m in sys.modules))"], capture_output=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.p2p import linkpath, nccl_log
+from kvbench.links import linkpath, nccl_log
 from tests.conftest import run_cli
 
 DATA = Path(__file__).parents[1] / "data" / "nccl"
@@ -168,11 +168,11 @@ def test_fit_rejects_an_unknown_expected_link_in_one_line(tmp_path):
 def test_declared_links_give_kind_and_line_rate():
     assert linkpath.declared("ib-ndr") == ("rdma", 50.0)
     assert linkpath.declared("eth-100g") == ("tcp", 12.5)
-    r = run_cli("kvbench.p2p.linkpath", "declared", "nvlink4")
+    r = run_cli("kvbench.links.linkpath", "declared", "nvlink4")
     assert (r.returncode, r.stdout.strip()) == (0, "nvlink 450")
-    r = run_cli("kvbench.p2p.linkpath", "declared", "token-ring")
+    r = run_cli("kvbench.links.linkpath", "declared", "token-ring")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ib-ndr" in r.stderr
-    listed = run_cli("kvbench.p2p.linkpath", "links").stdout
+    listed = run_cli("kvbench.links.linkpath", "links").stdout
     assert all(name in listed for name in linkpath.DECLARED_LINKS)
     for kind, _, _ in linkpath.DECLARED_LINKS.values():
         assert kind in linkpath.EXPECTABLE

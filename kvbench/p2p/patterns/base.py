@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from kvbench.kv.cut import Cut
 from kvbench.model import DType, ModelSpec
-from kvbench.p2p.cut import Cut
 from kvbench.p2p.engine import Engine, Handoff, Link
 from kvbench.p2p.harness import LoopResult, LoopSettings, Progress
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer

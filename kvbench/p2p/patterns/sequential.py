@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from kvbench.p2p.cut import Sources, cut_data, page_layout, plan_pages, pool_bytes
+from kvbench.kv.cut import page_layout, pool_bytes
 from kvbench.p2p.engine import Handoff
 from kvbench.p2p.messages import plan_messages
+from kvbench.p2p.pages import Sources, cut_data, plan_pages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
     Pattern,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 
 from kvbench.cli import arg_int
+from kvbench.kv.shards import Edge, ShardError, ShardPlan, _ranks, heads_by_rank, shard_plan  # noqa: F401
 from kvbench.p2p.engine import Handoff
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.messages import plan_messages
@@ -47,7 +48,6 @@ from kvbench.p2p.patterns.base import (
     per_rank_or_none,
     posted_counts,
 )
-from kvbench.p2p.shards import Edge, ShardError, ShardPlan, _ranks, heads_by_rank, shard_plan  # noqa: F401
 from kvbench.records.stats import Measurement
 from kvbench.units import gb_per_s
 

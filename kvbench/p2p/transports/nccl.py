@@ -1,7 +1,7 @@
 """torch.distributed with the NCCL backend (GPU only).
 
 NCCL picks its own path (P2P/NVLink, SHM, NET/IB, NET/Socket). Which one it used is read
-from its own debug log (kvbench.p2p.nccl_log), not assumed from a label.
+from its own debug log (kvbench.links.nccl_log), not assumed from a label.
 
 NCCL connects a peer lazily, and the first call on a pair blocks the host thread until the
 peer posts its matching call. So `open()` connects every (src, dst) pair the run will use,
@@ -20,7 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvbench.p2p import nccl_log
+from kvbench.links import nccl_log
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports._torchdist import TorchDistTransport
 

@@ -14,7 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from kvbench.p2p.ucx_rows import path_category, summarize
+from kvbench.links.ucx_rows import path_category, summarize
 
 
 def _ucx_version(mod) -> str | None:
@@ -87,7 +87,7 @@ def summarize_path(rows: list[dict], op: str, memory: str | None = None) -> str 
     """'RMA write: cma/memory (zero-copy); notifications (AM): tcp/lo': the protocols UCX
     selected on the peer endpoints for this run's operation and for the notifications. With
     `memory` ("cuda" or "host": where the KV lives) only the rows between that memory on both
-    sides are the KV's path; the others are listed apart (kvbench.p2p.ucx_rows)."""
+    sides are the KV's path; the others are listed apart (kvbench.links.ucx_rows)."""
     return summarize(rows, op, memory)
 
 

@@ -72,7 +72,7 @@ class PairEntry(Strict):
     receiver: Endpoint
     same_host: bool
     path: AnyText  # transport_info.path of the pair's records
-    link: Text  # kvbench.p2p.linkpath kinds, e.g. "tcp", "nvlink|pcie", "unknown"
+    link: Text  # kvbench.links.linkpath kinds, e.g. "tcp", "nvlink|pcie", "unknown"
     path_source: AnyText | None = None  # how the transport tied the path to this pair
     n_records: Count
     wrong_elements: Count | None = None  # summed over the pair's records; None: not checked

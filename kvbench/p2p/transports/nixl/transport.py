@@ -268,7 +268,7 @@ class NIXLTransport(Transport):
         out.update(self.gaps.label())
         if self.busy_s:
             out["nixl_busy_ms"] = round(self.busy_s * 1e3, 6)
-        if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.p2p.cut)
+        if self.shape == "engine":  # (K/V pages and block ids are the cut's: kvbench.kv.cut)
             out.update(nixl_shape="engine",
                        nixl_per_request=self.per_request,
                        nixl_mode="per-request" if self.per_request else "reuse",
@@ -280,7 +280,7 @@ class NIXLTransport(Transport):
     @property
     def kv_memory(self) -> str:
         """Where the KV lives, in UCX's memory types: its rows between this memory on both
-        sides are the KV's path (kvbench.p2p.ucx_rows)."""
+        sides are the KV's path (kvbench.links.ucx_rows)."""
         return "cuda" if self.ctx.device == "cuda" else "host"
 
     def _poll_label(self) -> str:

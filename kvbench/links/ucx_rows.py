@@ -8,7 +8,7 @@ for every pair of memory types UCX wired up, most of which the run never used fo
 whose memory on *both* sides is where the KV lives (cuda for VRAM, host for DRAM); the rest
 is kept apart (other memory, notifications), never merged into the KV's path.
 
-Torch-free and MPI-free (imported by kvbench.p2p.linkpath and the NIXL transport alike).
+Torch-free and MPI-free (imported by kvbench.links.linkpath and the NIXL transport alike).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every transport records `transport_info.path` in its own words: NCCL's channel transports
 ("P2P/CUMEM/read", "SHM/direct/direct", "NET/IB/0/GDRDMA", "NET/Socket/0", parsed from its
-debug log by `kvbench.p2p.nccl_log`), the UCX protocols NIXL selected ("UCX RMA write:
+debug log by `kvbench.links.nccl_log`), the UCX protocols NIXL selected ("UCX RMA write:
 rc_mlx5/mlx5_0:1 (zero-copy); ..."), the MPI transport's "host"/"host-staged"/
 "device-direct", Gloo's "TCP sockets". This module maps them onto one vocabulary:
 
@@ -11,14 +11,14 @@ rc_mlx5/mlx5_0:1 (zero-copy); ..."), the MPI transport's "host"/"host-staged"/
 so that `kvbench fit --expect-link nvlink` can flag a group whose bytes went another way
 (an "NVLink" job that NCCL ran over NET/Socket or SHM). The path is the path of the KV's
 own bytes: of UCX's rows only those between the KV's memory on both sides
-(kvbench.p2p.ucx_rows); `same-device` when both ranks use one GPU (their UUIDs, or weaker
+(kvbench.links.ucx_rows); `same-device` when both ranks use one GPU (their UUIDs, or weaker
 evidence for records without them, said in the evidence); `rdma-host-staged` when the network
 reads a bounce buffer in host memory instead of the GPU (NCCL NET/IB without /GDRDMA, UCX
 RDMA rows that stage through cuda_copy), never GPUDirect `rdma`. A path is made of parts
 (one per NCCL transport or UCX lane); some evidence cannot tell two kinds apart (NCCL P2P
 without its topology line, cuda_ipc between two GPUs: NVLink or PCIe) and its part holds
 both. A part without the expected kind, or UCX's software emulation, is a mismatch, said
-with the causes the record's evidence names (kvbench.p2p.linkcauses).
+with the causes the record's evidence names (kvbench.links.linkcauses).
 
 It also names the links a job can declare (`KVBENCH_LINK=ib-ndr`): the kind to expect and
 the line rate in decimal GB/s that arms the fit's "rate above the line rate" check.
@@ -32,8 +32,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvbench.p2p import linkcauses, ucx_rows
-from kvbench.p2p.linkcauses import Cause, Evidence
+from kvbench.links import linkcauses, ucx_rows
+from kvbench.links.linkcauses import Cause, Evidence
 
 KINDS = ("nvlink", "pcie", "same-device", "shm", "rdma", "rdma-host-staged", "tcp", "host",
          "unknown")
@@ -66,7 +66,7 @@ class LinkPath:
     evidence: str
     parts: tuple[frozenset[str], ...] = ()  # per carrier the kinds it may be; () = (kinds,)
     emulated: bool = False  # UCX's software emulation carried the KV
-    causes: tuple[Cause, ...] = ()  # why it is not the link it should be (kvbench.p2p.linkcauses)
+    causes: tuple[Cause, ...] = ()  # why it is not the link it should be (kvbench.links.linkcauses)
     ucx_tls: str | None = None  # UCX_TLS in force, for the cause of an expected link
 
     @property
@@ -344,7 +344,7 @@ def mismatch(records: Iterable[dict], expect: str) -> str | None:
 
 def mismatch_of(paths: Mapping[LinkPath, int], expect: str) -> str | None:
     """mismatch() from records already classified: LinkPath -> number of records. Each path
-    that is not the link says why, where the records tell (kvbench.p2p.linkcauses)."""
+    that is not the link says why, where the records tell (kvbench.links.linkcauses)."""
     bad: dict[str, int] = {}
     for lp, count in paths.items():
         if lp.fails(expect):
@@ -383,8 +383,8 @@ def declared(name: str) -> tuple[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m kvbench.p2p.linkpath declared NAME` prints 'KIND GBPS' (for the job scripts);
-    `python -m kvbench.p2p.linkpath links` lists the declared links."""
+    """`python -m kvbench.links.linkpath declared NAME` prints 'KIND GBPS' (for the job scripts);
+    `python -m kvbench.links.linkpath links` lists the declared links."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "kvbench linkpath"
     if argv == ["links"]:

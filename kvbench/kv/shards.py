@@ -1,7 +1,7 @@
 """Who holds which KV heads under tensor parallelism, and who sends which heads to whom.
 
 Pure (no torch, no MPI): the sharded pattern builds its edges from it, and the descriptor
-sweep (kvbench.p2p.cut) and `kvbench plan` count the pieces a TP pair cuts each block into.
+sweep (kvbench.kv.cut) and `kvbench plan` count the pieces a TP pair cuts each block into.
 
 TP rank r of a side holds kv heads [r K/TP, (r+1) K/TP) when TP divides K; when TP is a
 multiple of K each head lives on TP/K consecutive ranks (replicated); MLA's latent is not

@@ -1,6 +1,6 @@
 """Why a KV's bytes did not take the link they should have, and what to set: the known causes.
 
-kvbench.p2p.linkpath finds the path of a record's KV (the UCX rows between the KV's own
+kvbench.links.linkpath finds the path of a record's KV (the UCX rows between the KV's own
 memory, NCCL's channels, the ipc transport's mapping); when that path is UCX's software
 emulation, or not the link `--expect-link` names, this module names the causes the record's
 own evidence supports (UCX rows and variables, the ranks' environment, GPU UUIDs, PIDs) and
@@ -32,7 +32,7 @@ class Cause:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a record says about where its KV went and why (built by kvbench.p2p.linkpath)."""
+    """What a record says about where its KV went and why (built by kvbench.links.linkpath)."""
 
     transport: str
     device: str | None  # "cuda", "cpu", "cpu-async"
