@@ -1,21 +1,23 @@
-"""KV-cache geometry and the transfer model (the tutorial's artifact).
+"""Model presets, Hugging Face configs and the transfer model (the tutorial's artifact).
 
-Everything downstream sizes its tensors and its floors from here:
+The KV geometry (bytes per token, scales, paged blocks, TP shards) is kvbench.kv.geometry's,
+the one calculator every layer sizes with; its names are re-exported here, where users and
+older code import them:
 
     KV_bytes           = 2 x layers x kv_heads x head_dim x bytes_per_element x tokens   (MHA/GQA)
                        = layers x (kv_lora_rank + qk_rope_head_dim) x bytes x tokens     (MLA)
     bandwidth_floor_ms = KV_bytes / (GB/s x 1e9) x 1000
     handoff_floor_ms   = setup_ms + bandwidth_floor_ms
 
-Run `python -m kvbench.model --help`.
+May import: kvbench.units, kvbench.errors, kvbench.cli, kvbench.records, kvbench.tutorial,
+kvbench.kv (the geometry sits below this module). Run `python -m kvbench.model --help`.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvbench.cli import (
@@ -29,118 +31,22 @@ from kvbench.cli import (
     parse_positive_ints,
     run_main,
 )
-from kvbench.records.schema.types import MAX_BYTES, MAX_GBPS, MAX_TOKENS, MIN_GBPS
+from kvbench.kv.geometry import (  # noqa: F401  (re-exported: the geometry's old home)
+    DTYPES,
+    SCALE_DTYPES,
+    SCALE_MODES,
+    DType,
+    KVSizing,
+    ModelSpec,
+    get_dtype,
+)
+from kvbench.records.schema.types import MAX_GBPS, MAX_TOKENS, MIN_GBPS
 from kvbench.tutorial import floor_table_labels
 from kvbench.units import GiB, MiB, handoff_ms, transfer_ms
 
 MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
 MAX_BUDGET_MS = 1e9
 MAX_TP = 65_536
-
-# ---------------------------------------------------------------------------
-# dtypes
-
-
-@dataclass(frozen=True)
-class DType:
-    name: str
-    bytes: int
-    torch_name: str
-    quantized: bool = False  # FP8/INT8 need scales to be usable
-
-
-DTYPES: dict[str, DType] = {
-    d.name: d
-    for d in (
-        DType("bf16", 2, "bfloat16"),
-        DType("fp16", 2, "float16"),
-        DType("fp32", 4, "float32"),
-        DType("fp8_e4m3", 1, "float8_e4m3fn", quantized=True),
-        DType("fp8_e5m2", 1, "float8_e5m2", quantized=True),
-        DType("int8", 1, "int8", quantized=True),
-    )
-}
-
-SCALE_MODES = ("none", "per-tensor", "per-layer-per-head", "per-token-per-head")
-SCALE_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-
-def get_dtype(name: str) -> DType:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise UsageError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}") from None
-
-
-# ---------------------------------------------------------------------------
-# model geometry
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The parts of a model that decide its KV-cache size (and, roughly, its prefill work)."""
-
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    attention: str = "gqa"  # "mha", "gqa" or "mla"
-    kv_lora_rank: int = 0  # MLA only: compressed latent width
-    qk_rope_head_dim: int = 0  # MLA only: decoupled RoPE key width
-    sliding_window: int | None = None  # tokens kept by sliding-window layers
-    sliding_layers: int = 0  # how many of `layers` use the window
-    num_attention_heads: int = 0
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    source: str = "preset"
-
-    def __post_init__(self):
-        if self.layers <= 0:
-            raise UsageError(f"model {self.name}: layers must be positive")
-        if self.attention == "mla":
-            if self.kv_lora_rank + self.qk_rope_head_dim <= 0:
-                raise UsageError(f"model {self.name}: MLA needs kv_lora_rank + qk_rope_head_dim > 0")
-        elif self.kv_heads <= 0 or self.head_dim <= 0:
-            raise UsageError(f"model {self.name}: kv_heads and head_dim must be positive")
-        if not 0 <= self.sliding_layers <= self.layers:
-            raise UsageError(f"model {self.name}: sliding_layers must be within 0..layers")
-
-    @property
-    def is_mla(self) -> bool:
-        return self.attention == "mla"
-
-    @property
-    def elements_per_token_layer(self) -> int:
-        """KV elements one token adds to one layer (K and V together; MLA has one latent)."""
-        if self.is_mla:
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        return 2 * self.kv_heads * self.head_dim
-
-    def bytes_per_token_layer(self, dtype: DType) -> int:
-        return self.elements_per_token_layer * dtype.bytes
-
-    def bytes_per_token(self, dtype: DType) -> int:
-        """Bytes per token over all layers, ignoring any sliding-window cap."""
-        return self.layers * self.bytes_per_token_layer(dtype)
-
-    def tokens_held(self, tokens: int) -> tuple[int, int]:
-        """(tokens kept by full layers, tokens kept by sliding-window layers)."""
-        if self.sliding_window and self.sliding_layers:
-            return tokens, min(tokens, self.sliding_window)
-        return tokens, tokens
-
-    def kv_elements(self, tokens: int) -> int:
-        full_tok, win_tok = self.tokens_held(tokens)
-        full_layers = self.layers - self.sliding_layers
-        per = self.elements_per_token_layer
-        return per * (full_layers * full_tok + self.sliding_layers * win_tok)
-
-    def kv_bytes(self, tokens: int, dtype: DType) -> int:
-        return self.kv_elements(tokens) * dtype.bytes
-
-    def geometry(self) -> dict:
-        return asdict(self)
-
 
 # Checked against each model's public config.json (Hugging Face hub, model card revision
 # current in 2026): num_hidden_layers, num_key_value_heads, head_dim / hidden_size, MLA fields.
@@ -216,113 +122,6 @@ def resolve_model(name: str | None = None, config: str | None = None) -> ModelSp
     except KeyError:
         raise UsageError(f"unknown model {name!r}; presets: {', '.join(PRESETS)} "
                          "(or --model-config PATH to a config.json)") from None
-
-
-# ---------------------------------------------------------------------------
-# sizing: scales, alignment, tensor parallelism
-
-
-@dataclass(frozen=True)
-class KVSizing:
-    """Exact bytes for one prompt, with every overhead spelled out."""
-
-    model: ModelSpec
-    dtype: DType
-    tokens: int
-    scale_mode: str = "none"
-    scale_dtype: str = "fp32"
-    block_size: int | None = None  # align tokens up to whole paged blocks
-    tp: int = 1
-
-    def __post_init__(self):
-        if self.scale_mode not in SCALE_MODES:
-            raise UsageError(f"unknown scale mode {self.scale_mode!r}; choose from {', '.join(SCALE_MODES)}")
-        if self.scale_dtype not in SCALE_DTYPES:
-            raise UsageError(f"unknown scale dtype {self.scale_dtype!r}; choose from {', '.join(SCALE_DTYPES)}")
-        if self.scale_mode != "none" and not self.dtype.quantized:
-            raise UsageError(f"scales apply to fp8/int8 KV, not {self.dtype.name}")
-        if self.tokens <= 0:
-            raise UsageError("prompt tokens must be positive")
-        if self.tp <= 0:
-            raise UsageError("tensor-parallel size must be positive")
-        if self.tokens > MAX_TOKENS:
-            raise UsageError(f"prompt tokens must be at most {MAX_TOKENS:,}, got {self.tokens:,}")
-        if self.kv_bytes > MAX_BYTES:
-            raise UsageError(f"{self.tokens:,} tokens of {self.model.name} are {self.kv_bytes:.3e} bytes of "
-                             f"KV, more than 2^53 B (9 PB): not a payload kvbench can size exactly")
-
-    @property
-    def stored_tokens(self) -> int:
-        """Tokens actually allocated: rounded up to whole blocks when paged."""
-        if self.block_size:
-            return math.ceil(self.tokens / self.block_size) * self.block_size
-        return self.tokens
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.model.kv_bytes(self.stored_tokens, self.dtype)
-
-    @property
-    def scale_bytes(self) -> int:
-        m, sb = self.model, SCALE_DTYPES[self.scale_dtype]
-        tensors = m.layers if m.is_mla else 2 * m.layers  # one K and one V per layer (MLA: one)
-        heads = 1 if m.is_mla else m.kv_heads
-        if self.scale_mode == "per-tensor":
-            return tensors * sb
-        if self.scale_mode == "per-layer-per-head":
-            return tensors * heads * sb
-        if self.scale_mode == "per-token-per-head":
-            full_tok, win_tok = m.tokens_held(self.stored_tokens)
-            per_layer_tokens = (m.layers - m.sliding_layers) * full_tok + m.sliding_layers * win_tok
-            return (1 if m.is_mla else 2) * heads * per_layer_tokens * sb
-        return 0
-
-    @property
-    def kv_bytes(self) -> int:
-        return self.payload_bytes + self.scale_bytes
-
-    @property
-    def bytes_per_layer(self) -> int:
-        full_tok, _ = self.model.tokens_held(self.stored_tokens)
-        return self.model.bytes_per_token_layer(self.dtype) * full_tok
-
-    @property
-    def bytes_per_block(self) -> int | None:
-        if not self.block_size:
-            return None
-        return self.model.bytes_per_token_layer(self.dtype) * self.block_size
-
-    def tp_shard(self) -> dict:
-        """What each tensor-parallel rank holds; heads are replicated when kv_heads < TP."""
-        m = self.model
-        if m.is_mla:
-            return {"tp": self.tp, "heads_per_rank": None, "replicated": self.tp > 1,
-                    "note": "MLA latent is not split by heads: every TP rank holds all of it",
-                    "bytes_per_rank": self.kv_bytes}
-        if self.tp <= m.kv_heads:
-            if m.kv_heads % self.tp:
-                raise UsageError(f"TP {self.tp} does not divide kv_heads {m.kv_heads}")
-            heads, replicated, note = m.kv_heads // self.tp, False, ""
-        else:
-            if self.tp % m.kv_heads:
-                raise UsageError(f"TP {self.tp} is not a multiple of kv_heads {m.kv_heads}")
-            heads, replicated = 1, True
-            note = f"kv_heads {m.kv_heads} < TP {self.tp}: each head replicated on {self.tp // m.kv_heads} ranks"
-        return {"tp": self.tp, "heads_per_rank": heads, "replicated": replicated, "note": note,
-                "bytes_per_rank": self.kv_bytes * heads // m.kv_heads}
-
-    def summary(self) -> dict:
-        out = {
-            "bytes_per_token": self.model.bytes_per_token(self.dtype),
-            "bytes_per_layer": self.bytes_per_layer,
-            "bytes_per_block": self.bytes_per_block,
-            "stored_tokens": self.stored_tokens,
-            "payload_bytes": self.payload_bytes,
-            "scale_bytes": self.scale_bytes,
-        }
-        if self.tp > 1:
-            out["tp_shard"] = self.tp_shard()
-        return out
 
 
 # ---------------------------------------------------------------------------

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1] / "kvbench"
 LAYERS = (
     ("kvbench", "kvbench.units", "kvbench.cli"),  # kvbench.errors: under "kvbench", below all
     ("kvbench.records",),
-    ("kvbench.model",),
-    ("kvbench.kv",),  # the torch-free KV vocabulary: cut, shards
+    ("kvbench.kv",),  # the torch-free KV vocabulary: geometry (tokens -> bytes), cut, shards
+    ("kvbench.model",),  # presets, HF configs, the floor table: sizes KV with kvbench.kv
     ("kvbench.links",),  # the torch-free link vocabulary: kinds, causes, NCCL/UCX logs
     ("kvbench.p2p",),
     ("kvbench.fit",),
@@ -205,6 +205,7 @@ def test_every_package_init_says_what_it_owns_and_may_import():
 
 @pytest.mark.parametrize("planted, finds", [
     ({"kvbench.records.write": {"kvbench.fit.data"}, "kvbench.fit.data": set()}, "upward"),
+    ({"kvbench.kv.cut": {"kvbench.model"}, "kvbench.model": set()}, "upward"),
     ({"kvbench.lab.x": {"kvbench.report.y"}, "kvbench.report.y": set()}, "upward"),
     ({"kvbench.lab.sweep.main": {"kvbench.lab.cli"}, "kvbench.lab.cli": set()}, "upward"),
     ({"kvbench.lab.load.bench": {"kvbench.lab.stack.deploy"}, "kvbench.lab.stack.deploy": set()}, "upward"),

@@ -32,8 +32,8 @@ import random
 from dataclasses import dataclass
 
 from kvbench.errors import UsageError, list_items, parse_int_pair, parse_words
+from kvbench.kv.geometry import DType, ModelSpec
 from kvbench.kv.shards import ShardError, shard_plan
-from kvbench.model import DType, ModelSpec
 from kvbench.records.schema.engine import MAX_SIDE_FILE_BYTES, load_block_ids
 from kvbench.records.schema.read import read_bounded
 
@@ -245,9 +245,8 @@ def _decode_rank0(kv_heads: int, p_tp: int, d_tp: int, mla: bool) -> tuple:
 def page_layout(model: ModelSpec, dtype: DType, cut: Cut) -> PageLayout:
     """Pieces of one page for decode TP rank 0 under the cut's TP pair. Raises ShardError."""
     edges, dh, sh = _decode_rank0(model.kv_heads, *cut.tp, model.is_mla)
-    parts = 1 if model.is_mla else 2
-    width = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
-    per_head = cut.block_size * width * dtype.bytes  # one head of one part of one block
+    parts = model.parts
+    per_head = cut.block_size * model.width * dtype.bytes  # one head of one part of one block
     in_page = parts if cut.kv == "joint" else 1
     hnd = any(tuple(e.heads) != dh or tuple(e.heads) != held for e, held in zip(edges, sh, strict=True))
     pieces: list[Piece] = []
@@ -272,10 +271,7 @@ def page_layout(model: ModelSpec, dtype: DType, cut: Cut) -> PageLayout:
 
 def layer_blocks(model: ModelSpec, tokens: int, block_size: int, layer: int) -> int:
     """Blocks a layer's KV takes (sliding-window layers, the last ones, keep the window)."""
-    kept = tokens
-    if model.sliding_window and layer >= model.layers - model.sliding_layers:
-        kept = min(tokens, model.sliding_window)
-    return math.ceil(kept / block_size)
+    return model.layer_blocks(tokens, block_size, layer)
 
 
 def count_pieces(model: ModelSpec, dtype: DType, tokens: int, cut: Cut,
@@ -316,9 +312,7 @@ def pool_bytes(model: ModelSpec, dtype: DType, tokens: int, cut: Cut, side: str)
     available before anything is allocated."""
     lay = page_layout(model, dtype, cut)
     need = layer_blocks(model, tokens, cut.block_size, 0)
-    parts = 1 if model.is_mla else 2
-    width = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
-    per_head = model.layers * parts * cut.block_size * width * dtype.bytes  # one block, all layers
+    per_head = model.layers * model.parts * cut.block_size * model.width * dtype.bytes  # one block, all layers
     heads = [lay.decode_heads] if side == "decode" else list(lay.source_heads)
     return sum(pool_blocks(cut.blocks, need, side, seed=k) * per_head * len(held)
                for k, held in enumerate(heads))

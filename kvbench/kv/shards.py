@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench.errors import UsageError
+from kvbench.kv.geometry import tp_split
 
 
 class ShardError(UsageError, ValueError):
@@ -21,21 +22,19 @@ class ShardError(UsageError, ValueError):
 
 
 def heads_by_rank(tp: int, kv_heads: int, mla: bool, side: str) -> list[list[int]]:
-    """Global kv heads each TP rank of one side holds."""
+    """Global kv heads each TP rank of one side holds (the split is kvbench.kv.geometry's)."""
     if mla:
         return [[0] for _ in range(tp)]
-    if tp <= kv_heads:
-        if kv_heads % tp:
-            raise ShardError(f"--{side}-tp {tp} does not divide the model's {kv_heads} kv heads: "
-                             f"each rank must hold whole heads (use a TP that divides {kv_heads}, "
-                             f"or a multiple of {kv_heads} to replicate heads)")
-        n = kv_heads // tp
-        return [list(range(r * n, (r + 1) * n)) for r in range(tp)]
-    if tp % kv_heads:
+    split = tp_split(kv_heads, tp)
+    if split is None and tp <= kv_heads:
+        raise ShardError(f"--{side}-tp {tp} does not divide the model's {kv_heads} kv heads: "
+                         f"each rank must hold whole heads (use a TP that divides {kv_heads}, "
+                         f"or a multiple of {kv_heads} to replicate heads)")
+    if split is None:
         raise ShardError(f"--{side}-tp {tp} is more than the model's {kv_heads} kv heads but not a "
                          f"multiple of it: heads cannot be replicated evenly")
-    copies = tp // kv_heads
-    return [[r // copies] for r in range(tp)]
+    n, copies = split
+    return [list(range((r // copies) * n, (r // copies + 1) * n)) for r in range(tp)]
 
 
 @dataclass(frozen=True)

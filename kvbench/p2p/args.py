@@ -389,8 +389,7 @@ def check_pieces(model, dtype, tokens, cut: Cut | None) -> None:
         if cut is not None and cut.pages:
             n = count_pieces(model, dtype, t, cut)
         else:
-            parts = 1 if model.is_mla else 2
-            n = sum(parts * layer_blocks(model, t, cut.block_size, layer) for layer in range(model.layers))
+            n = sum(model.parts * layer_blocks(model, t, cut.block_size, layer) for layer in range(model.layers))
         if n > MAX_PIECES:
             raise UsageError(f"--sizes {t} with --block-size {cut.block_size}: one handoff would post "
                              f"{n:,} pieces; at most {MAX_PIECES:,} (raise --block-size or lower "

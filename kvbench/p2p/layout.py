@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.model import DType, ModelSpec
+from kvbench.kv.geometry import DType, ModelSpec
 
 # Odd multipliers: a shift by one token, head or dim changes every value.
 _T, _H, _D, _L, _P, _O = 40503, 9973, 2654435761 % 65521, 7919, 104729, 1299709
@@ -94,29 +94,26 @@ class KVSpec:
         if not self.heads:
             self.heads = list(range(self.n_heads_total))
 
+    # The geometry is kvbench.kv.geometry's (ModelSpec): one calculator from tokens to bytes.
     @property
     def n_heads_total(self) -> int:
-        return 1 if self.model.is_mla else self.model.kv_heads
+        return self.model.n_heads
 
     @property
     def width(self) -> int:
-        m = self.model
-        return m.kv_lora_rank + m.qk_rope_head_dim if m.is_mla else m.head_dim
+        return self.model.width
 
     @property
     def parts(self) -> int:
         """Tensors per layer: K and V, or MLA's single latent."""
-        return 1 if self.model.is_mla else 2
+        return self.model.parts
 
     def layer_tokens(self, layer: int) -> int:
         """Tokens a layer keeps: sliding-window layers (the last ones) keep the window."""
-        m = self.model
-        if m.sliding_window and layer >= m.layers - m.sliding_layers:
-            return min(self.tokens, m.sliding_window)
-        return self.tokens
+        return self.model.layer_tokens(self.tokens, layer)
 
     def layer_blocks(self, layer: int) -> int:
-        return math.ceil(self.layer_tokens(layer) / self.block_size)
+        return self.model.layer_blocks(self.tokens, self.block_size, layer)
 
     def tensor_tokens(self, layer: int) -> int:
         """Tokens stored for one layer tensor (paged rounds up to whole blocks)."""
@@ -131,9 +128,8 @@ class KVSpec:
     @property
     def payload_bytes(self) -> int:
         """Bytes a handoff moves: every (layer, part) tensor at its stored token count."""
-        per_token = self.row_elems * self.dtype.bytes
-        return sum(self.parts * self.tensor_tokens(layer) * per_token
-                   for layer in range(self.model.layers))
+        return self.model.held_bytes(self.tokens, self.dtype, len(self.heads),
+                                     self.block_size if self.layout == "paged" else None)
 
 
 class KVCache:

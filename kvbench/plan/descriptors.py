@@ -27,8 +27,8 @@ from kvbench.kv.cut import (
     page_layout,
     read_block_file,
 )
+from kvbench.kv.geometry import DType, KVSizing, ModelSpec
 from kvbench.kv.shards import ShardError
-from kvbench.model import DType, KVSizing, ModelSpec
 from kvbench.units import handoff_ms
 
 JOINING_TRANSPORTS = ("ipc",)  # copy adjacent messages as one: their `descriptors` count that
@@ -88,8 +88,7 @@ def decode_bytes(model: ModelSpec, dtype: DType, sizing: KVSizing, cut: Cut) -> 
         lay = page_layout(model, dtype, cut)
     except ShardError as exc:
         raise UsageError(f"--tp-pair {cut.tp[0]}:{cut.tp[1]}: {exc}") from None
-    total = 1 if model.is_mla else model.kv_heads
-    return sizing.kv_bytes * len(lay.decode_heads) // total
+    return sizing.kv_bytes * len(lay.decode_heads) // model.n_heads
 
 
 def term(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut, scale: tuple) -> dict:

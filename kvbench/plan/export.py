@@ -22,11 +22,10 @@ Parameter names are checked against each tool's sources (docs/planners.md cites 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from kvbench.errors import UsageError
-from kvbench.model import KVSizing
+from kvbench.kv.geometry import KVSizing, aligned_tokens
 from kvbench.plan.twohop import two_hop_notes
 from kvbench.records.schema.plan import SCHEMA_KV_MODEL, KVTransferModel
 from kvbench.records.write import as_contract, dumps_json
@@ -70,7 +69,7 @@ def descriptor_model(link, model, dtype, tp: int, planned, fold_tokens: int) -> 
     def ms(t: int) -> float:
         return descriptor_ms(link, *counts_at(link, model, dtype, t, cut))
 
-    t1 = max(1, math.ceil(fold_tokens / c.block_size)) * c.block_size
+    t1 = aligned_tokens(max(1, fold_tokens), c.block_size)
     per_token = (ms(2 * t1) - ms(t1)) / t1
     return {"us_per_desc": link.us_per_desc, "us_per_merged_desc": link.us_per_merged_desc,
             "cut": {"block_size": c.block_size, "kv_pages": c.kv, "block_ids": c.blocks},

@@ -29,7 +29,7 @@ from kvbench.errors import (
     parse_int_pair,
     parse_positive_floats,
 )
-from kvbench.model import (
+from kvbench.kv.geometry import (
     KVSizing,
 )
 from kvbench.plan.route import (

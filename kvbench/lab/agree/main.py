@@ -136,12 +136,12 @@ def warm_up(endpoint: str, input_len: int, trace: Path) -> dict:
 
 def p2p_runs(lab, out: Path, engine: dict, repeats: int, iters: int, factorial: bool) -> dict:
     """Per repeat one MPI job of the engine-shaped configurations; returns the run notes."""
-    from kvbench.model import resolve_model
+    from kvbench.model import DTYPES, resolve_model
 
     cfg = deploy.model_for(lab) / "config.json"
     m = resolve_model(None, str(cfg))
     bs = ENGINE_BLOCK_TOKENS
-    page_all = 2 * bs * m.kv_heads * m.head_dim * 2 * m.layers
+    page_all = bs * m.bytes_per_token(DTYPES["bf16"])  # one block of the engine's BF16 KV, all layers
     means = [r["metrics"].get("bytes", {}).get("mean") for runs in engine.values() for r in runs]
     means = [b for b in means if b]
     mean_bytes = sum(means) / len(means) if means else None
