@@ -42,7 +42,7 @@ from kvbench.kv.geometry import (  # noqa: F401  (re-exported: the geometry's ol
 )
 from kvbench.records.schema.types import MAX_GBPS, MAX_TOKENS, MIN_GBPS
 from kvbench.tutorial import floor_table_labels
-from kvbench.units import GiB, MiB, handoff_ms, transfer_ms
+from kvbench.units import GiB, MiB, handoff_ms, round_places, transfer_ms
 
 MAX_SETUP_MS = 1e7  # ~2.8 hours: a setup cost beyond it is a typo
 MAX_BUDGET_MS = 1e9
@@ -142,10 +142,6 @@ def handoff_floor(kv_bytes: int, effective_gb_s: float, setup_ms: float) -> tupl
     return transfer_ms(kv_bytes, effective_gb_s), handoff_ms(setup_ms, kv_bytes, effective_gb_s)
 
 
-def _r(x: float) -> float:
-    return round(x, 6)
-
-
 @dataclass
 class FloorTableArgs:
     model: ModelSpec
@@ -176,9 +172,9 @@ def floor_table(a: FloorTableArgs) -> dict:
         bw, total = handoff_floor(kv, effective_gb_s, a.setup_ms)
         links.append({
             "effective_bandwidth_gb_s": effective_gb_s,  # the output's name since its first version
-            "bandwidth_floor_ms": _r(bw),
+            "bandwidth_floor_ms": round_places(bw),
             "setup_ms": a.setup_ms,
-            "handoff_floor_ms": _r(total),
+            "handoff_floor_ms": round_places(total),
             key: total <= a.budget_ms,
             "within_budget": total <= a.budget_ms,
         })
@@ -195,8 +191,8 @@ def floor_table(a: FloorTableArgs) -> dict:
         "bytes_per_token": a.model.bytes_per_token(a.dtype),
         "prompt_tokens": a.tokens,
         "kv_bytes": kv,
-        "kv_mib": _r(kv / MiB),
-        "kv_gib": _r(kv / GiB),
+        "kv_mib": round_places(kv / MiB),
+        "kv_gib": round_places(kv / GiB),
         "setup_ms": a.setup_ms,
         "budget_ms": a.budget_ms,
         "links": links,
@@ -204,7 +200,7 @@ def floor_table(a: FloorTableArgs) -> dict:
             "prompt_tokens": a.short_prompt_tokens,
             "kv_bytes": short.kv_bytes,
             "effective_bandwidth_gb_s": slow,
-            "handoff_floor_ms": _r(short_total),
+            "handoff_floor_ms": round_places(short_total),
         },
         "sizing": sizing.summary(),
         "assumptions": [
@@ -223,7 +219,7 @@ def floor_table(a: FloorTableArgs) -> dict:
     if a.dtype.quantized:
         bf16 = KVSizing(a.model, DTYPES["bf16"], a.tokens, block_size=a.block_size).kv_bytes
         out["quantized_kv"] = {
-            "payload_vs_bf16": _r(sizing.payload_bytes / bf16),
+            "payload_vs_bf16": round_places(sizing.payload_bytes / bf16),
             "scale_mode": a.scale_mode,
             "scale_dtype": a.scale_dtype if a.scale_mode != "none" else None,
             "scale_bytes_added": sizing.scale_bytes,

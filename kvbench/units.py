@@ -64,3 +64,24 @@ def handoff_ms(setup_ms: float, nbytes: float, effective_gb_s: float, descriptor
     us_per_desc microseconds (0: a model without that term). Works on numpy arrays too.
     Every `setup + bytes / rate` in kvbench is this function."""
     return setup_ms + descriptors * us_per_desc / 1000.0 + nbytes / (effective_gb_s * GB) * 1000.0
+
+
+# Rounding for what kvbench writes: two rules, each with one name (fit documents keep
+# significant digits, plan and model floors keep decimal places). None, infinities and NaN
+# become None: a record holds no number that nothing measured.
+
+
+def round_sig(x: float | None, digits: int = 6) -> float | None:
+    """`x` to `digits` significant digits (fit documents: setup_ms, GB/s, their intervals and
+    draws), as `format(x, ".6g")` writes it; None for None or a value that is not finite."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+def round_places(x: float | None, places: int = 6) -> float | None:
+    """`x` to `places` decimal places (`round(x, 6)`: plan and model floors in ms, MiB/GiB);
+    None for None or a value that is not finite."""
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, places)

@@ -40,7 +40,7 @@ from kvbench.fit.stats import (
     settled,
     size_summary,
 )
-from kvbench.units import MIN_TIME_MS
+from kvbench.units import MIN_TIME_MS, round_sig
 
 FORMULA = ("handoff_ms = setup_ms + descriptors * us_per_desc / 1000 "
            "+ bytes / (effective_gb_s * 1e9) * 1000")
@@ -176,15 +176,11 @@ def as_line(plane: Plane, s: GroupSamples, med: np.ndarray, why_not: str | None,
     return LineFit(plane.get("setup_ms"), plane.get("ms_per_gb"), s.x, med, draws, why_not, lof)
 
 
-def _r(x: float | None, nd: int = 6) -> float | None:
-    return None if x is None or not np.isfinite(x) else float(f"{x:.{nd}g}")
-
-
 def _term_json(plane: Plane, name: str) -> dict:
     dr = plane.draws_of(name)
-    ci = None if dr is None else [_r(float(v)) for v in np.percentile(dr, [2.5, 97.5])]
-    return {name: _r(plane.get(name)), f"{name}_ci95": ci,
-            f"{name}_draws": None if dr is None else [_r(float(v), DRAW_DIGITS) for v in dr]}
+    ci = None if dr is None else [round_sig(float(v)) for v in np.percentile(dr, [2.5, 97.5])]
+    return {name: round_sig(plane.get(name)), f"{name}_ci95": ci,
+            f"{name}_draws": None if dr is None else [round_sig(float(v), DRAW_DIGITS) for v in dr]}
 
 
 def descriptor_json(plane: Plane, field: str | None) -> dict:
@@ -244,7 +240,7 @@ def point_rows(rows: list[dict], s: GroupSamples, c: Collected, group: Group, pl
         if joined is not None:
             row["descriptors_merged"] = int(joined[k])
         row["cuts"] = [labels[int(m)] for m in members]
-        row["fitted_ms"] = _r(float(fitted[k]))
+        row["fitted_ms"] = round_sig(float(fitted[k]))
         res = float(settled(med[k] - fitted[k], med[k], fitted[k]))
-        row["residual_ms"] = _r(res)
-        row["residual_rel"] = _r(res / max(abs(med[k]), MIN_TIME_MS), 4)
+        row["residual_ms"] = round_sig(res)
+        row["residual_rel"] = round_sig(res / max(abs(med[k]), MIN_TIME_MS), 4)

@@ -14,7 +14,6 @@ resampling in kvbench/fit/data.py. docs/fit-and-plan.md has the method and every
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,7 @@ from kvbench.records.write import (
     dumps_json,
     utc_stamp,
 )
-from kvbench.units import GB, MIN_TIME_MS, fmt_bytes
+from kvbench.units import GB, MIN_TIME_MS, fmt_bytes, round_sig
 
 POOR_FIT_REL = 0.10  # a size's median more than 10% (and 3 SE) off the line
 POOR_FIT_SE = 3.0
@@ -71,25 +70,22 @@ def _warn(code: str, message: str) -> dict:
     return {"code": code, "message": message}
 
 
-def _r(x: float | None, nd: int = 6) -> float | None:
-    if x is None or not math.isfinite(x):
-        return None
-    return float(f"{x:.{nd}g}")
+_r = round_sig  # the old private name, which tests/fit/test_fit_writer.py still imports
 
 
 def draw_rows(draws: np.ndarray) -> list[list[float | None]]:
-    """Each draw's (setup_ms, ms_per_gb) as _r writes them (DRAW_DIGITS significant digits),
-    formatted in one pass over one string: the same numbers, a few times faster than a call
-    of _r per value (a fit of thousands of groups, a matrix of thousands of pairs)."""
+    """Each draw's (setup_ms, ms_per_gb) as round_sig writes them (DRAW_DIGITS significant
+    digits), formatted in one pass over one string: the same numbers, a few times faster than a
+    call of round_sig per value (a fit of thousands of groups, a matrix of thousands of pairs)."""
     if not np.isfinite(draws).all():
-        return [[_r(a, DRAW_DIGITS), _r(b, DRAW_DIGITS)] for a, b in draws.tolist()]
+        return [[round_sig(a, DRAW_DIGITS), round_sig(b, DRAW_DIGITS)] for a, b in draws.tolist()]
     flat = draws.ravel().tolist()
     values = list(map(float, ((f"%.{DRAW_DIGITS}g " * len(flat)) % tuple(flat)).split()))
     return [values[k:k + 2] for k in range(0, len(values), 2)]
 
 
 def _pair(p) -> list | None:
-    return None if p is None else [_r(p[0]), _r(p[1])]
+    return None if p is None else [round_sig(p[0]), round_sig(p[1])]
 
 
 def _fmt(v, spec: str = ".5g") -> str:
@@ -103,7 +99,7 @@ def _fmt(v, spec: str = ".5g") -> str:
 def _quantile_or_none(v: np.ndarray, q: float) -> float | None:
     """The q-quantile only where n supports it, rounded as the document's numbers are."""
     value = percentile_if_supported(v, q)
-    return None if value is None else _r(value)
+    return None if value is None else round_sig(value)
 
 
 def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
@@ -117,11 +113,11 @@ def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
             "prompt_tokens": sorted(m["prompt_tokens"]) or None,
             "models": sorted(m["models"]) or None,
             "n": int(len(v)),
-            "p50_ms": _r(p50),
+            "p50_ms": round_sig(p50),
             "p95_ms": _quantile_or_none(v, 0.95),
             "p99_ms": _quantile_or_none(v, 0.99),
-            "mean_ms": _r(float(v.mean())),
-            "end_to_end_gb_s": _r(int(nbytes) / GB / (p50 / 1000.0)) if p50 >= MIN_TIME_MS else None,
+            "mean_ms": round_sig(float(v.mean())),
+            "end_to_end_gb_s": round_sig(int(nbytes) / GB / (p50 / 1000.0)) if p50 >= MIN_TIME_MS else None,
         })
     return rows
 
@@ -129,8 +125,8 @@ def size_rows(s: GroupSamples, meta: dict) -> list[dict]:
 def _lof_json(lof) -> dict | None:
     if lof is None:
         return None
-    return {"q": _r(lof.q, 5), "df": lof.df, "p_value": _r(lof.p_value, 4),
-            "size_scatter_rel": _r(lof.size_scatter_rel, 4), "scatter_from": lof.scatter_from}
+    return {"q": round_sig(lof.q, 5), "df": lof.df, "p_value": round_sig(lof.p_value, 4),
+            "size_scatter_rel": round_sig(lof.size_scatter_rel, 4), "scatter_from": lof.scatter_from}
 
 
 def line_json(line: LineFit, sizes: np.ndarray, raw_draws: bool = False) -> dict:
@@ -141,11 +137,11 @@ def line_json(line: LineFit, sizes: np.ndarray, raw_draws: bool = False) -> dict
         draws = {"columns": ["setup_ms", "ms_per_gb"],
                  "values": line.draws if raw_draws else draw_rows(line.draws)}
     return {
-        "setup_ms": _r(line.setup_ms),
+        "setup_ms": round_sig(line.setup_ms),
         "setup_ms_ci95": _pair(line.setup_ci()),
-        "effective_gb_s": _r(line.effective_gb_s),
+        "effective_gb_s": round_sig(line.effective_gb_s),
         "effective_gb_s_ci95": _pair(line.rate_ci()),
-        "ms_per_gb": _r(line.ms_per_gb),
+        "ms_per_gb": round_sig(line.ms_per_gb),
         "no_interval": line.no_interval,
         "lack_of_fit": _lof_json(line.lof),
         "bytes_min": int(sizes[0]),
@@ -157,9 +153,9 @@ def line_json(line: LineFit, sizes: np.ndarray, raw_draws: bool = False) -> dict
 
 def _add_residuals(rows: list[dict], line: LineFit) -> None:
     for row, res, rel in zip(rows, line.residual_ms(), line.residual_rel(), strict=True):
-        row["fitted_ms"] = _r(float(line.predict(row["bytes"])))
-        row["residual_ms"] = _r(float(res))
-        row["residual_rel"] = _r(float(rel), 4)
+        row["fitted_ms"] = round_sig(float(line.predict(row["bytes"])))
+        row["residual_ms"] = round_sig(float(res))
+        row["residual_rel"] = round_sig(float(rel), 4)
 
 
 # ---------------------------------------------------------------------------
@@ -302,7 +298,7 @@ def fit_cut_group(group: Group, n_boot: int, seed: int, line_rate: float | None)
     if line is not None:
         out.update({k: v for k, v in line_json(line, s.sizes).items() if k in out})
     else:  # one size: the intercept is setup plus that size's bytes, no setup on its own
-        out["time_without_descriptors_ms"] = _r(plane.get("setup_ms"))
+        out["time_without_descriptors_ms"] = round_sig(plane.get("setup_ms"))
     out["no_interval"], out["lack_of_fit"] = why_not, _lof_json(lof)
     out["resampling"] = _resampling(s, why_not, 0 if plane.draws is None else len(plane.draws))
     extra = descriptor_json(plane, c.descriptor_field)
@@ -333,9 +329,9 @@ def regimes_json(tr: TwoRegimes, sizes: np.ndarray) -> dict:
         "break_bytes": tr.break_bytes,
         "break_between_bytes": [int(sizes[j - 1]), int(sizes[j])],
         "break_ci95_bytes": None if tr.break_ci is None else list(tr.break_ci),
-        "break_gap_share": _r(tr.split_share, 3),
-        "bic_one_line": _r(tr.bic_one, 5),
-        "bic_two_lines": _r(tr.bic_two, 5),
+        "break_gap_share": round_sig(tr.split_share, 3),
+        "bic_one_line": round_sig(tr.bic_one, 5),
+        "bic_two_lines": round_sig(tr.bic_two, 5),
         "small": line_json(tr.small, sizes[:j]),
         "large": line_json(tr.large, sizes[j:]),
     }

@@ -30,7 +30,6 @@ from kvbench.plan.export import TOOLS, kv_transfer_model, render
 from kvbench.plan.floors import (
     MAX_MS,
     _f,
-    _r,
     descriptor_term_left_out,
     format_plan_table,
     plan_rows,
@@ -47,6 +46,7 @@ from kvbench.records.schema.plan import SCHEMA_PLAN, SCHEMA_ROUTE, PlanDocument,
 from kvbench.records.schema.types import MAX_TOKENS
 from kvbench.records.write import check_new_file, contract_dump, dumps_json, write_new_file
 from kvbench.tutorial import plan_labels, route_labels
+from kvbench.units import round_places
 
 
 def _add_link_args(p: ArgumentParser) -> None:
@@ -248,7 +248,7 @@ def route_main(argv: Sequence[str]) -> int:
             pc = link.for_payload(sz.kv_bytes)
             d = decide(sz.tokens, sz.kv_bytes, model.layers, pc.cost, interf(sz.tokens), p95,
                        target, args.handoff).to_dict()
-            d = {k: _r(v) if isinstance(v, float) else v for k, v in d.items()}
+            d = {k: round_places(v) if isinstance(v, float) else v for k, v in d.items()}
             d.update(link=link.label, regime=pc.regime,
                      notes=pc.notes + descriptor_term_left_out(link))
             decisions.append(d)

@@ -16,7 +16,6 @@ See docs/fit-and-plan.md for every output field.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -47,6 +46,7 @@ from kvbench.records.schema.fit import (
 from kvbench.records.schema.matrix import load_fit_or_matrix
 from kvbench.records.schema.types import MAX_GBPS, MAX_US_PER_DESC, MIN_GBPS
 from kvbench.records.select import matches, min_samples_for, not_link_reason, parse_where
+from kvbench.units import round_places
 
 MAX_MS = 1e7  # any time given in ms (setup, budget, interference, ITL): ~3 hours
 
@@ -143,7 +143,7 @@ class FittedLink:
             return None
         floor = np.maximum(draws[:, 0], 0.0) + draws[:, 1] * kv_bytes / 1e9
         lo, hi = np.percentile(floor, [2.5, 97.5])
-        return [_r(float(lo)), _r(float(hi))]
+        return [round_places(float(lo)), round_places(float(hi))]
 
     def measured(self, kv_bytes: int, descriptors: int | None = None,
                  merged: int | None = None) -> SizeRow | None:
@@ -328,12 +328,6 @@ def resolve_links(args, notes: list[str] | None = None) -> list[FittedLink]:
 # the floors
 
 
-def _r(x: float | None, nd: int = 6) -> float | None:
-    if x is None or not math.isfinite(x):
-        return None
-    return round(x, nd)
-
-
 def descriptor_term_left_out(link: FittedLink) -> list[str]:
     """A link's per-descriptor term with no cut to count descriptors for: never dropped in
     silence. A term the user typed (--us-per-desc) with no cut is a dead flag: refused. A
@@ -401,9 +395,9 @@ def plan_rows(links: list[FittedLink], sizings: list[KVSizing], budget_ms: float
                 "kv_bytes": kv,
                 "effective_gb_s": cost.effective_gb_s,
                 "includes_setup": cost.includes_setup,
-                "setup_ms": None if cost.includes_setup else _r(cost.setup_ms),
-                "bandwidth_floor_ms": _r(bw),
-                "handoff_floor_ms": _r(floor),
+                "setup_ms": None if cost.includes_setup else round_places(cost.setup_ms),
+                "bandwidth_floor_ms": round_places(bw),
+                "handoff_floor_ms": round_places(floor),
                 "handoff_floor_ms_band95": band,
                 "budget_ms": budget_ms,
                 "within_budget": floor <= budget_ms,
