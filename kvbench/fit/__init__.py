@@ -8,6 +8,7 @@
     sim.py       simulated runs with known truth (coverage checks and benchmarks)
     cli.py       flags and the command
 
-May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names).
+May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names),
+kvbench.kv.geometry (tokens -> bytes).
 Never plan, slo, lab or report.
 """

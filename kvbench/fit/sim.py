@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.fit.data import spec_id
+from kvbench.kv.geometry import DTYPES, ModelSpec
 from kvbench.records.schema.p2p import SCHEMA_P2P
 from kvbench.units import handoff_ms
 
@@ -94,9 +95,13 @@ def simulate_run(rng: np.random.Generator, *, setup_ms: float, effective_gb_s: f
             for k, b in enumerate(sizes)]
 
 
-# A descriptor sweep: llama-3.1-8b's 32 layers at 131,072 B/token, 64 and 256 tokens, block
-# sizes 1..16 tokens, one joint page per layer and block: (bytes, block size, descriptors)
-CUT_POINTS = tuple((t * 131_072, bs, 32 * t // bs) for t in (64, 256) for bs in (1, 2, 4, 8, 16))
+# A descriptor sweep: llama-3.1-8b's 32 layers at 131,072 B/token (BF16; sized by
+# kvbench.kv.geometry, as kvbench.model's preset), 64 and 256 tokens, block sizes 1..16
+# tokens, one joint page per layer and block: (bytes, block size, descriptors)
+_LLAMA_8B = ModelSpec("llama-3.1-8b", 32, 8, 128)
+_BYTES_PER_TOKEN = _LLAMA_8B.bytes_per_token(DTYPES["bf16"])
+CUT_POINTS = tuple((t * _BYTES_PER_TOKEN, bs, _LLAMA_8B.layers * t // bs)
+                   for t in (64, 256) for bs in (1, 2, 4, 8, 16))
 
 
 def cut_spec(block_size: int) -> dict:
@@ -106,7 +111,7 @@ def cut_spec(block_size: int) -> dict:
 
 # The same as a transport that joins adjacent descriptors sees it (NIXL): every block size
 # with scattered ids (nothing joins) and contiguous ones (one run per layer is left), each a cut
-JOINED_POINTS = tuple((b, (bs, ids), d, d if ids == "scattered" else 32)
+JOINED_POINTS = tuple((b, (bs, ids), d, d if ids == "scattered" else _LLAMA_8B.layers)
                       for b, bs, d in CUT_POINTS for ids in ("scattered", "contiguous"))
 
 
