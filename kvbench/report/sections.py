@@ -128,7 +128,7 @@ def fit_files(doc: Doc, files: pd.DataFrame) -> None:
     doc.table(["file", "schema", "group", "setup ms [95% CI]", "GB/s [95% CI]", "warnings"],
               [[f"`{r.source}`", r.fit_schema, r.label,
                 _ci(r.setup_ms, r.setup_ms_ci95_lo, r.setup_ms_ci95_hi),
-                _ci(r.effective_gbps, r.effective_gbps_ci95_lo, r.effective_gbps_ci95_hi),
+                _ci(r.effective_gb_s, r.effective_gb_s_ci95_lo, r.effective_gb_s_ci95_hi),
                 _cell(r.warning_codes)]
                for r in files.itertuples()])
 

@@ -1,6 +1,12 @@
 """Fit documents (kvbench.fit/1 and /2) as rows: one per fitted group, one per (group, size)
 (`fit-sizes`), or one per joint bootstrap draw (`samples=True`). Read through the typed fit
-document (kvbench.records.schema.fit)."""
+document (kvbench.records.schema.fit).
+
+The rate is `effective_gb_s` (and `effective_gb_s_ci95_lo`/`_hi`), the fit document's own
+name. Until issue 41 these columns were `effective_gbps...`, a name docs/results.md
+published: the old names stay as alias columns (`OLD_RATE_NAMES`, the same values, last in
+the row) so code written against them keeps reading the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +23,8 @@ DTYPES = {
     "granularity": "category", "layout": "category", "dtype": "category", "device": "category",
     "hosts": "category", "world_size": "Int64", "block_size": "Int64",
     "setup_ms": "float64", "setup_ms_ci95_lo": "float64", "setup_ms_ci95_hi": "float64",
-    "effective_gbps": "float64", "effective_gbps_ci95_lo": "float64",
-    "effective_gbps_ci95_hi": "float64", "ms_per_gb": "float64", "n_samples": "Int64",
+    "effective_gb_s": "float64", "effective_gb_s_ci95_lo": "float64",
+    "effective_gb_s_ci95_hi": "float64", "ms_per_gb": "float64", "n_samples": "Int64",
     "n_sizes": "Int64", "n_records": "Int64", "min_bytes": "Int64", "max_bytes": "Int64",
     "lack_of_fit_p": "float64", "size_scatter_rel": "float64", "two_regimes": "boolean",
     "break_bytes": "Int64", "no_interval": "category", "n_draws": "Int64",
@@ -26,7 +32,13 @@ DTYPES = {
     "payload_bytes": "Int64", "n": "Int64", "p50_ms": "float64", "p95_ms": "float64",
     "p99_ms": "float64", "mean_ms": "float64", "p50_gbps": "float64", "fitted_ms": "float64",
     "residual_ms": "float64", "residual_rel": "float64", "draw": "Int64",
+    "effective_gbps": "float64", "effective_gbps_ci95_lo": "float64",
+    "effective_gbps_ci95_hi": "float64",
 }
+# the rate columns' names before issue 41 (published in docs/results.md): kept as aliases
+OLD_RATE_NAMES = {"effective_gbps": "effective_gb_s",
+                  "effective_gbps_ci95_lo": "effective_gb_s_ci95_lo",
+                  "effective_gbps_ci95_hi": "effective_gb_s_ci95_hi"}
 _NAMED = ("transport", "pattern", "variant", "granularity", "layout", "dtype", "device",
           "block_size")
 
@@ -61,9 +73,9 @@ def _group_row(doc: FitDocument, g: FitGroup, index: int, source: str) -> dict:
     row.update({
         "setup_ms": g.setup_ms, "setup_ms_ci95_lo": _ci(g.setup_ms_ci95, 0),
         "setup_ms_ci95_hi": _ci(g.setup_ms_ci95, 1),
-        "effective_gbps": g.effective_gb_s,  # the frame's column name since results.load began
-        "effective_gbps_ci95_lo": _ci(g.effective_gb_s_ci95, 0),
-        "effective_gbps_ci95_hi": _ci(g.effective_gb_s_ci95, 1),
+        "effective_gb_s": g.effective_gb_s,
+        "effective_gb_s_ci95_lo": _ci(g.effective_gb_s_ci95, 0),
+        "effective_gb_s_ci95_hi": _ci(g.effective_gb_s_ci95, 1),
         "ms_per_gb": g.ms_per_gb, "n_samples": g.n_samples,
         "n_sizes": g.n_sizes, "n_records": g.n_records,
         "min_bytes": g.bytes_min, "max_bytes": g.bytes_max,
@@ -74,6 +86,12 @@ def _group_row(doc: FitDocument, g: FitGroup, index: int, source: str) -> dict:
         "warning_codes": ",".join(w.code for w in g.warnings) or None,
         "line_rate_gbps": doc.line_rate_gb_s,
     })
+    return _with_old_names(row)
+
+
+def _with_old_names(row: dict) -> dict:
+    """The row with the rate's pre-issue-41 column names added, holding the same values."""
+    row.update({old: row[new] for old, new in OLD_RATE_NAMES.items() if new in row})
     return row
 
 
@@ -90,8 +108,8 @@ def _draw_rows(doc: FitDocument, g: FitGroup, index: int, source: str) -> list[d
     if g.draws is None or not g.draws.values:
         return []
     ident = _identity(doc, g, index, source)
-    return [{**ident, "draw": i, "setup_ms": a, "ms_per_gb": b,
-             "effective_gbps": 1000.0 / b if b >= MIN_TIME_MS else None}
+    return [_with_old_names({**ident, "draw": i, "setup_ms": a, "ms_per_gb": b,
+                             "effective_gb_s": 1000.0 / b if b >= MIN_TIME_MS else None})
             for i, (a, b) in enumerate(g.draws.values)]
 
 
