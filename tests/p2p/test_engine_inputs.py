@@ -20,8 +20,8 @@ import pytest
 from kvbench.cli import UsageError
 from kvbench.kv import cut as kc
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import engine_shape as es
 from kvbench.p2p.patterns.base import Point
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.p2p.test_engine_shape import _args
 
 GOOD_IDS = {"prefill": [7, 3, 9], "decode": [0, 1, 2]}

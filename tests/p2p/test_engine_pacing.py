@@ -14,7 +14,7 @@ from argparse import Namespace
 
 import pytest
 
-from kvbench.p2p import engine_shape as es
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.p2p.test_engine_shape import _Clock
 
 

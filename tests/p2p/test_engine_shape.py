@@ -1,4 +1,4 @@
-"""The engine-shaped handoff's construction (kvbench.p2p.engine_shape, transports/nixl/engine.py).
+"""The engine-shaped handoff's construction (kvbench.p2p.transports.nixl.engine_shape, transports/nixl/engine.py).
 
 Unit tests need no MPI: region tables and ids, the merge count, block tables, the poll
 schedule, the flags' refusals. The merge count is held against NIXL itself: two agents in
@@ -19,9 +19,9 @@ import pytest
 
 from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.transports.nixl import binding as nixl_import
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.conftest import run_cases
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None

@@ -52,7 +52,7 @@ def reference_fit(model_dir: Path, out_dir: Path, log: Path) -> Path:
 
 
 def engine_cmd(model_config: Path, out_dir: Path, delay_us: int) -> list[str]:
-    """The engine-shaped p2p as the lab's vLLM performs it (kvbench.p2p.engine_shape): per-layer
+    """The engine-shaped p2p as the lab's vLLM performs it (kvbench.p2p.transports.nixl.engine_shape): per-layer
     regions, per-block descriptors, a prepped READ per request, 1 ms step polling, 4 UCX
     threads, the lab connector's progress-thread delay."""
     return [mpirun(), "-n", "2", sys.executable, "-m", "kvbench.p2p", "--transport", "nixl",

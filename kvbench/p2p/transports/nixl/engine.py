@@ -28,14 +28,6 @@ from dataclasses import astuple
 
 import numpy as np
 
-from kvbench.p2p.engine_shape import (
-    PollSchedule,
-    Region,
-    check_region_major,
-    desc_ids,
-    dlist_rows,
-    merged_count,
-)
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl.channel import (
     _ANNOUNCE,
@@ -46,6 +38,14 @@ from kvbench.p2p.transports.nixl.channel import (
     NIXLChannel,
     _notif,
     now,
+)
+from kvbench.p2p.transports.nixl.engine_shape import (
+    PollSchedule,
+    Region,
+    check_region_major,
+    desc_ids,
+    dlist_rows,
+    merged_count,
 )
 
 # `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE

@@ -185,7 +185,7 @@ class NIXLTransport(Transport):
         self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
         self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
         self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
-        from kvbench.p2p.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
+        from kvbench.p2p.transports.nixl.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
 
         window = getattr(o, "nixl_spin_window_ms", None)
         self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
@@ -284,7 +284,7 @@ class NIXLTransport(Transport):
         return "cuda" if self.ctx.device == "cuda" else "host"
 
     def _poll_label(self) -> str:
-        from kvbench.p2p.engine_shape import PollSchedule
+        from kvbench.p2p.transports.nixl.engine_shape import PollSchedule
 
         return PollSchedule(self.poll_text).label()
 
