@@ -284,10 +284,10 @@ def test_the_replica_takes_its_inputs_from_the_engines_runs(tmp_path):
     assert got["8"][0] == draws["8"] and "inter-token" in why["8"]["poll"]
     assert "4" not in got  # neither traced looks nor ITL draws: no replica at that rate
     flags = replica_flags(4.0, tmp_path / "l.json", 186.0)
-    assert "--nixl-waits engine --nixl-gaps exp --nixl-gap-ms 250 --nixl-busy-ms 186.000" in flags
+    assert "--nixl-engine-profile replica:gap_ms=250,busy_ms=186.000,poll=draw:" in flags
     cfgs = configs({}, False, {"4": (tmp_path / "l.json", 186.0)})
     s1, s2 = seeded(cfgs, 1), seeded(cfgs, 2)
-    assert s1["replica@4"].endswith("--nixl-gap-seed 1") and s2["replica@4"].endswith("--nixl-gap-seed 2")
+    assert s1["replica@4"].endswith(":gap_seed=1") and s2["replica@4"].endswith(":gap_seed=2")
     assert s1["engine"] == cfgs["engine"] == ""  # fixed configurations are not reseeded
 
 

@@ -116,7 +116,7 @@ def test_too_few_ids_for_the_largest_request_are_refused_at_validation(tmp_path)
 
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({"prefill": list(range(40)), "decode": list(range(5))}))
-    args = build_parser(0).parse_args(["--transport", "nixl", "--nixl-shape", "engine", "--layout",
+    args = build_parser(0).parse_args(["--transport", "nixl", "--nixl-engine-profile", "vllm-0.32", "--layout",
                                        "paged", "--granularity", "block", "--sizes", "16,600",
                                        "--nixl-blocks", f"file:{f}"])
     with pytest.raises(UsageError) as err:

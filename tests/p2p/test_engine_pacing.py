@@ -166,16 +166,28 @@ def _args(**kw) -> Namespace:
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"nixl_shape": "link", "nixl_gaps": "exp", "nixl_gap_ms": 100.0}, "--nixl-gaps"),
-    ({"nixl_spin_window_ms": 10.0}, "--nixl-waits engine"),
-    ({"nixl_gaps": "exp"}, "--nixl-gap-ms"),
-    ({"nixl_busy_ms": 50.0}, "--nixl-gap-ms"),
-    ({"nixl_shape": "link", "nixl_waits": "engine"}, "--nixl-shape engine"),
-    ({"nixl_shape": "link", "nixl_announce": "mpi"}, "--nixl-shape engine"),
+    ({"nixl_spin_window_ms": 10.0, "nixl_profile_given": ["spin_window_ms"]}, "waits=engine"),
+    ({"nixl_gaps": "exp"}, "gap_ms"),
+    ({"nixl_busy_ms": 50.0}, "gap_ms"),
 ])
 def test_pacing_flags_that_do_not_go_together(kw, needle):
     why = es.usage_error(_args(**kw))
     assert why is not None and needle in why
+
+
+@pytest.mark.parametrize("argv", [
+    ["--nixl-gaps", "exp", "--nixl-gap-ms", "100"], ["--nixl-waits", "engine"],
+    ["--nixl-announce", "mpi"],
+])
+def test_pacing_flags_outside_an_engine_profile_are_refused(argv, capsys):
+    """Without the engine shape the pacing knobs meant nothing (the link shape refused them);
+    now they exist only in an engine profile, and the old flags say so in one line."""
+    from kvbench.p2p.args import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser(0).parse_args(["--transport", "nixl", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--nixl-engine-profile" in err
 
 
 def test_pacing_flags_that_do():

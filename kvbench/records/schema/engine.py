@@ -1,4 +1,4 @@
-"""The side files of the engine-shaped handoff (`kvbench p2p --nixl-shape engine`), typed.
+"""The side files of the engine-shaped handoff (`kvbench p2p --nixl-engine-profile`), typed.
 
     --nixl-blocks file:PATH  {"prefill": [ids], "decode": [ids]}: a recorded allocation, each
                              side's block table (distinct ids in 0 .. 2^31 - 1; optional "meta")
