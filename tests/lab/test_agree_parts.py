@@ -90,7 +90,7 @@ def test_the_target_is_judged_on_the_paced_prediction_when_there_is_one():
     assert ar.analyse(doc)["target_at_lowest_rate"]["post"]["prediction"] == "engine_shaped"
     for rep in doc["p2p"]["repeats"]:
         rep["configs"]["paced@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.0}
-    doc["p2p"]["configs"]["paced@1"] = "--nixl-gap-ms 1000"
+    doc["p2p"]["configs"]["paced@1"] = "--nixl-engine-profile :gap_ms=1000"
     t = ar.analyse(doc)["target_at_lowest_rate"]
     assert t["post"]["prediction"] == "paced" and t["post"]["ratio"] == pytest.approx(1.05)
     assert t["post"]["met"] and t["xfer"]["met"]
@@ -249,7 +249,8 @@ def test_the_target_is_judged_on_the_replica_when_there_is_one():
     for rep in doc["p2p"]["repeats"]:
         rep["configs"]["paced@1"] = {"post_mean_ms": 1.0, "xfer_mean_ms": 2.0}
         rep["configs"]["replica@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.2}
-    doc["p2p"]["configs"] |= {"paced@1": "--nixl-gap-ms 1000", "replica@1": "--nixl-waits engine"}
+    doc["p2p"]["configs"] |= {"paced@1": "--nixl-engine-profile :gap_ms=1000",
+                                  "replica@1": "--nixl-engine-profile replica"}
     a = ar.analyse(doc)
     t = a["target_at_lowest_rate"]
     assert t["post"]["prediction"] == "replica" and t["post"]["ratio"] == pytest.approx(1.05)

@@ -1,5 +1,5 @@
-"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, --nixl-poll
-draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
+"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, an engine
+profile's poll=draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
 other input file.
 
 Each hostile file the third hostile round tried is refused in one line naming the file (and

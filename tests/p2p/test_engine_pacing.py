@@ -1,5 +1,5 @@
-"""The engine shape's pacing: how its threads wait (--nixl-waits engine), the gaps between
-requests (--nixl-gaps exp) and decode's work inside them (--nixl-busy-ms), on a fake clock.
+"""The engine shape's pacing: how its threads wait (engine profile key waits=engine), the gaps
+between requests (gaps=exp) and decode's work inside them (busy_ms), on a fake clock.
 
 vLLM 0.32's worker yield-spins on its step queue for 1 s after its last step and sleeps after
 that (shm_broadcast.py:195-208); which of the two a post comes from decides how often it loses

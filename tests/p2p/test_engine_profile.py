@@ -223,7 +223,7 @@ BAD = [
     ("vllm-0.32:nixl_threads=4", "'nixl_threads' is not an engine-profile key"),
     ("vllm-0.32:threads", "an override is key=value"), ("vllm-0.32:", "nothing after ':'"),
     ("vllm-0.33", "no engine profile 'vllm-0.33'; shipped: "), (":", "nothing after ':'"),
-    ("./missing.json", "profile ./missing.json: no such file"),
+    ("./missing.json", "no such profile file: missing.json"),
 ]
 
 
@@ -234,20 +234,25 @@ def test_a_bad_profile_value_is_one_line(capsys, spec, needle):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ("[1, 2]", "a JSON object of keys, got list"), ("{not json", "not readable JSON"),
-    ('{"threads": true}', "threads must be a number"), ('{"threads": 4.5}', "threads must be"),
-    ('{"waits": 3}', "waits must be a string"), ('{"extends": "lab"}', "'extends' is not"),
-    ("x" * (profile.MAX_PROFILE_BYTES + 1), "larger than 64 KiB"),
+    ("[1, 2]", "profile {f}: a JSON object of keys, got list"),
+    ("{not json", "{f}: not valid JSON"),
+    ('{"threads": true}', "profile {f}: threads must be a number"),
+    ('{"threads": 4.5}', "profile {f}: threads must be"),
+    ('{"waits": 3}', "profile {f}: waits must be a string"),
+    ('{"extends": "lab"}', "profile {f}: 'extends' is not"),
+    ('{"threads": 1, "threads": 2}', "{f}"),
+    ("x" * (profile.MAX_PROFILE_BYTES + 1), "{f}: larger than 1 MiB"),
 ])
 def test_a_bad_profile_file_is_one_line(capsys, tmp_path, content, needle):
     f = tmp_path / "p.json"
     f.write_text(content)
     err = refused(["--nixl-engine-profile", str(f)], capsys)
-    assert f"profile {f}: " in err and needle in err, err
+    assert needle.format(f=f) in err, err
 
 
 def test_a_folder_is_not_a_profile(capsys, tmp_path):
     assert "not a regular file" in refused(["--nixl-engine-profile", f"{tmp_path}/"], capsys)
+    assert "not a regular file" in refused(["--nixl-engine-profile", "/dev/null"], capsys)
 
 
 @pytest.mark.parametrize("spec, needle", [

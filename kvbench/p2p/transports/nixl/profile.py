@@ -36,11 +36,11 @@ from pathlib import Path
 
 from kvbench.errors import UsageError, bounded_float, bounded_int
 from kvbench.p2p.transports.nixl.binding import MAX_NIXL_THREADS, MAX_PROGRESS_DELAY_US
-from kvbench.records.schema.read import path_kind
+from kvbench.records.schema.read import load_json
 
 FLAG = "--nixl-engine-profile"
 BASE = "vllm-0.32"  # every profile's starting point: its file holds every key
-MAX_PROFILE_BYTES = 64 * 1024
+MAX_PROFILE_BYTES = 1 << 20
 MAX_LAYERS = 32
 
 
@@ -112,19 +112,10 @@ def value_of(key: str, raw) -> object:
 
 
 def read_file(path: str) -> dict:
-    """A profile file's knobs (a JSON object of keys; `description` is read and dropped)."""
-    kind = path_kind(path)
-    if kind != "file":
-        raise UsageError(f"profile {path}: " + ("no such file" if kind == "missing" else
-                                                 "not a regular file"))
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_PROFILE_BYTES + 1)
-        if len(data) > MAX_PROFILE_BYTES:
-            raise UsageError(f"profile {path}: larger than {MAX_PROFILE_BYTES // 1024} KiB")
-        doc = json.loads(data)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"profile {path}: not readable JSON ({type(exc).__name__})") from None
+    """A profile file's knobs (a JSON object of keys; `description` is read and dropped). Read
+    as every rank's side files are: a regular file, bounded (kvbench.records.schema.read)."""
+    doc = load_json(path, MAX_PROFILE_BYTES, "profile", missing="no such profile file",
+                    regular=True)
     if not isinstance(doc, dict):
         raise UsageError(f"profile {path}: a JSON object of keys, got {type(doc).__name__}")
     try:
