@@ -275,3 +275,18 @@ def test_the_engine_shapes_own_checks_name_the_profile_flag():
     ok = parse(["--transport", "nixl", "--layout", "paged", "--granularity", "block",
                 "--nixl-engine-profile", "replica"])
     assert es.usage_error(ok) is None
+
+
+# the hostile values tests/test_flags.py throws at every numeric flag, at every numeric key
+HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
+           "1e-320", "٣", "+", "--1", "true"]
+NUMERIC = [k for k, spec in profile.KEYS.items() if spec.kind in ("int", "float")]
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+def test_every_numeric_key_refuses_hostile_values_in_one_line(key):
+    assert len(NUMERIC) == 6  # threads, progress_delay_us, gap_seed; the three in ms
+    for value in HOSTILE:
+        with pytest.raises(profile.UsageError) as err:
+            profile.value_of(key, value)
+        assert "\n" not in str(err.value) and str(err.value).startswith(key), (key, value)
