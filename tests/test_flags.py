@@ -94,7 +94,7 @@ NUMERIC = _numeric_actions()
 
 def test_the_walk_finds_the_flags_the_round_named():
     flags = {(c, f) for c, f, _ in NUMERIC}
-    assert {("p2p", "--nixl-threads"), ("p2p", "--nixl-progress-delay-us"), ("lab agree", "--repeats"),
+    assert {("p2p", "--iters"), ("p2p", "--timeout"), ("lab agree", "--repeats"),
             ("lab agree", "--p2p-iters"), ("slo analyze", "--attainment-min")} <= flags
     assert len(NUMERIC) > 40
 
@@ -108,9 +108,12 @@ def test_every_numeric_flag_refuses_hostile_values(command, flag, parse):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--nixl-threads", "100000"], "argument --nixl-threads: must be a non-negative integer (<= 256), got '100000'"),
-    (["--nixl-threads", "-1"], "argument --nixl-threads: must be a non-negative integer"),
-    (["--nixl-progress-delay-us", "99999999999999999999"], "argument --nixl-progress-delay-us: must be"),
+    (["--nixl-engine-profile", "vllm-0.32:threads=100000"],
+     "argument --nixl-engine-profile: threads must be a non-negative integer (<= 256), got '100000'"),
+    (["--nixl-engine-profile", "vllm-0.32:threads=-1"],
+     "argument --nixl-engine-profile: threads must be a non-negative integer"),
+    (["--nixl-engine-profile", "vllm-0.32:progress_delay_us=99999999999999999999"],
+     "argument --nixl-engine-profile: progress_delay_us must be"),
     (["--debug-stop", "１:data-check"], "argument --debug-stop: expects RANK:PHASE"),
     (["--no-such-flag\nsecond line"], "unrecognized arguments: --no-such-flag\\nsecond line"),
 ])

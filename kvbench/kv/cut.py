@@ -6,7 +6,7 @@ the same: the block size (tokens per page), K and V in one page or in separate r
 file) and the TP pair (prefill TP, decode TP) whose heads split every block.
 
 The *page plan* moves the paged KV page by page, zero copy, in the order a serving engine's
-connector addresses it (kvbench.p2p.engine_shape cites vLLM): per pool (one per layer for
+connector addresses it (kvbench.p2p.transports.nixl.engine_shape cites vLLM): per pool (one per layer for
 joint pages, per layer and part for split ones), per piece of a page, every block of the
 request. A TP pair (P, D) with P != D is measured from the point of view of one decode rank
 of decode TP D (kvbench.kv.shards picks its heads and the prefill ranks that serve them):

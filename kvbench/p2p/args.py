@@ -28,8 +28,9 @@ from kvbench.cli import (
 from kvbench.kv.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
 from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.p2p import engine_shape, patterns, transports
+from kvbench.p2p import patterns, transports
 from kvbench.p2p.patterns.base import Point
+from kvbench.p2p.transports.nixl import engine_shape
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS

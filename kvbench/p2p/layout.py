@@ -83,7 +83,7 @@ class KVSpec:
     origin: int = 0  # seeds the values (the prefill side's identity)
     # paged only: "split" keeps K and V of a layer in separate pools (one page per part);
     # "joint" puts a block's K and V in one page of its layer, as vLLM 0.32's CPU/FlashAttention
-    # caches do (kvbench.p2p.engine_shape)
+    # caches do (kvbench.p2p.transports.nixl.engine_shape)
     pages: str = "split"
     # paged only: heads-major blocks ([heads, block_size, width], vLLM's HND layout), so a
     # group of heads is one contiguous piece of a block (a TP pair that splits heads per

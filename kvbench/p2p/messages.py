@@ -29,7 +29,7 @@ class MessagePlan:
     # (message index, layer, part, staging view) for pack/unpack, in message order
     _pack_steps: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
     _cache: KVCache | None = None
-    # engine-shaped plans (kvbench.p2p.engine_shape.plan_engine): the registered regions and
+    # engine-shaped plans (kvbench.p2p.transports.nixl.engine_shape.plan_engine): the registered regions and
     # each message's (region, block id); None for every other plan
     regions: list | None = None
     blocks: list[tuple[int, int]] | None = None

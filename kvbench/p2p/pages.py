@@ -52,7 +52,7 @@ class Sources:
 def plan_pages(caches: list, lay: PageLayout, cut: Cut, side: str):
     """One side's MessagePlan under the page plan: messages region-major (pool, piece of the
     page, then the request's blocks in table order), each a byte view of the side's own KV
-    (zero copy). `plan.regions` (kvbench.p2p.engine_shape.Region) and `plan.blocks` give each
+    (zero copy). `plan.regions` (kvbench.p2p.transports.nixl.engine_shape.Region) and `plan.blocks` give each
     message's (region, block) for NIXL's descriptor lists; merged block ids join runs of
     consecutive whole pages and carry no per-block ids."""
     peer_side = "prefill" if side == "decode" else "decode"

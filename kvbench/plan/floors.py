@@ -95,7 +95,7 @@ class FittedLink:
     @property
     def shape(self) -> str | None:
         """What the fitted records measured: "engine" (the handoff an engine performs,
-        kvbench p2p --nixl-shape engine) or "link" (a buffer moved as fast as the transport
+        kvbench p2p --nixl-engine-profile) or "link" (a buffer moved as fast as the transport
         allows); None for a rate the user gave."""
         if self.source != "fit":
             return None

@@ -90,7 +90,7 @@ def test_the_target_is_judged_on_the_paced_prediction_when_there_is_one():
     assert ar.analyse(doc)["target_at_lowest_rate"]["post"]["prediction"] == "engine_shaped"
     for rep in doc["p2p"]["repeats"]:
         rep["configs"]["paced@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.0}
-    doc["p2p"]["configs"]["paced@1"] = "--nixl-gap-ms 1000"
+    doc["p2p"]["configs"]["paced@1"] = "--nixl-engine-profile :gap_ms=1000"
     t = ar.analyse(doc)["target_at_lowest_rate"]
     assert t["post"]["prediction"] == "paced" and t["post"]["ratio"] == pytest.approx(1.05)
     assert t["post"]["met"] and t["xfer"]["met"]
@@ -249,7 +249,8 @@ def test_the_target_is_judged_on_the_replica_when_there_is_one():
     for rep in doc["p2p"]["repeats"]:
         rep["configs"]["paced@1"] = {"post_mean_ms": 1.0, "xfer_mean_ms": 2.0}
         rep["configs"]["replica@1"] = {"post_mean_ms": 2.0, "xfer_mean_ms": 4.2}
-    doc["p2p"]["configs"] |= {"paced@1": "--nixl-gap-ms 1000", "replica@1": "--nixl-waits engine"}
+    doc["p2p"]["configs"] |= {"paced@1": "--nixl-engine-profile :gap_ms=1000",
+                                  "replica@1": "--nixl-engine-profile replica"}
     a = ar.analyse(doc)
     t = a["target_at_lowest_rate"]
     assert t["post"]["prediction"] == "replica" and t["post"]["ratio"] == pytest.approx(1.05)
@@ -284,10 +285,10 @@ def test_the_replica_takes_its_inputs_from_the_engines_runs(tmp_path):
     assert got["8"][0] == draws["8"] and "inter-token" in why["8"]["poll"]
     assert "4" not in got  # neither traced looks nor ITL draws: no replica at that rate
     flags = replica_flags(4.0, tmp_path / "l.json", 186.0)
-    assert "--nixl-waits engine --nixl-gaps exp --nixl-gap-ms 250 --nixl-busy-ms 186.000" in flags
+    assert "--nixl-engine-profile replica:gap_ms=250,busy_ms=186.000,poll=draw:" in flags
     cfgs = configs({}, False, {"4": (tmp_path / "l.json", 186.0)})
     s1, s2 = seeded(cfgs, 1), seeded(cfgs, 2)
-    assert s1["replica@4"].endswith("--nixl-gap-seed 1") and s2["replica@4"].endswith("--nixl-gap-seed 2")
+    assert s1["replica@4"].endswith(":gap_seed=1") and s2["replica@4"].endswith(":gap_seed=2")
     assert s1["engine"] == cfgs["engine"] == ""  # fixed configurations are not reseeded
 
 

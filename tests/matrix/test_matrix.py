@@ -409,7 +409,7 @@ def test_pair_choice_parses():
 
 @pytest.mark.parametrize("flags, needle", [
     (["--baseline"], "--baseline times ranks 0 and 1 only"),
-    (["--transport", "nixl", "--nixl-shape", "engine"], "--nixl-shape engine"),
+    (["--transport", "nixl", "--nixl-engine-profile", "vllm-0.32"], "--nixl-engine-profile"),
 ])
 def test_the_pattern_refuses_what_it_cannot_measure(flags, needle):
     from kvbench.p2p import args as p2p

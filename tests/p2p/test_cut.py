@@ -223,8 +223,8 @@ for line in open(sys.argv[1]):
 COMMON = ("--layout paged --granularity block --sizes 40,64 --block-size 4,16 --warmup 1 "
           "--iters 3 --min-iters 3 --quiet")
 RUNS = {"mpi": "--transport mpi --block-ids scattered,merged --tp-pair 1:1,2:1 --kv-pages joint,split",
-        "nixl": ("--transport nixl --nixl-shape engine --nixl-poll busy --nixl-waits spin "
-                 "--no-nixl-progress-thread --nixl-threads 0 --block-ids scattered,contiguous "
+        "nixl": ("--transport nixl --nixl-engine-profile descriptors "
+                 "--no-nixl-progress-thread --block-ids scattered,contiguous "
                  "--tp-pair 1:1,2:1")}
 
 

@@ -1,5 +1,5 @@
-"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, --nixl-poll
-draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
+"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, an engine
+profile's poll=draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
 other input file.
 
 Each hostile file the third hostile round tried is refused in one line naming the file (and
@@ -20,8 +20,8 @@ import pytest
 from kvbench.cli import UsageError
 from kvbench.kv import cut as kc
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import engine_shape as es
 from kvbench.p2p.patterns.base import Point
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.p2p.test_engine_shape import _args
 
 GOOD_IDS = {"prefill": [7, 3, 9], "decode": [0, 1, 2]}
@@ -116,7 +116,7 @@ def test_too_few_ids_for_the_largest_request_are_refused_at_validation(tmp_path)
 
     f = tmp_path / "ids.json"
     f.write_text(json.dumps({"prefill": list(range(40)), "decode": list(range(5))}))
-    args = build_parser(0).parse_args(["--transport", "nixl", "--nixl-shape", "engine", "--layout",
+    args = build_parser(0).parse_args(["--transport", "nixl", "--nixl-engine-profile", "vllm-0.32", "--layout",
                                        "paged", "--granularity", "block", "--sizes", "16,600",
                                        "--nixl-blocks", f"file:{f}"])
     with pytest.raises(UsageError) as err:

@@ -1,5 +1,5 @@
-"""The engine shape's pacing: how its threads wait (--nixl-waits engine), the gaps between
-requests (--nixl-gaps exp) and decode's work inside them (--nixl-busy-ms), on a fake clock.
+"""The engine shape's pacing: how its threads wait (engine profile key waits=engine), the gaps
+between requests (gaps=exp) and decode's work inside them (busy_ms), on a fake clock.
 
 vLLM 0.32's worker yield-spins on its step queue for 1 s after its last step and sleeps after
 that (shm_broadcast.py:195-208); which of the two a post comes from decides how often it loses
@@ -14,7 +14,7 @@ from argparse import Namespace
 
 import pytest
 
-from kvbench.p2p import engine_shape as es
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.p2p.test_engine_shape import _Clock
 
 
@@ -166,16 +166,28 @@ def _args(**kw) -> Namespace:
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"nixl_shape": "link", "nixl_gaps": "exp", "nixl_gap_ms": 100.0}, "--nixl-gaps"),
-    ({"nixl_spin_window_ms": 10.0}, "--nixl-waits engine"),
-    ({"nixl_gaps": "exp"}, "--nixl-gap-ms"),
-    ({"nixl_busy_ms": 50.0}, "--nixl-gap-ms"),
-    ({"nixl_shape": "link", "nixl_waits": "engine"}, "--nixl-shape engine"),
-    ({"nixl_shape": "link", "nixl_announce": "mpi"}, "--nixl-shape engine"),
+    ({"nixl_spin_window_ms": 10.0, "nixl_profile_given": ["spin_window_ms"]}, "waits=engine"),
+    ({"nixl_gaps": "exp"}, "gap_ms"),
+    ({"nixl_busy_ms": 50.0}, "gap_ms"),
 ])
 def test_pacing_flags_that_do_not_go_together(kw, needle):
     why = es.usage_error(_args(**kw))
     assert why is not None and needle in why
+
+
+@pytest.mark.parametrize("argv", [
+    ["--nixl-gaps", "exp", "--nixl-gap-ms", "100"], ["--nixl-waits", "engine"],
+    ["--nixl-announce", "mpi"],
+])
+def test_pacing_flags_outside_an_engine_profile_are_refused(argv, capsys):
+    """Without the engine shape the pacing knobs meant nothing (the link shape refused them);
+    now they exist only in an engine profile, and the old flags say so in one line."""
+    from kvbench.p2p.args import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser(0).parse_args(["--transport", "nixl", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--nixl-engine-profile" in err
 
 
 def test_pacing_flags_that_do():

@@ -1,4 +1,4 @@
-"""The engine-shaped handoff's construction (kvbench.p2p.engine_shape, transports/nixl/engine.py).
+"""The engine-shaped handoff's construction (kvbench.p2p.transports.nixl.engine_shape, transports/nixl/engine.py).
 
 Unit tests need no MPI: region tables and ids, the merge count, block tables, the poll
 schedule, the flags' refusals. The merge count is held against NIXL itself: two agents in
@@ -19,9 +19,9 @@ import pytest
 
 from kvbench.cli import UsageError
 from kvbench.model import get_dtype, resolve_model
-from kvbench.p2p import engine_shape as es
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.transports.nixl import binding as nixl_import
+from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.conftest import run_cases
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
@@ -212,7 +212,7 @@ def _args(**kw) -> Namespace:
 
 @pytest.mark.parametrize("kw,needle", [
     ({"transport": "mpi"}, "--transport nixl"), ({"layout": "contiguous"}, "--layout paged"),
-    ({"nixl_op": "write"}, "--nixl-op read"), ({"nixl_recreate": True}, "--no-nixl-per-request"),
+    ({"nixl_op": "write"}, "--nixl-op read"), ({"nixl_recreate": True}, "per_request=false"),
     ({"pattern": "layerwise"}, "sequential"), ({"bytes": "1M"}, "--sizes"),
     ({"nixl_poll": "fixed:-1"}, "period"),
 ])
@@ -291,15 +291,16 @@ def test_predicted_descriptor_count_is_nixls(tiny, case):
 # ---------------------------------------------------------------------------
 # the whole path under MPI: records, telemetry, planted faults
 
-ENGINE = ("--transport nixl --nixl-shape engine --layout paged --granularity block "
-          "--block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 --quiet "
-          "--no-nixl-progress-thread --nixl-threads 0")
-RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl-waits spin",
+ENGINE = ("--transport nixl --nixl-engine-profile vllm-0.32:threads=0 --layout paged "
+          "--granularity block --block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 "
+          "--quiet --no-nixl-progress-thread")
+RUNS = {"telemetry": "--nixl-blocks scattered",
+        "busy": "--nixl-engine-profile :poll=busy,waits=spin",
         "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed",
-        "paced": "--nixl-waits engine --nixl-spin-window-ms 2 --nixl-gaps exp --nixl-gap-ms 5 "
-                 "--nixl-gap-seed 3 --nixl-busy-ms 1",
-        "notif": "--nixl-announce nixl"}
+        "paced": "--nixl-engine-profile :waits=engine,spin_window_ms=2,gaps=exp,gap_ms=5,"
+                 "gap_seed=3,busy_ms=1",
+        "notif": "--nixl-engine-profile announce-nixl"}
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +353,7 @@ def test_engine_shaped_run_records_telemetry(engine_job):
 @pytest.mark.mpi
 @needs_nixl
 def test_paced_run_records_its_gaps_and_waits(engine_job):
-    """--nixl-waits engine with drawn gaps: the spec names the mode, window, distribution,
+    """waits=engine with drawn gaps: the spec names the mode, window, distribution,
     seed and work (records of different pacing never merge), and the record holds each timed
     handoff's drawn gap (the seed's own draws, in order) and decode's idle time at its post."""
     rcs, recs, res = engine_job

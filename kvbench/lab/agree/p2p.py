@@ -19,27 +19,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvbench.lab.load.handoff import mpirun
+from kvbench.lab.load.handoff import engine_profile, mpirun
+from kvbench.p2p.transports.nixl import profile
 
 # The engine's own features, each on as vLLM 0.32.0 + the lab run it: the flags that turn it
 # off. Every on/off combination is run (a 2^4 factorial, `engine` = all on), so a feature's
 # cost is its main effect averaged over the others' settings, and pairs that interact show.
 FEATURES = {
-    "threads": ("--nixl-threads 0", "UCX worker threads (4 -> 0)"),
+    "threads": (profile.flag(threads=0), "UCX worker threads (4 -> 0)"),
     "progress-thread": ("--no-nixl-progress-thread", "NIXL's progress thread"),
-    "per-request": ("--no-nixl-per-request", "a new prepped READ per request"),
-    "step-poll": ("--nixl-poll busy", "completion polled per engine step (1 ms), not busily"),
+    "per-request": (profile.flag(per_request=False), "a new prepped READ per request"),
+    "step-poll": (profile.flag(poll="busy"), "completion polled per engine step (1 ms), not busily"),
 }
 # What-ifs one step from the engine configuration (not features the engine has on or off).
+# The engine-profile ones are layers over the base's profile (profiles stack: .profile).
 VARIANTS = {
-    "delay0": ("--nixl-progress-delay-us 0", "progress-thread delay (lab's -> NIXL's 0)"),
+    "delay0": (profile.flag(progress_delay_us=0), "progress-thread delay (lab's -> NIXL's 0)"),
     "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
     "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
-    "waits-yield": ("--nixl-waits yield", "threads spin with sched_yield while they wait "
+    "waits-yield": (profile.flag("waits-yield"), "threads spin with sched_yield while they wait "
                     "(vLLM's worker loop between steps), not sleep"),
-    "waits-spin": ("--nixl-waits spin", "threads spin while they wait, never yielding (the "
+    "waits-spin": (profile.flag("waits-spin"), "threads spin while they wait, never yielding (the "
                    "harness before this was found)"),
-    "announce-nixl": ("--nixl-announce nixl", "the request announced to decode as a NIXL "
+    "announce-nixl": (profile.flag("announce-nixl"), "the request announced to decode as a NIXL "
                       "notification, not outside NIXL as vLLM's proxy and engine core do"),
 }
 
@@ -73,10 +75,12 @@ def tokens_for(mean_bytes: float | None, page_bytes_all_layers: int, block_size:
 
 def base_flags(model_config: Path, block_size: int, tokens: int, iters: int,
                delay_us: int) -> str:
-    return (f"--transport nixl --nixl-shape engine --layout paged --granularity block "
-            f"--block-size {block_size} --model-config {model_config} --dtype bf16 "
-            f"--sizes {tokens} --iters {iters} --min-iters {min(iters, 10)} --warmup 3 "
-            f"--seconds-per-point 30 --quiet --nixl-threads 4 --nixl-progress-delay-us {delay_us}")
+    """The flags every configuration shares: the engine as the lab deploys it (the `lab`
+    engine profile at the lab's progress-thread delay) on the lab's geometry."""
+    return (f"--transport nixl {profile.FLAG} {engine_profile(delay_us)} --layout paged "
+            f"--granularity block --block-size {block_size} --model-config {model_config} "
+            f"--dtype bf16 --sizes {tokens} --iters {iters} --min-iters {min(iters, 10)} "
+            f"--warmup 3 --seconds-per-point 30 --quiet")
 
 
 def configs(draws: dict[str, Path], factorial: bool,
@@ -91,9 +95,9 @@ def configs(draws: dict[str, Path], factorial: bool,
             out[name] = " ".join(FEATURES[f][0] for f in off)
         out.update({k: v[0] for k, v in VARIANTS.items()})
     for rate, path in draws.items():
-        out[f"poll-drawn@{rate}"] = f"--nixl-poll draw:{path}"
+        out[f"poll-drawn@{rate}"] = profile.flag(poll=f"draw:{path}")
         # the engine as it runs at that rate: a transfer every 1000/R ms, polled at its steps
-        out[f"paced@{rate}"] = f"--nixl-poll draw:{path} --nixl-gap-ms {1000.0 / float(rate):g}"
+        out[f"paced@{rate}"] = profile.flag(poll=f"draw:{path}", gap_ms=f"{1000.0 / float(rate):g}")
     for rate, (path, busy_ms) in (replicas or {}).items():
         out[f"replica@{rate}"] = replica_flags(float(rate), path, busy_ms)
     return out
@@ -105,13 +109,14 @@ def replica_flags(rate: float, poll: Path, busy_ms: float) -> str:
     them), decode busy for its work on each request (`busy_ms`) inside the gap, its threads
     waiting as vLLM's worker does (yield-spinning for 1 s after the last work, asleep after
     that), completion looked at on the cadence decode's looks had in the engine's trace."""
-    return (f"--nixl-waits engine --nixl-gaps exp --nixl-gap-ms {1000.0 / rate:g} "
-            f"--nixl-busy-ms {busy_ms:.3f} --nixl-poll draw:{poll}")
+    return profile.flag("replica", gap_ms=f"{1000.0 / rate:g}", busy_ms=f"{busy_ms:.3f}",
+                        poll=f"draw:{poll}")
 
 
 def seeded(cfgs: dict[str, str], repeat: int) -> dict[str, str]:
     """Each p2p job draws its own gaps (a seed per repeat), so repeats are independent."""
-    return {name: flags + (f" --nixl-gap-seed {repeat}" if "--nixl-gaps exp" in flags else "")
+    drawn = profile.flag("replica")
+    return {name: flags + (f" {profile.flag(gap_seed=repeat)}" if drawn in flags else "")
             for name, flags in cfgs.items()}
 
 

@@ -5,7 +5,7 @@ over runs) is divided by kvbench's (each p2p job's NIXL telemetry mean; the mean
 with a 95% interval built for a positive ratio (kvbench.lab.agree.stats: log scale, the run
 as the unit, none from fewer than 3 runs a side, the reason printed instead). Predictions:
 
-    engine-shaped  NIXL telemetry means of `kvbench p2p --nixl-shape engine` (postDuration,
+    engine-shaped  NIXL telemetry means of `kvbench p2p --nixl-engine-profile lab` (postDuration,
                    xferDuration), the engine as deployed (poll every 1 ms, idle engine)
     drawn poll     the same, completion polled at decode's measured step times at that rate
     paced          drawn poll plus a transfer every 1000/R ms (--nixl-gap-ms): the engine as it

@@ -51,12 +51,23 @@ def reference_fit(model_dir: Path, out_dir: Path, log: Path) -> Path:
     return fit
 
 
+def engine_profile(delay_us: int) -> str:
+    """The engine profile SPEC of the lab's deployment: `lab`, at the lab plan's
+    progress-thread delay (kvbench.p2p.transports.nixl.profile; `lab` holds the default)."""
+    from kvbench.p2p.transports.nixl import profile
+
+    if profile.layer("lab").get("progress_delay_us") == delay_us:
+        return "lab"
+    return profile.spec_text("lab", progress_delay_us=delay_us)
+
+
 def engine_cmd(model_config: Path, out_dir: Path, delay_us: int) -> list[str]:
-    """The engine-shaped p2p as the lab's vLLM performs it (kvbench.p2p.engine_shape): per-layer
-    regions, per-block descriptors, a prepped READ per request, 1 ms step polling, 4 UCX
-    threads, the lab connector's progress-thread delay."""
+    """The engine-shaped p2p as the lab's vLLM performs it (the `lab` engine profile,
+    kvbench.p2p.transports.nixl.engine_shape): per-layer regions, per-block descriptors, a
+    prepped READ per request, 1 ms step polling, 4 UCX threads, the lab connector's
+    progress-thread delay."""
     return [mpirun(), "-n", "2", sys.executable, "-m", "kvbench.p2p", "--transport", "nixl",
-            "--nixl-shape", "engine", "--nixl-progress-delay-us", str(delay_us),
+            "--nixl-engine-profile", engine_profile(delay_us),
             "--model-config", str(model_config), "--dtype", "bf16", "--layout", "paged",
             "--granularity", "block", "--block-size", str(ENGINE_BLOCK_TOKENS),
             "--sizes", P2P_TOKENS, "--iters", "40", "--out", str(out_dir), "--quiet"]

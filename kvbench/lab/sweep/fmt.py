@@ -94,7 +94,7 @@ def _kv_lines(report: dict) -> list[str]:
            + (f"; no band: {link['no_band']}" if link.get("no_band") else "") + "." if link else
            "No fitted model beside the engine (`--no-handoff-model`, or no transfers).")
     ref = report.get("engine_shaped_reference")
-    shaped = (f"Engine-shaped: `kvbench p2p --nixl-shape engine` records `{ref}` (vLLM 0.32's regions, "
+    shaped = (f"Engine-shaped: `kvbench p2p --nixl-engine-profile lab` records `{ref}` (vLLM 0.32's regions, "
               "descriptors, per-request READ, 1 ms step polling, the lab's agent settings; docs/nixl.md): "
               "NIXL's own xferDuration mean, the quantity behind vllm:nixl_xfer_time_seconds, at the "
               "engine's mean bytes (interpolated between measured sizes). The plain model is the link "

@@ -340,7 +340,7 @@ def engine_reference(lab, out: Path) -> Path:
     from kvbench.lab.load.handoff import engine_reference as run_engine
     from kvbench.lab.stack.deploy import model_for, nixl_env
 
-    print("sweep: measuring the engine-shaped NIXL reference (kvbench p2p --nixl-shape engine)",
+    print("sweep: measuring the engine-shaped NIXL reference (kvbench p2p --nixl-engine-profile lab)",
           file=sys.stderr, flush=True)
     ucx = {k: v for k, v in nixl_env(lab, 0).items() if k.startswith("UCX_")}
     return run_engine(model_for(lab), out / "engine-shaped", out / "engine-shaped.log",

@@ -181,7 +181,7 @@ def kv_table(roles: dict[tuple, list[dict]], engine_points: list | None = None) 
 
 
 def _engine_shaped(totals: list[dict], points: list | None) -> dict | None:
-    """kvbench p2p --nixl-shape engine's NIXL xferDuration mean at each repeat's mean bytes,
+    """kvbench p2p --nixl-engine-profile lab's NIXL xferDuration mean at each repeat's mean bytes,
     and the engine's mean time over it (kvbench.lab.load.handoff.engine_shaped_at)."""
     from kvbench.lab.load.handoff import engine_shaped_at
 

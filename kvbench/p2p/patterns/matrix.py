@@ -160,7 +160,7 @@ class Matrix(Pattern):
         if world_size < 2:
             return "pattern matrix needs at least 2 ranks"
         if getattr(args, "nixl_shape", "link") == "engine":
-            return "pattern matrix measures links: --nixl-shape engine is not supported with it"
+            return "pattern matrix measures links: --nixl-engine-profile (the engine shape) is not supported with it"
         if getattr(args, "baseline", False):
             return ("pattern matrix: --baseline times ranks 0 and 1 only, a yardstick for no "
                     "other pair; leave it out")

@@ -1,4 +1,4 @@
-"""The side files of the engine-shaped handoff (`kvbench p2p --nixl-shape engine`), typed.
+"""The side files of the engine-shaped handoff (`kvbench p2p --nixl-engine-profile`), typed.
 
     --nixl-blocks file:PATH  {"prefill": [ids], "decode": [ids]}: a recorded allocation, each
                              side's block table (distinct ids in 0 .. 2^31 - 1; optional "meta")
@@ -100,7 +100,7 @@ def load_block_ids(path: str | Path) -> BlockIdFile:
 
 
 def load_poll_file(path: str | Path) -> list[float] | PollHistogram:
-    """A --nixl-poll draw: file: step times (ms), or a cumulative histogram."""
+    """An engine profile's poll=draw: file: step times (ms), or a cumulative histogram."""
     doc = load_json(path, MAX_SIDE_FILE_BYTES, "poll file", missing="no such poll file",
                     regular=True)
     try:

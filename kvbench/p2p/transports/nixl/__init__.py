@@ -26,7 +26,7 @@ read from a private log file unless the user set UCX_PROTO_INFO or UCX_LOG_FILE)
 Modules: binding (finding NIXL's Python package, its limits, an agent with a progress
 delay), channel (one prefill/decode pair: registration, metadata exchange over MPI, posts,
 notifications), transport (the flags, the agent, what the record says about the path),
-engine (--nixl-shape engine: vLLM's pull connector's shape). Importing this package
+engine (--nixl-engine-profile: vLLM's pull connector's shape). Importing this package
 registers the transport and the engine shape. May import kvbench.cli and kvbench.p2p.
 """
 

@@ -25,7 +25,7 @@ from kvbench.p2p.transports.base import (
 # MPI tags on the transport's private communicator, per channel id (see _tag)
 _TAG_BASE, _TAG_SPAN = 1000, 4000
 _SETUP, _SYNC, _MD = 0, 1, 2
-_ANNOUNCE = 3  # the engine shape's request announcement (--nixl-announce mpi)
+_ANNOUNCE = 3  # the engine shape's request announcement (the profile key announce=mpi)
 
 # unit states on the initiator
 _IDLE, _PROC, _DONE = 0, 1, 2
@@ -309,7 +309,7 @@ class NIXLChannel(TimedParts, Channel):
             self.notify(kind, h, u)
 
     def idle_before(self) -> None:
-        """Idle as an engine between requests (--nixl-gap-ms; both sides, the start barrier
+        """Idle as an engine between requests (the profile key gap_ms; both sides, the start barrier
         follows): sleep the gap."""
         gap = self.t.gaps.next_s()
         if gap:
@@ -484,6 +484,6 @@ class NIXLChannel(TimedParts, Channel):
                   f"{regs} registration(s), remote agent {self.remote}", file=sys.stderr, flush=True)
 
 
-# channel class per --nixl-shape; the engine shape's module adds itself (importing the
-# kvbench.p2p.transports.nixl package imports it)
+# channel class per shape (link; engine with --nixl-engine-profile); the engine shape's
+# module adds itself (importing the kvbench.p2p.transports.nixl package imports it)
 CHANNELS: dict[str, type] = {"link": NIXLChannel}

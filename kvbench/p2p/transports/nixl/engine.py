@@ -1,4 +1,4 @@
-"""The engine-shaped NIXL handoff (--nixl-shape engine): what vLLM 0.32.0's pull connector does.
+"""The engine-shaped NIXL handoff (--nixl-engine-profile): what vLLM 0.32.0's pull connector does.
 
 Per channel, once (as the connector does at registration and at the handshake):
   - one registration covering the whole KV backing buffer (NX/base_worker.py:1737-1749);
@@ -8,16 +8,16 @@ Per channel, once (as the connector does at registration and at the handshake):
 Per handoff (one request):
   - prefill announces the request (the control plane of the engine: the proxy's
     kv_transfer_params; not part of the engine's NIXL metrics), over MPI as the engine's
-    comes over HTTP, outside NIXL (--nixl-announce mpi, default), or as a NIXL notification
-    (--nixl-announce nixl, the link shape's way);
+    comes over HTTP, outside NIXL (profile key announce=mpi, default), or as a NIXL
+    notification (announce=nixl, the link shape's way);
   - decode makes a prepped READ over the request's ids with the notification attached
     (make_prepped_xfer(..., notif_msg)), posts it without a message (NX/pull_worker.py:546-559),
     looks at it once in the same step and then once per engine step (PollSchedule); on DONE
     it reads NIXL's telemetry for the handle and releases it (NX/base_worker.py:3083-3087);
   - prefill "frees its blocks" when the READ's notification arrives.
-Switches (--no-nixl-per-request: one handle made once and reposted with the notification;
---nixl-poll busy; --nixl-kv split; --nixl-blocks; --nixl-threads; telemetry) isolate each
-feature's cost. Telemetry per handoff: postDuration, xferDuration (NIXL's, microseconds,
+Switches (profile keys per_request=false: one handle made once and reposted with the
+notification; poll=busy; threads; telemetry; and the cut's --kv-pages split, --block-ids)
+isolate each feature's cost (kvbench.p2p.transports.nixl.profile). Telemetry per handoff: postDuration, xferDuration (NIXL's, microseconds,
 recorded in ms), totalBytes and descCount after merging, beside kvbench's own times.
 """
 
@@ -28,14 +28,6 @@ from dataclasses import astuple
 
 import numpy as np
 
-from kvbench.p2p.engine_shape import (
-    PollSchedule,
-    Region,
-    check_region_major,
-    desc_ids,
-    dlist_rows,
-    merged_count,
-)
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl.channel import (
     _ANNOUNCE,
@@ -47,13 +39,21 @@ from kvbench.p2p.transports.nixl.channel import (
     _notif,
     now,
 )
+from kvbench.p2p.transports.nixl.engine_shape import (
+    PollSchedule,
+    Region,
+    check_region_major,
+    desc_ids,
+    dlist_rows,
+    merged_count,
+)
 
 # `looks`: how many times the engine's poll saw the READ still in flight (PROC) before DONE
 # (0: the look in the posting step already saw it done); `post_done`: 1 when the post itself
 # returned DONE (the READ and its notification finished inside the call); `idle_ms`: how long
-# decode had been without work when it posted (its last look or post; --nixl-waits engine
+# decode had been without work when it posted (its last look or post; waits=engine
 # yield-spins for the window after it, then sleeps); `gap_ms`: the idle time drawn before the
-# handoff (--nixl-gap-ms, --nixl-gaps).
+# handoff (gap_ms, gaps).
 TELEMETRY_KEYS = ("post_ms", "xfer_ms", "desc_count", "bytes", "expected_desc_count", "looks",
                   "post_done", "idle_ms", "gap_ms")
 
@@ -140,7 +140,7 @@ class EngineChannel(NIXLChannel):
     # -- the handoff ---------------------------------------------------------------
 
     def pump(self, from_test: bool) -> None:
-        """Drive the handoff; never blocks. With --nixl-announce mpi (default) the request
+        """Drive the handoff; never blocks. With announce=mpi (the default) the request
         reaches decode outside NIXL, as vLLM's does (the proxy's kv_transfer_params over
         HTTP, then the engine core's step), so decode's NIXL is left alone between its last
         step and the post; with nixl the announcement is a NIXL notification, whose arrival
@@ -186,7 +186,7 @@ class EngineChannel(NIXLChannel):
 
     def check(self, u: int) -> None:
         """One engine step's look at the transfer: not before the step comes (waiting as the
-        engine's threads do, --nixl-waits), then NIXL's state; on DONE its telemetry, then the release."""
+        engine's threads do, the profile key waits), then NIXL's state; on DONE its telemetry, then the release."""
         if not self.poll.busy:
             self.waits.until(self.next_poll)
         try:
@@ -211,7 +211,7 @@ class EngineChannel(NIXLChannel):
         self._unit_done(u, t)
 
     def idle(self, u: int) -> None:
-        """Between two looks, wait as the engine's threads do (--nixl-waits, default sleep):
+        """Between two looks, wait as the engine's threads do (the key waits, default sleep):
         decode waiting for a request it has not been told of pauses once; prefill waits for
         its next step before it looks for the READ's notification again; decode with a READ
         in flight waits in check()."""
@@ -225,10 +225,10 @@ class EngineChannel(NIXLChannel):
         self.next_poll = now() + self.poll.next_ms() / 1e3
 
     def idle_before(self) -> None:
-        """The time between two requests (--nixl-gap-ms, drawn by --nixl-gaps): decode first
-        works for up to --nixl-busy-ms (decoding the last request: forward passes that keep
+        """The time between two requests (gap_ms, drawn by gaps): decode first
+        works for up to busy_ms (decoding the last request: forward passes that keep
         its core busy), then idles for the rest, waiting as the engine's threads wait
-        (--nixl-waits engine: yield-spinning through the window after the last work, then
+        (waits=engine: yield-spinning through the window after the last work, then
         asleep; other waits sleep it). A gap shorter than the work leaves no idle: the post
         follows the work, as when a request arrives while another decodes. Prefill idles the
         whole gap. Recorded per handoff (gap_ms; idle_ms at the post)."""

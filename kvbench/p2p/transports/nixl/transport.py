@@ -10,16 +10,14 @@ import os
 import socket
 from collections.abc import Mapping, Sequence, Set
 
-from kvbench.cli import arg_float, arg_int
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import (
     Channel,
     Transport,
     TransportError,
 )
+from kvbench.p2p.transports.nixl import profile
 from kvbench.p2p.transports.nixl.binding import (
-    MAX_NIXL_THREADS,
-    MAX_PROGRESS_DELAY_US,
     _version,
     agent_with_progress_delay,
     import_nixl,
@@ -74,7 +72,7 @@ class NIXLTransport(Transport):
         g = parser.add_argument_group("nixl transport (--transport nixl)")
         g.add_argument("--nixl-op", choices=("write", "read"), default=None,
                        help="write: prefill pushes into decode's registered buffers; read: decode "
-                            "pulls from prefill's (default write; read with --nixl-shape engine)")
+                            "pulls from prefill's (default write; read with --nixl-engine-profile)")
         g.add_argument("--nixl-recreate", action="store_true",
                        help="create a new transfer request every handoff (timed) instead of reposting")
         g.add_argument("--nixl-reregister", action="store_true",
@@ -95,65 +93,8 @@ class NIXLTransport(Transport):
                        help="NIXL's own progress thread (NIXL's default, on); without it progress "
                             "comes only from polling, which is faster when cores are scarce")
         e = parser.add_argument_group(
-            "nixl engine-shaped handoff (--nixl-shape engine; docs/nixl.md)")
-        e.add_argument("--nixl-shape", choices=("link", "engine"), default="link",
-                       help="link (default): the message plan moved as fast as NIXL allows, "
-                            "busy-polled; engine: vLLM 0.32's pull connector: per-layer regions, "
-                            "one descriptor per block, region-major ids, a prepped READ per request "
-                            "with the notification on it, completion polled per engine step, "
-                            "NIXL telemetry per handoff (needs --layout paged --granularity block)")
-        e.add_argument("--nixl-per-request", action=argparse.BooleanOptionalAction, default=True,
-                       help="engine shape: make_prepped_xfer + post + release per handoff (default "
-                            "on); off: one handle made once and reposted")
-        e.add_argument("--nixl-poll", default=None, metavar="WHEN",
-                       help="completion polling: busy, fixed:MS (an idle engine steps about every "
-                            "1 ms) or draw:FILE (step times drawn from a JSON list in ms or a "
-                            "cumulative histogram {le_ms, count}); default busy, fixed:1 with "
-                            "--nixl-shape engine")
-        e.add_argument("--nixl-waits", choices=("sleep", "yield", "spin", "engine"), default=None,
-                       help="engine shape: how its threads wait between looks at NIXL and in "
-                            "the harness's own waits: sleep (default), yield (sched_yield "
-                            "spinning), spin (the link harness's busy loop), or engine (what "
-                            "vLLM 0.32's worker does: yield-spin for --nixl-spin-window-ms "
-                            "after its last work, sleep after that; the gap before a handoff "
-                            "is waited the same way; docs/nixl.md)")
-        e.add_argument("--nixl-announce", choices=("mpi", "nixl"), default=None,
-                       help="engine shape: how prefill tells decode a request is ready: mpi "
-                            "(default: outside NIXL, as vLLM's proxy and engine core do) or a "
-                            "NIXL notification (the link shape's way; its arrival is handled by "
-                            "NIXL's progress thread right before the post)")
-        e.add_argument("--nixl-spin-window-ms", type=arg_float(0, 60_000), default=None,
-                       metavar="MS",
-                       help="--nixl-waits engine: how long a thread yield-spins after its last "
-                            "work before it sleeps (default 1000, vLLM 0.32's busy_loop_s)")
-        e.add_argument("--nixl-threads", type=arg_int(0, MAX_NIXL_THREADS), default=None, metavar="N",
-                       help="UCX worker threads of the agent (nixl_agent_config num_threads; "
-                            f"0..{MAX_NIXL_THREADS}; default 0, 4 with --nixl-shape engine as vLLM sets)")
-        e.add_argument("--nixl-telemetry", action=argparse.BooleanOptionalAction, default=None,
-                       help="NIXL's per-transfer telemetry (capture_telemetry; default off, on "
-                            "with --nixl-shape engine, which records postDuration/xferDuration)")
-        e.add_argument("--nixl-progress-delay-us", type=arg_int(0, MAX_PROGRESS_DELAY_US), default=0,
-                       metavar="US",
-                       help="the progress thread's delay between polls (NIXL's Python agent fixes "
-                            "0: it spins; the lab's vLLM runs with 1000, kvbench.lab.venv.connector; "
-                            f"at most {MAX_PROGRESS_DELAY_US:,})")
-        e.add_argument("--nixl-gap-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
-                       help="idle time before each handoff, outside the timed window (an engine "
-                            "at R requests/s moves a request's KV about every 1000/R ms, and "
-                            "its progress thread idles in between; default 0: back to back; "
-                            "not counted in --seconds-per-point)")
-        e.add_argument("--nixl-gaps", choices=("fixed", "exp"), default="fixed",
-                       help="engine shape: every gap --nixl-gap-ms long (fixed, default), or "
-                            "drawn exponentially with that mean (exp: the gaps of Poisson "
-                            "arrivals, as the lab's `vllm bench serve` sends requests), seeded "
-                            "by --nixl-gap-seed; the drawn gaps are in the record")
-        e.add_argument("--nixl-busy-ms", type=arg_float(0, 60_000), default=0.0, metavar="MS",
-                       help="engine shape with --nixl-gap-ms: decode works this long after each "
-                            "handoff (decoding the request: its core busy, no yield), inside the "
-                            "gap; a shorter gap makes the next post follow that work (default 0)")
-        e.add_argument("--nixl-gap-seed", type=arg_int(0, 2**31 - 1), default=0, metavar="N",
-                       help="--nixl-gaps exp: the generator's seed (default 0; every rank draws "
-                            "the same gaps)")
+            "nixl engine-shaped handoff (--nixl-engine-profile; docs/nixl.md)")
+        profile.add_arguments(e)
         e.add_argument("--debug-region-order", choices=("natural", "reversed"), default="natural",
                        help=argparse.SUPPRESS)
         g.add_argument("--nixl-inject", choices=("none", "stall", "error"), default="none",
@@ -173,32 +114,8 @@ class NIXLTransport(Transport):
         if not os.environ.get("NIXL_LOG_LEVEL"):  # its INFO lines would land in our stdout table
             logging.getLogger("nixl").setLevel(logging.WARNING)
         o = self.ctx.options
-        self.shape = getattr(o, "nixl_shape", "link")
+        self.read_options(o)
         engine = self.shape == "engine"
-        self.op = o.nixl_op or ("read" if engine else "write")
-        self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
-        self.prep, self.inject = o.nixl_prep, o.nixl_inject
-        self.batch = "handoff" if engine else (
-            o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
-                                          getattr(o, "pattern", "")))
-        self.progress_thread = o.nixl_progress_thread
-        self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
-        self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
-        self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
-        from kvbench.p2p.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
-
-        window = getattr(o, "nixl_spin_window_ms", None)
-        self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
-                           ENGINE_SPIN_WINDOW_MS if window is None else window)
-        if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
-            self.between_tests = self.waits.pause
-        self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
-        self.uses_regions = engine
-        self.announce = getattr(o, "nixl_announce", None) or ("mpi" if engine else "nixl")
-        self.progress_delay_us = o.nixl_progress_delay_us
-        self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
-                         getattr(o, "nixl_gap_seed", 0))
-        self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
         # Set before the agent (UCX reads them when it starts), for the whole process, as vLLM
         # sets its one variable; a variable the user set stays theirs.
         if not getattr(o, "nixl_cuda_ipc_get", True) and CUDA_IPC_GET in _SET_BY_KVBENCH:
@@ -251,6 +168,36 @@ class NIXLTransport(Transport):
             raise TransportError("nixl: the UCX backend plugin is missing from this NIXL install "
                                  f"(plugins: {', '.join(self.agent.get_plugin_list()) or 'none'})")
 
+    def read_options(self, o) -> None:
+        """The agent's and the engine shape's settings from the options (the link shape's
+        defaults, or an engine profile's values: .profile); what record_fields reports."""
+        self.shape = getattr(o, "nixl_shape", "link")
+        engine = self.shape == "engine"
+        self.op = o.nixl_op or ("read" if engine else "write")
+        self.mode = "reregister" if o.nixl_reregister else "recreate" if o.nixl_recreate else "reuse"
+        self.prep, self.inject = o.nixl_prep, o.nixl_inject
+        self.batch = "handoff" if engine else (
+            o.nixl_batch or default_batch(getattr(o, "granularity", "whole"),
+                                          getattr(o, "pattern", "")))
+        self.progress_thread = o.nixl_progress_thread
+        self.threads = o.nixl_threads if o.nixl_threads is not None else (4 if engine else 0)
+        self.telemetry = o.nixl_telemetry if o.nixl_telemetry is not None else engine
+        self.poll_text = o.nixl_poll or ("fixed:1" if engine else "busy")
+        from kvbench.p2p.transports.nixl.engine_shape import ENGINE_SPIN_WINDOW_MS, Gaps, Waits
+
+        window = getattr(o, "nixl_spin_window_ms", None)
+        self.waits = Waits(getattr(o, "nixl_waits", None) or ("sleep" if engine else "spin"),
+                           ENGINE_SPIN_WINDOW_MS if window is None else window)
+        if self.waits.mode != "spin":  # the harness's own waits (barrier, notice) wait the same way
+            self.between_tests = self.waits.pause
+        self.per_request, self.region_order = o.nixl_per_request, o.debug_region_order
+        self.uses_regions = engine
+        self.announce = getattr(o, "nixl_announce", None) or ("mpi" if engine else "nixl")
+        self.progress_delay_us = o.nixl_progress_delay_us
+        self.gaps = Gaps(getattr(o, "nixl_gap_ms", 0.0), getattr(o, "nixl_gaps", "fixed"),
+                         getattr(o, "nixl_gap_seed", 0))
+        self.busy_s = getattr(o, "nixl_busy_ms", 0.0) / 1e3
+
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None,
                 regions=None, blocks=None) -> Channel:
         if self.shape == "engine":  # kvbench.p2p.transports.nixl.engine adds itself here
@@ -284,7 +231,7 @@ class NIXLTransport(Transport):
         return "cuda" if self.ctx.device == "cuda" else "host"
 
     def _poll_label(self) -> str:
-        from kvbench.p2p.engine_shape import PollSchedule
+        from kvbench.p2p.transports.nixl.engine_shape import PollSchedule
 
         return PollSchedule(self.poll_text).label()
 

@@ -41,6 +41,7 @@ from kvbench.kv.cut import (  # noqa: F401  (block tables and regions live with 
 from kvbench.p2p.layout import KVCache
 from kvbench.p2p.messages import MessagePlan
 from kvbench.p2p.pages import plan_pages
+from kvbench.p2p.transports.nixl.profile import FLAG
 from kvbench.records.schema.engine import MAX_STEP_MS, load_poll_file
 
 # ---------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class PollSchedule:
         if self.kind == "busy" and not arg:
             return
         if self.kind == "fixed":
-            self.period = bounded_float(arg, "--nixl-poll fixed:MS (the period in ms)", 0.0,
+            self.period = bounded_float(arg, "poll fixed:MS (the period in ms)", 0.0,
                                         MAX_STEP_MS, lo_open=True)
             return
         if self.kind == "draw" and arg:
@@ -165,7 +166,7 @@ class PollSchedule:
         return f"draw#{file_digest(self.text[5:], 'poll file')}"
 
 
-# How an engine's threads wait (--nixl-waits): sleep, yield (sched_yield spinning), spin, or
+# How an engine's threads wait (the profile key waits): sleep, yield (sched_yield spinning), spin, or
 # engine: what vLLM 0.32's worker does on its step queue, yield-spinning for a window after its
 # last step and sleeping after it (vllm/distributed/device_communicators/shm_broadcast.py:138,
 # :195-208: SpinCondition.wait, busy_loop_s = 1).
@@ -184,7 +185,7 @@ class Waits:
 
     def __init__(self, mode: str, window_ms: float = ENGINE_SPIN_WINDOW_MS):
         if mode not in WAITS:
-            raise UsageError(f"--nixl-waits {mode!r}: one of {', '.join(WAITS)}")
+            raise UsageError(f"waits {mode!r}: one of {', '.join(WAITS)}")
         self.mode, self.window_s = mode, window_ms / 1e3
         self.last_work = time.perf_counter()
 
@@ -242,7 +243,7 @@ class Waits:
 
 
 class Gaps:
-    """Idle time before each handoff (--nixl-gap-ms MEAN, --nixl-gaps fixed|exp, --nixl-gap-seed):
+    """Idle time before each handoff (profile keys gap_ms MEAN, gaps fixed|exp, gap_seed):
     a fixed gap, or gaps drawn exponentially with that mean from a seeded generator, as an
     open-loop client with Poisson arrivals at 1000/MEAN requests/s spaces them (vLLM's `bench
     serve` at --burstiness 1, the lab's client). Every rank draws the same sequence."""
@@ -251,7 +252,7 @@ class Gaps:
 
     def __init__(self, mean_ms: float, kind: str = "fixed", seed: int = 0):
         if kind not in self.KINDS:
-            raise UsageError(f"--nixl-gaps {kind!r}: fixed or exp")
+            raise UsageError(f"gaps {kind!r}: fixed or exp")
         self.mean_s, self.kind, self.seed = mean_ms / 1e3, kind, seed
         self.rng = random.Random(seed)
 
@@ -272,7 +273,8 @@ class Gaps:
 
 def usage_error(args) -> str | None:
     """Why the flags cannot run the engine-shaped handoff (or a poll schedule), else None.
-    (The block ids are the cut's: kvbench.p2p.args.cuts_of checks them, files included.)"""
+    (The block ids are the cut's: kvbench.p2p.args.cuts_of checks them, files included;
+    each profile key's own type and bounds are checked as it is parsed: .profile.)"""
     shape = getattr(args, "nixl_shape", "link")
     try:
         if getattr(args, "nixl_poll", None):
@@ -281,39 +283,32 @@ def usage_error(args) -> str | None:
         if why or shape != "engine":
             return why
         if args.transport != "nixl":
-            return "--nixl-shape engine needs --transport nixl"
+            return f"{FLAG} needs --transport nixl"
         if args.layout != "paged" or args.granularity != "block":
-            return "--nixl-shape engine moves a paged KV block by block: add --layout paged --granularity block"
+            return f"{FLAG} moves a paged KV block by block: add --layout paged --granularity block"
         if args.pattern.strip() != "sequential":
-            return "--nixl-shape engine runs with --pattern sequential (one request, prefill -> decode)"
+            return f"{FLAG} runs with --pattern sequential (one request, prefill -> decode)"
         if args.nixl_op == "write":
-            return "--nixl-shape engine models vLLM's pull connector (decode READs): use --nixl-op read"
+            return f"{FLAG} models vLLM's pull connector (decode READs): use --nixl-op read"
         if args.nixl_recreate or args.nixl_reregister or args.nixl_prep != "prepped" or args.nixl_batch:
-            return ("--nixl-shape engine makes its own transfer requests: drop --nixl-recreate, "
-                    "--nixl-reregister, --nixl-prep and --nixl-batch (see --no-nixl-per-request)")
+            return (f"{FLAG} makes its own transfer requests: drop --nixl-recreate, "
+                    "--nixl-reregister, --nixl-prep and --nixl-batch (see its key per_request=false)")
         if args.bytes is not None or args.minbytes is not None or args.maxbytes is not None:
-            return "--nixl-shape engine moves a model's KV: give --sizes (tokens), not --bytes"
+            return f"{FLAG} moves a model's KV: give --sizes (tokens), not --bytes"
     except (ValueError, UsageError) as exc:
         return str(exc)
     return None
 
 
 def _pacing_error(args) -> str | None:
-    """Why the waits and gap flags do not go together, else None."""
+    """Why the profile's pacing keys do not go together, else None. Only a key a profile
+    layer set itself trips a check (a default never does): .profile.resolve."""
+    given = set(getattr(args, "nixl_profile_given", None) or ())
     waits = getattr(args, "nixl_waits", None)
-    if getattr(args, "nixl_shape", "link") != "engine":
-        if waits not in (None, "spin"):
-            return "--nixl-waits models an engine's threads: it needs --nixl-shape engine"
-        if getattr(args, "nixl_gaps", "fixed") != "fixed":
-            return "--nixl-gaps models an engine's load: it needs --nixl-shape engine"
-        if getattr(args, "nixl_announce", None) is not None:
-            return "--nixl-announce is the engine shape's control plane: it needs --nixl-shape engine"
-    if getattr(args, "nixl_spin_window_ms", None) is not None and waits != "engine":
-        return "--nixl-spin-window-ms is the window of --nixl-waits engine: add it"
+    if "spin_window_ms" in given and waits != "engine":
+        return f"{FLAG}: spin_window_ms is the window of waits=engine: add it"
     if getattr(args, "nixl_gaps", "fixed") != "fixed" and not getattr(args, "nixl_gap_ms", 0.0):
-        return "--nixl-gaps exp draws gaps with the mean --nixl-gap-ms: give it (> 0)"
+        return f"{FLAG}: gaps=exp draws gaps with the mean gap_ms: give it (> 0)"
     if getattr(args, "nixl_busy_ms", 0.0) and not getattr(args, "nixl_gap_ms", 0.0):
-        return "--nixl-busy-ms is decode's work inside the gap between requests: give --nixl-gap-ms"
-    if getattr(args, "nixl_busy_ms", 0.0) and getattr(args, "nixl_shape", "link") != "engine":
-        return "--nixl-busy-ms models an engine's decode: it needs --nixl-shape engine"
+        return f"{FLAG}: busy_ms is decode's work inside the gap between requests: give gap_ms"
     return None
