@@ -294,7 +294,7 @@ def test_predicted_descriptor_count_is_nixls(tiny, case):
 ENGINE = ("--transport nixl --nixl-shape engine --layout paged --granularity block "
           "--block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 --quiet "
           "--no-nixl-progress-thread --nixl-threads 0")
-RUNS = {"telemetry": "--nixl-blocks scattered", "busy": "--nixl-poll busy --nixl-waits spin",
+RUNS = {"telemetry": "--block-ids scattered", "busy": "--nixl-poll busy --nixl-waits spin",
         "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed",
         "paced": "--nixl-waits engine --nixl-spin-window-ms 2 --nixl-gaps exp --nixl-gap-ms 5 "

@@ -33,8 +33,8 @@ FEATURES = {
 # What-ifs one step from the engine configuration (not features the engine has on or off).
 VARIANTS = {
     "delay0": ("--nixl-progress-delay-us 0", "progress-thread delay (lab's -> NIXL's 0)"),
-    "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
-    "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
+    "kv-split": ("--kv-pages split", "K and V as separate regions (2 x layers)"),
+    "scattered": ("--block-ids scattered", "scattered block ids (nothing merges)"),
     "waits-yield": ("--nixl-waits yield", "threads spin with sched_yield while they wait "
                     "(vLLM's worker loop between steps), not sleep"),
     "waits-spin": ("--nixl-waits spin", "threads spin while they wait, never yielding (the "

@@ -16,7 +16,7 @@ Per handoff (one request):
     it reads NIXL's telemetry for the handle and releases it (NX/base_worker.py:3083-3087);
   - prefill "frees its blocks" when the READ's notification arrives.
 Switches (--no-nixl-per-request: one handle made once and reposted with the notification;
---nixl-poll busy; --nixl-kv split; --nixl-blocks; --nixl-threads; telemetry) isolate each
+--nixl-poll busy; --kv-pages split; --block-ids; --nixl-threads; telemetry) isolate each
 feature's cost. Telemetry per handoff: postDuration, xferDuration (NIXL's, microseconds,
 recorded in ms), totalBytes and descCount after merging, beside kvbench's own times.
 """
