@@ -8,6 +8,7 @@ prints are the ones the run uses.
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -184,3 +185,14 @@ def test_an_old_spelling_ends_every_rank_alike(tmp_path):
     assert status == {"rc.0": "2", "rc.1": "2"}, (status, res.stderr[-2000:])
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("kvbench")]
     assert lines == ["kvbench p2p: error: --nixl-kv is now --kv-pages (see --help)"], res.stderr
+
+
+def test_matrix_refuses_cases_before_mpi_starts():
+    """kvbench matrix hands its other flags to p2p: --cases (now p2p's own flag) is not one of
+    them, said in one line before MPI starts, as for --pattern."""
+    launched = {**os.environ, "OMPI_COMM_WORLD_RANK": "0"}  # what mpirun sets (not started)
+    res = run_cli("kvbench.matrix", "--cases", "f", env=launched)
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvbench matrix: error: --cases: kvbench "
+                                                   "matrix runs the matrix pattern"), res.stderr
