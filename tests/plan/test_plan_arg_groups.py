@@ -3,7 +3,7 @@
 `kvbench model`, `plan` and `plan route` take prompt lengths as `--prompt-tokens` or `--sizes`
 (kvbench p2p's spelling) and a link rate as `--gbps` or `--links-gbps`: either spelling gives
 the same document, and the same refusal. `plan export` builds its fit, model and cut flags with
-the functions `plan` uses (kvbench.plan.flags): the same flags, help, defaults and errors.
+the functions `plan` uses (kvbench.plan.cli): the same flags, help, defaults and errors.
 """
 
 from __future__ import annotations
