@@ -96,6 +96,18 @@ class Renamed(argparse.Action):
         parser.error(f"{option_string} is now {self.new}")
 
 
+def add_job_flags(p: ArgumentParser) -> None:
+    """--cases (kvbench.p2p.cases runs it), and the old spellings, hidden, each a hint."""
+    jobs = p.add_argument_group("many runs in one job")
+    jobs.add_argument(CASES, default=None, metavar="FILE",
+                      help="run each line of FILE in turn, in this one MPI job: one line per "
+                           "run, holding that run's flags (shell-quoted; blank lines and # "
+                           "comments skipped); nothing else goes on the command line "
+                           "(docs/p2p.md)")
+    for old, new in RENAMED.items():
+        p.add_argument(old, nargs="?", action=Renamed, new=new, help=argparse.SUPPRESS)
+
+
 def build_parser(rank: int = 0) -> ArgumentParser:
     class _Parser(ArgumentParser):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
@@ -196,14 +208,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
                      help="directory for the .jsonl/.csv records (default %(default)s/)")
     out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    jobs = p.add_argument_group("many runs in one job")
-    jobs.add_argument(CASES, default=None, metavar="FILE",
-                      help="run each line of FILE in turn, in this one MPI job: one line per "
-                           "run, holding that run's flags (shell-quoted; blank lines and # "
-                           "comments skipped); nothing else goes on the command line "
-                           "(docs/p2p.md)")
-    for old, new in RENAMED.items():
-        p.add_argument(old, nargs="?", action=Renamed, new=new, help=argparse.SUPPRESS)
+    add_job_flags(p)
     # Fault injection for the test suite: proves the data check and the timeout really bite.
     p.add_argument("--debug-corrupt-elements", type=arg_int(0, 1 << 40), default=0, help=argparse.SUPPRESS)
     p.add_argument("--debug-stall-rank", type=arg_int(0, 1 << 20), default=None, help=argparse.SUPPRESS)
