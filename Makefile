@@ -43,15 +43,19 @@ $(STAMP): pyproject.toml
 bench: $(STAMP)
 	mpirun -n $(NP) $(PY) -m kvbench.p2p --sizes $(SIZES) $(ARGS)
 
+# What ruff lints: the package, the tests, the benchmarks and scripts/ (its Python programs
+# have no .py suffix: pyproject's extend-include names them)
+LINT_PATHS = kvbench tests benchmarks scripts
+
 check: $(STAMP)
-	$(PY) -m ruff check kvbench tests benchmarks
+	$(PY) -m ruff check $(LINT_PATHS)
 	@$(call PYTEST,-q -ra -n $(CHECK_WORKERS) -m "$(CHECK_SELECT)")
 
 # The full default suite (CI). Its Slurm tests install Debian packages and link a library in
 # a system folder only where CI is set or KVBENCH_ALLOW_SYSTEM_INSTALL=1; otherwise they skip
 # and name the variable.
 test: $(STAMP)
-	$(PY) -m ruff check kvbench tests benchmarks
+	$(PY) -m ruff check $(LINT_PATHS)
 	@$(call PYTEST,-q -ra -m "not lab")
 
 # The real-vLLM group (docs/lab.md section 8): the lab's own venv and the AIPerf and GuideLLM
@@ -88,7 +92,7 @@ gpu-check: $(STAMP)
 	$(PY) scripts/gpu-check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check kvbench tests benchmarks
+	$(PY) -m ruff check $(LINT_PATHS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -235,6 +235,14 @@ def floor_table(a: FloorTableArgs) -> dict:
 # ---------------------------------------------------------------------------
 # CLI
 
+DEFAULT_PROMPT_TOKENS = 2000  # model's and plan's prompt length when none is given
+DEFAULT_LINKS_GBPS = "100,25,10"
+DEFAULT_BUDGET_MS = "20"  # model's and plan's handoff budget
+# One spelling per idea across commands (kvbench model, plan, plan route): the prompt lengths
+# as kvbench p2p spells them (--sizes) or --prompt-tokens; a link rate --gbps or --links-gbps.
+TOKENS_FLAGS = ("--prompt-tokens", "--sizes")
+RATE_FLAGS = ("--gbps", "--links-gbps")
+
 _EPILOG = """\
 examples:
   python -m kvbench.model                          # the tutorial's fixed example, as JSON
@@ -255,12 +263,14 @@ def build_parser() -> ArgumentParser:
                    f"one of {', '.join(PRESETS)}")
     p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
     p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    p.add_argument("--prompt-tokens", default=None, metavar="N[,N...]",
-                   help="prompt length(s) in tokens (default 2000; a list prints one object each)")
-    p.add_argument("--links-gbps", default="100,25,10", metavar="R[,R...]",
-                   help="sustained effective link rates in decimal GB/s (default 100,25,10)")
-    p.add_argument("--setup-ms", default="1.0", help="per-handoff setup cost in ms (default 1.0)")
-    p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
+    p.add_argument(*TOKENS_FLAGS, dest="prompt_tokens", default=None, metavar="N[,N...]",
+                   help=f"prompt length(s) in tokens (default {DEFAULT_PROMPT_TOKENS}; a list "
+                        "prints one object each)")
+    p.add_argument(*RATE_FLAGS, dest="links_gbps", default=DEFAULT_LINKS_GBPS, metavar="R[,R...]",
+                   help="sustained effective link rates in decimal GB/s (default %(default)s)")
+    p.add_argument("--setup-ms", default="1.0", help="per-handoff setup cost in ms (default %(default)s)")
+    p.add_argument("--budget-ms", default=DEFAULT_BUDGET_MS,
+                   help="handoff budget in ms (default %(default)s)")
     p.add_argument("--short-prompt-tokens", type=arg_int(1, MAX_TOKENS), default=300,
                    help="prompt length of the short-prompt case (default 300), at the slowest link")
     p.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
@@ -306,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model = resolve_model(args.model, args.model_config)
     dtype = get_dtype(args.dtype)
-    tokens = ([2000] if args.prompt_tokens is None
+    tokens = ([DEFAULT_PROMPT_TOKENS] if args.prompt_tokens is None
               else parse_positive_ints(args.prompt_tokens, "--prompt-tokens", MAX_TOKENS))
     links = parse_positive_floats(args.links_gbps, "--links-gbps", MIN_GBPS, MAX_GBPS)
     setup = non_negative_float(args.setup_ms, "--setup-ms", MAX_SETUP_MS)

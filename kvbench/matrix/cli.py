@@ -199,7 +199,7 @@ def report_main(argv: Sequence[str] | None) -> int:
 
 
 def _p2p_argv(rest: list[str]) -> list[str]:
-    for flag in ("--pattern", "--no-write"):
+    for flag in ("--pattern", "--no-write", "--cases"):
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise UsageError(f"{flag}: kvbench matrix runs the matrix pattern and writes its "
                              "records and report; leave it out")

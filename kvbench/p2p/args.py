@@ -1,13 +1,6 @@
-"""The point-to-point KV handoff benchmark. Run it under MPI:
-
-    mpirun -n 2 python -m kvbench.p2p --sizes 300,2000,8192
-
-Rank 0 plays the prefill worker, rank 1 the decode worker (patterns with more ranks say
-how they split them). For each size it allocates a real KV cache, hands it over again and
-again, checks every element once, and reports p50/p95/p99 handoff times and GB/s.
-
-This module: the job's flags, parsed, bounded and checked before any rank allocates or
-measures (the run itself is kvbench.p2p.cli).
+"""`kvbench p2p`'s flags, parsed, bounded and checked before any rank allocates or measures
+(the run itself is kvbench.p2p.cli; what the command does, as `--help` says it: DESCRIPTION).
+Every default is declared once, here, and the help prints it from there.
 """
 
 from __future__ import annotations
@@ -25,9 +18,18 @@ from kvbench.cli import (
     one_line,
     parse_positive_ints,
 )
-from kvbench.kv.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
+from kvbench.kv.cut import (
+    BLOCK_IDS,
+    KV_PAGES,
+    Cut,
+    block_table,
+    count_pieces,
+    declared_cuts,
+    layer_blocks,
+    page_layout,
+)
 from kvbench.kv.shards import ShardError
-from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
+from kvbench.model import DEFAULT_MODEL, PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import patterns, transports
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.transports.nixl import engine_shape
@@ -41,13 +43,25 @@ P2P_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8")
 DEFAULT_SIZES = "300,2000,8192"
 DEFAULT_TIMEOUT = 120.0
 DEFAULT_MIN_ITERS = 5
+CASES = "--cases"  # many runs in one job (kvbench.p2p.cases)
+# Old spellings, refused with a one-line hint naming the new one (issue 41: aliases go).
+RENAMED = {"--nixl-kv": "--kv-pages", "--nixl-blocks": "--block-ids"}
+
+DESCRIPTION = f"""\
+The point-to-point KV handoff benchmark. Run it under MPI:
+
+    mpirun -n 2 python -m kvbench.p2p --sizes {DEFAULT_SIZES}
+
+Rank 0 plays the prefill worker, rank 1 the decode worker (patterns with more ranks say
+how they split them). For each size it allocates a real KV cache, hands it over again and
+again, checks every element once, and reports p50/p95/p99 handoff times and GB/s."""
 MAX_ITERS = 10**6
 MAX_SECONDS = 86_400.0  # a day: a --timeout or --seconds-per-point beyond it is a typo
 MAX_SIZES = 256  # sizes in one run
 MAX_POINTS = 1024  # sizes x cuts in one run
 MAX_PIECES = 1 << 22  # pieces one handoff posts (8,192 tokens in blocks of 1, 80 layers: 1.3 M)
 
-_EPILOG = """\
+_EPILOG = f"""\
 how it times:
   The receiver pre-posts every receive; both ranks meet at a barrier; the sender takes t0,
   (packs and) posts every send; the receiver waits for every byte (on GPU: synchronises its
@@ -59,7 +73,7 @@ how it times:
   receiver wipes its copy, one more handoff runs, and every element is checked.
 
 examples:
-  mpirun -n 2 python -m kvbench.p2p                               # 300,2000,8192 tokens
+  mpirun -n 2 python -m kvbench.p2p                               # {DEFAULT_SIZES} tokens
   mpirun -n 2 python -m kvbench.p2p --transport gloo --granularity layer
   mpirun -n 2 python -m kvbench.p2p --layout paged --block-size 16 --granularity block --sizes 512
   mpirun -n 2 python -m kvbench.p2p --layout paged --granularity block --sizes 256,1024 \
@@ -68,6 +82,31 @@ examples:
   mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
   mpirun -n 2 python -m kvbench.p2p --cases FILE   # each line of FILE (these flags) in turn, one job
 """
+
+
+class Renamed(argparse.Action):
+    """An old spelling: given (with or without a value), the parse ends in one usage line
+    naming the new spelling, through the parser's own error (rank 0 speaks, every rank exits
+    2, a --cases line names itself)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}")
+
+
+def add_job_flags(p: ArgumentParser) -> None:
+    """--cases (kvbench.p2p.cases runs it), and the old spellings, hidden, each a hint."""
+    jobs = p.add_argument_group("many runs in one job")
+    jobs.add_argument(CASES, default=None, metavar="FILE",
+                      help="run each line of FILE in turn, in this one MPI job: one line per "
+                           "run, holding that run's flags (shell-quoted; blank lines and # "
+                           "comments skipped); nothing else goes on the command line "
+                           "(docs/p2p.md)")
+    for old, new in RENAMED.items():
+        p.add_argument(old, nargs="?", action=Renamed, new=new, help=argparse.SUPPRESS)
 
 
 def build_parser(rank: int = 0) -> ArgumentParser:
@@ -81,33 +120,34 @@ def build_parser(rank: int = 0) -> ArgumentParser:
             if rank == 0:
                 super().print_help(file)
 
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2].rsplit("\n\nThis module:", 1)[0],
-                epilog=_EPILOG)
+    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=_EPILOG)
     what = p.add_argument_group("what moves")
     what.add_argument("--sizes", default=None, metavar="TOKENS",
-                      help="prompt lengths in tokens, comma-separated (default 300,2000,8192)")
+                      help=f"prompt lengths in tokens, comma-separated (default {DEFAULT_SIZES})")
     what.add_argument("--bytes", default=None, metavar="SIZES",
                       help="raw message sizes instead of tokens, e.g. 4K,1M,64M (binary suffixes)")
     what.add_argument("-b", "--minbytes", default=None, help="raw sweep start, e.g. 1M (with -e, -f)")
     what.add_argument("-e", "--maxbytes", default=None, help="raw sweep end, e.g. 256M")
     what.add_argument("-f", "--stepfactor", type=arg_int(2, 1024), default=2,
-                      help="raw sweep multiplier (default 2)")
-    what.add_argument("--model", default=None, help=f"model preset (default seed-70b-gqa): {', '.join(PRESETS)}")
+                      help="raw sweep multiplier (default %(default)s)")
+    what.add_argument("--model", default=None,
+                      help=f"model preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
     what.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json instead")
     what.add_argument("--dtype", default="bf16", help=f"KV dtype: {', '.join(P2P_DTYPES)} (FP8 moves as bytes)")
     what.add_argument("--layout", choices=("contiguous", "paged"), default="contiguous",
                       help="contiguous per-layer tensors, or paged blocks scattered in a pool")
     what.add_argument("--block-size", default="16", metavar="TOKENS",
-                      help="paged block size in tokens (default 16); a list (1,2,4,...,256) "
+                      help="paged block size in tokens (default %(default)s); a list (1,2,4,...,256) "
                            "measures every size under each block size (--pattern sequential)")
     cut = p.add_argument_group(
         "how the KV is cut (the page plan: --layout paged --granularity block; docs/descriptors.md)")
-    cut.add_argument("--kv-pages", "--nixl-kv", dest="kv_pages", default=None, metavar="KV",
-                     help="joint: K and V of a block in one page, one region per layer (vLLM "
-                          "0.32; the default); split: K and V as separate regions; a list "
-                          "(joint,split) measures both")
-    cut.add_argument("--block-ids", "--nixl-blocks", dest="block_ids", default=None, metavar="IDS",
-                     help="the request's block ids: contiguous (a fresh allocator; default), "
+    cut.add_argument("--kv-pages", dest="kv_pages", default=None, metavar="KV",
+                     help=f"joint: K and V of a block in one page, one region per layer (vLLM "
+                          f"0.32; default {KV_PAGES[0]}); split: K and V as separate regions; a "
+                          "list (joint,split) measures both")
+    cut.add_argument("--block-ids", dest="block_ids", default=None, metavar="IDS",
+                     help=f"the request's block ids: contiguous (a fresh allocator; default "
+                          f"{BLOCK_IDS[0]}), "
                           "scattered (nothing adjacent), merged (contiguous, and consecutive "
                           "pages posted as one piece), or file:PATH (JSON {\"prefill\": [...], "
                           "\"decode\": [...]}); a list measures each")
@@ -143,28 +183,33 @@ def build_parser(rank: int = 0) -> ArgumentParser:
                              "host, ping-pong offset estimates across hosts; pingpong = always "
                              "estimate (records the offsets and their uncertainty)")
     timing.add_argument("--warmup", type=arg_int(0, MAX_ITERS), default=2,
-                        help="untimed handoffs after the cold one (default 2)")
+                        help="untimed handoffs after the cold one (default %(default)s)")
     timing.add_argument("--iters", type=arg_int(1, MAX_ITERS), default=20,
-                        help="timed handoffs per point (default 20; p95 needs >= 20, p99 >= 100)")
+                        help="timed handoffs per point (default %(default)s; p95 needs >= 20, "
+                             "p99 >= 100)")
     timing.add_argument("--min-iters", type=arg_int(1, MAX_ITERS), default=None,
-                        help="never fewer timed handoffs (default 5, or --iters if smaller)")
+                        help=f"never fewer timed handoffs (default {DEFAULT_MIN_ITERS}, or "
+                             "--iters if smaller)")
     timing.add_argument("--seconds-per-point", type=arg_float(0, MAX_SECONDS, lo_open=True),
                         default=5.0,
                         help="cut --iters so the timed handoffs take about this long per point "
-                             "(default 5; with --order rounds the budget of all points is "
+                             "(default %(default)g; with --order rounds the budget of all points is "
                              "shared, so 300,2000,8192 tokens get all 20 rounds on a 5 GB/s link)")
     timing.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every received element after timing (default on)")
     timing.add_argument("--timeout", type=arg_float(0, MAX_SECONDS, lo_open=True), default=DEFAULT_TIMEOUT,
                         help="seconds any wait on another rank may take before the job is "
-                             "aborted, in every phase from MPI start-up to tear-down (default 120)")
+                             "aborted, in every phase from MPI start-up to tear-down (default "
+                             "%(default)g)")
     timing.add_argument("--baseline", action="store_true",
                         help="also time a yardstick on the same bytes and print the ratio: bare "
                              "mpi4py Send/Recv (host memory), same-GPU and GPU-to-GPU copies (cuda)")
     out = p.add_argument_group("output")
-    out.add_argument("--out", default="results", help="directory for the .jsonl/.csv records (default results/)")
+    out.add_argument("--out", default="results",
+                     help="directory for the .jsonl/.csv records (default %(default)s/)")
     out.add_argument("--no-write", action="store_true", help="print the table only, write no files")
     out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_job_flags(p)
     # Fault injection for the test suite: proves the data check and the timeout really bite.
     p.add_argument("--debug-corrupt-elements", type=arg_int(0, 1 << 40), default=0, help=argparse.SUPPRESS)
     p.add_argument("--debug-stall-rank", type=arg_int(0, 1 << 20), default=None, help=argparse.SUPPRESS)
@@ -175,6 +220,44 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     for cls in patterns.available().values():
         cls.add_arguments(p)
     return p
+
+
+def _reads_as(token: str, flag: str, longs: list[str]) -> bool:
+    """Whether the parser reads `token` (NAME or NAME=VALUE) as `flag`: the flag itself or
+    the one long option a prefix expands to (argparse's abbreviations)."""
+    name = token.split("=", 1)[0]
+    if not name.startswith("--") or len(name) < 3 or name in longs:
+        return name == flag
+    return [s for s in longs if s.startswith(name)] == [flag]
+
+
+def _long_options() -> list[str]:
+    return [s for a in build_parser(rank=1)._actions for s in a.option_strings if s.startswith("--")]
+
+
+def asks_for_cases(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for a --cases job (any token the parser reads as it)."""
+    longs = _long_options()
+    for tok in argv:
+        if tok == "--":
+            break
+        if _reads_as(tok, CASES, longs):
+            return True
+    return False
+
+
+def cases_file(argv: Sequence[str]) -> str | None:
+    """FILE when the command line is `--cases FILE` (or `--cases=FILE`) and nothing else;
+    None otherwise (the caller refuses it: the flags go on FILE's lines)."""
+    longs = _long_options()
+    if len(argv) == 2 and "=" not in argv[0] and _reads_as(argv[0], CASES, longs):
+        return argv[1]
+    if len(argv) == 1 and "=" in argv[0] and _reads_as(argv[0], CASES, longs):
+        return argv[0].split("=", 1)[1]
+    return None
+
+
+CASES_ALONE = f"{CASES} takes one FILE and nothing else (the flags go on each of its lines)"
 
 
 # ---------------------------------------------------------------------------
@@ -278,6 +361,8 @@ def resolve_device(requested: str) -> str:
 
 def validate(args, world_size: int):
     """Everything that can be checked before allocating. Raises UsageError."""
+    if getattr(args, "cases", None) is not None:  # a cases job is kvbench.p2p.cases's
+        raise UsageError(CASES_ALONE)
     raws = (args.bytes, args.minbytes, args.maxbytes)
     if args.sizes is not None and any(v is not None for v in raws):
         raise UsageError("give either --sizes (tokens) or --bytes/-b/-e (raw bytes), not both")

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from kvbench.errors import EXIT_USAGE, UsageError, one_line
 from kvbench.p2p import cli as p2p
 from kvbench.p2p import world as mpi_world
-from kvbench.p2p.args import PROG, build_parser, prescan
+from kvbench.p2p.args import CASES, CASES_ALONE, PROG, build_parser, cases_file, prescan
 from kvbench.p2p.watchdog import WATCHDOG, env_rank
 from kvbench.records.schema.read import path_kind
 
-FLAG = "--cases"
+FLAG = CASES
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,11 @@ def check_case(argv: Sequence[str], where: str) -> None:
 
     parser.error = refuse  # type: ignore[method-assign]
     try:
-        parser.parse_args(list(argv))
+        ns = parser.parse_args(list(argv))
     except SystemExit:  # --help in a case
         raise UsageError(f"{where}: a case cannot ask for --help") from None
+    if ns.cases is not None:  # an abbreviation of it (--case FILE)
+        raise UsageError(f"{where}: a case cannot hold {FLAG}")
 
 
 MAX_CASES_BYTES = 1 << 20  # 1 MiB: thousands of lines; a bigger file is not a list of runs
@@ -162,15 +164,10 @@ def run_cases(cases: Iterable[Sequence[str]],
 
 def cli(argv: Sequence[str]) -> int:
     """`kvbench p2p --cases FILE` (nothing else on the command line: flags go on each line)."""
-    argv = list(argv)
-    if len(argv) == 2 and argv[0] == FLAG:
-        path = argv[1]
-    elif len(argv) == 1 and argv[0].startswith(FLAG + "="):
-        path = argv[0].split("=", 1)[1]
-    else:
+    path = cases_file(list(argv))
+    if path is None:
         if env_rank() in (None, 0):
-            print(f"{PROG}: error: {FLAG} takes one FILE and nothing else (the flags go on each "
-                  "of its lines)", file=sys.stderr)
+            print(f"{PROG}: error: {CASES_ALONE}", file=sys.stderr)
         return EXIT_USAGE
     WATCHDOG.start(PROG, prescan([])[0])
     owned = mpi_world.init()

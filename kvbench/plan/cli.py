@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from kvbench.cli import (
     FORMAT_HELP,
@@ -17,11 +19,15 @@ from kvbench.cli import (
     run_main,
 )
 from kvbench.model import (
+    DEFAULT_BUDGET_MS,
     DEFAULT_MODEL,
+    DEFAULT_PROMPT_TOKENS,
     DTYPES,
     PRESETS,
+    RATE_FLAGS,
     SCALE_DTYPES,
     SCALE_MODES,
+    TOKENS_FLAGS,
     KVSizing,
     get_dtype,
     resolve_model,
@@ -48,16 +54,37 @@ from kvbench.records.write import check_new_file, contract_dump, dumps_json, wri
 from kvbench.tutorial import plan_labels, route_labels
 from kvbench.units import round_places
 
+# ---------------------------------------------------------------------------
+# the argument groups plan, plan route and plan export share: each built by one function, so a
+# flag the commands have in common has one spelling, one help and one check. The link: a fit
+# (--fit, --where, --pair) or rates typed in (--gbps ...: plan and route; export writes a fit).
+# The payload: the model, the prompt lengths (--prompt-tokens, also spelt --sizes as in
+# kvbench p2p; plan and route) and the block size. The cut: --kv-pages, --block-ids (and
+# --tp-pair, which export leaves out: it writes one rank's model with --tp).
 
-def _add_link_args(p: ArgumentParser) -> None:
-    g = p.add_argument_group("link (one of)")
-    g.add_argument("--fit", metavar="FITTED.json", help="output of kvbench fit")
+MAX_BLOCK_SIZE = 1 << 20
+
+
+class Group(Protocol):
+    """A parser or one of its argument groups (what add_argument is called on)."""
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action: ...
+
+
+def add_fit_flags(g: Group, required: bool = False) -> None:
+    """The fitted link: the fit file, its group and (for a matrix) its pair."""
+    g.add_argument("--fit", required=required, metavar="FITTED.json", help="output of kvbench fit")
     g.add_argument("--where", action="append", metavar="KEY=VALUE",
                    help="with --fit: only groups whose KEY equals VALUE (repeatable)")
     g.add_argument("--pair", default=None, metavar="slowest|I,J",
                    help="with --fit of a kvbench matrix file: plan with the slowest pair a route "
                         "may take (default) or with pair I,J (sender rank I, receiver rank J)")
-    g.add_argument("--gbps", metavar="R[,R...]", help="sustained effective rate(s) in decimal GB/s")
+
+
+def add_rate_flags(g: Group) -> None:
+    """A link typed in: its rate, setup and per-descriptor cost."""
+    g.add_argument(*RATE_FLAGS, dest="gbps", metavar="R[,R...]",
+                   help="sustained effective rate(s) in decimal GB/s")
     g.add_argument("--setup-ms", default=None, metavar="MS", help="with --gbps: setup per handoff")
     g.add_argument("--includes-setup", action="store_true",
                    help="with --gbps: the rate was measured end to end and already contains "
@@ -67,30 +94,58 @@ def _add_link_args(p: ArgumentParser) -> None:
                         "several cuts carries its own: docs/descriptors.md)")
 
 
-def _add_model_args(p: ArgumentParser, tokens_required: bool) -> None:
-    g = p.add_argument_group("payload")
+def add_link_group(p: ArgumentParser) -> None:
+    """plan and route: a fit, or rates typed in."""
+    g = p.add_argument_group("link (one of)")
+    add_fit_flags(g)
+    add_rate_flags(g)
+
+
+def add_model_flags(g: Group) -> None:
+    """Which model's KV, in which element type."""
     g.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): "
                    f"{', '.join(PRESETS)}")
     g.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
     g.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    g.add_argument("--prompt-tokens", metavar="N[,N...]", required=tokens_required,
-                   default=None if tokens_required else "2000",
-                   help="prompt length(s) in tokens" + ("" if tokens_required else
-                                                        " (default 2000)"))
-    g.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
-                   help="FP8/INT8 scale overhead (default none)")
-    g.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
-    g.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
+
+
+def add_tokens_flag(g: Group, required: bool) -> None:
+    """The prompt lengths (`--sizes` as kvbench p2p spells them)."""
+    g.add_argument(*TOKENS_FLAGS, dest="prompt_tokens", metavar="N[,N...]", required=required,
+                   default=None if required else str(DEFAULT_PROMPT_TOKENS),
+                   help="prompt length(s) in tokens" + ("" if required else
+                                                        f" (default {DEFAULT_PROMPT_TOKENS})"))
+
+
+def add_block_size_flag(g: Group) -> None:
+    g.add_argument("--block-size", type=arg_int(1, MAX_BLOCK_SIZE), default=None,
                    help="paged block size in tokens (allocation rounded up to whole blocks; "
                         "with a per-descriptor term, the blocks a handoff posts)")
+
+
+def add_cut_group(p: ArgumentParser, tp_pair: bool = True) -> None:
+    """The deployment's cut, for links with a per-descriptor term."""
     c = p.add_argument_group("the cut (links with a per-descriptor term: docs/descriptors.md)")
     c.add_argument("--kv-pages", default=None, choices=("joint", "split"),
                    help="K and V of a block in one page (joint, default) or in two regions")
     c.add_argument("--block-ids", default=None, metavar="IDS",
                    help="contiguous (default), scattered or merged block ids")
-    c.add_argument("--tp-pair", default=None, metavar="P:D",
-                   help="prefill TP : decode TP (default 1:1): P > D cuts each block into P/D "
-                        "pieces; bytes are then one decode rank's share")
+    if tp_pair:
+        c.add_argument("--tp-pair", default=None, metavar="P:D",
+                       help="prefill TP : decode TP (default 1:1): P > D cuts each block into "
+                            "P/D pieces; bytes are then one decode rank's share")
+
+
+def add_payload_group(p: ArgumentParser, tokens_required: bool) -> None:
+    """plan and route: the model, the prompt lengths, scales and block size."""
+    g = p.add_argument_group("payload")
+    add_model_flags(g)
+    add_tokens_flag(g, tokens_required)
+    g.add_argument("--scale-mode", default="none", choices=SCALE_MODES,
+                   help="FP8/INT8 scale overhead (default none)")
+    g.add_argument("--scale-dtype", default="fp32", choices=list(SCALE_DTYPES))
+    add_block_size_flag(g)
+    add_cut_group(p)
 
 
 def _sizings(args) -> tuple:
@@ -121,9 +176,10 @@ def build_parser() -> ArgumentParser:
                     "the floor. `kvbench plan route --help` for routing.",
         epilog=_EPILOG,
     )
-    _add_link_args(p)
-    _add_model_args(p, tokens_required=False)
-    p.add_argument("--budget-ms", default="20", help="handoff budget in ms (default 20)")
+    add_link_group(p)
+    add_payload_group(p, tokens_required=False)
+    p.add_argument("--budget-ms", default=DEFAULT_BUDGET_MS,
+                   help="handoff budget in ms (default %(default)s)")
     p.add_argument("--format", choices=("json", "table"), default=None, help=FORMAT_HELP)
     p.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (never overwrites)")
     return p
@@ -145,8 +201,8 @@ def build_route_parser() -> ArgumentParser:
                     "ITL target at all.",
         epilog=_ROUTE_EPILOG,
     )
-    _add_link_args(p)
-    _add_model_args(p, tokens_required=True)
+    add_link_group(p)
+    add_payload_group(p, tokens_required=True)
     g = p.add_argument_group("serving evidence")
     g.add_argument("--local-interference-ms", required=True, metavar="MS",
                    help="decode stall one local prefill of this prompt causes (per request)")
@@ -317,25 +373,19 @@ def build_export_parser() -> ArgumentParser:
                        epilog="examples:\n  kvbench plan export --fit results/run.fit.json --to blis --tp 4\n"
                               "  kvbench plan export --fit results/run.fit.json --to dynamo --fold-at-tokens 2000\n"
                               "Details and each tool's sources: docs/planners.md")
-    p.add_argument("--fit", required=True, metavar="FITTED.json", help="output of kvbench fit")
-    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="pick the fit group (repeatable)")
-    p.add_argument("--pair", default=None, metavar="slowest|I,J",
-                   help="with a kvbench matrix file: the slowest pair (default) or pair I,J")
+    add_fit_flags(p.add_argument_group("link"), required=True)
     p.add_argument("--to", required=True, choices=TOOLS, help="the tool to write for")
-    p.add_argument("--model", default=None, help=f"preset (default {DEFAULT_MODEL}): {', '.join(PRESETS)}")
-    p.add_argument("--model-config", metavar="PATH", help="a local Hugging Face config.json")
-    p.add_argument("--dtype", default="bf16", help=f"KV element type: {', '.join(DTYPES)}")
-    p.add_argument("--tp", type=arg_int(1, 65_536), default=1, help="tensor-parallel size of prefill and decode (default 1)")
-    p.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=2000,
-                   help="prompt length at which a folded rate is exact (default 2000)")
-    p.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
-                   help="for tools without a setup term: fold it into the rate, or drop it (default fold)")
-    p.add_argument("--block-size", type=arg_int(1, 1 << 20), default=None,
-                   help="the deployment's block size in tokens: folds a fit's per-descriptor term")
-    p.add_argument("--kv-pages", default=None, choices=("joint", "split"),
-                   help="with --block-size: K and V in one page (joint, default) or two")
-    p.add_argument("--block-ids", default=None, metavar="IDS",
-                   help="with --block-size: contiguous (default), scattered or merged")
+    g = p.add_argument_group("payload")
+    add_model_flags(g)
+    g.add_argument("--tp", type=arg_int(1, 65_536), default=1,
+                   help="tensor-parallel size of prefill and decode (default 1)")
+    g.add_argument("--fold-at-tokens", type=arg_int(1, MAX_TOKENS), default=DEFAULT_PROMPT_TOKENS,
+                   help="prompt length at which a folded rate is exact (default %(default)s)")
+    g.add_argument("--setup-as", choices=("fold", "drop"), default="fold",
+                   help="for tools without a setup term: fold it into the rate, or drop it "
+                        "(default fold)")
+    add_block_size_flag(g)
+    add_cut_group(p, tp_pair=False)
     p.add_argument("--out", metavar="FILE", help="also write to FILE (never overwrites)")
     return p
 

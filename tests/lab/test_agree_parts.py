@@ -57,7 +57,7 @@ def _doc(engine_post: list[float], pred_post: list[float]) -> dict:
         got["kv-split"] = {"post_mean_ms": p - 1, "xfer_mean_ms": 2 * p}
         got["unpinned"] = {"post_mean_ms": p - 0.5, "xfer_mean_ms": 2 * p}
         reps.append({"configs": got})
-    names = {**{n: "" for n in cells}, "kv-split": "--nixl-kv split", "unpinned": ""}
+    names = {**{n: "" for n in cells}, "kv-split": "--kv-pages split", "unpinned": ""}
     return {"rates_rps": [1.0], "engine": {"1": runs}, "plain_fit": None,
             "p2p": {"repeats": reps, "configs": names}}
 

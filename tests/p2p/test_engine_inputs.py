@@ -1,4 +1,4 @@
-"""The engine-shaped handoff's side files (--block-ids/--nixl-blocks file:PATH, an engine
+"""The engine-shaped handoff's side files (--block-ids file:PATH, an engine
 profile's poll=draw:PATH) read through a typed, bounded model (kvbench.records.schema.engine), like every
 other input file.
 
@@ -118,7 +118,7 @@ def test_too_few_ids_for_the_largest_request_are_refused_at_validation(tmp_path)
     f.write_text(json.dumps({"prefill": list(range(40)), "decode": list(range(5))}))
     args = build_parser(0).parse_args(["--transport", "nixl", "--nixl-engine-profile", "vllm-0.32", "--layout",
                                        "paged", "--granularity", "block", "--sizes", "16,600",
-                                       "--nixl-blocks", f"file:{f}"])
+                                       "--block-ids", f"file:{f}"])
     with pytest.raises(UsageError) as err:
         validate(args, 2)
     one_line_naming(str(err.value), f, "decode: lists 5 block ids, the largest request (--sizes) needs 38")

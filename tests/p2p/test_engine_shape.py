@@ -294,7 +294,7 @@ def test_predicted_descriptor_count_is_nixls(tiny, case):
 ENGINE = ("--transport nixl --nixl-engine-profile vllm-0.32:threads=0 --layout paged "
           "--granularity block --block-size 16 --sizes 64 --warmup 1 --iters 3 --min-iters 3 "
           "--quiet --no-nixl-progress-thread")
-RUNS = {"telemetry": "--nixl-blocks scattered",
+RUNS = {"telemetry": "--block-ids scattered",
         "busy": "--nixl-engine-profile :poll=busy,waits=spin",
         "corrupt": "--debug-corrupt-elements 5",
         "reversed": "--debug-region-order reversed",

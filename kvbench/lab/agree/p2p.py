@@ -35,8 +35,8 @@ FEATURES = {
 # The engine-profile ones are layers over the base's profile (profiles stack: .profile).
 VARIANTS = {
     "delay0": (profile.flag(progress_delay_us=0), "progress-thread delay (lab's -> NIXL's 0)"),
-    "kv-split": ("--nixl-kv split", "K and V as separate regions (2 x layers)"),
-    "scattered": ("--nixl-blocks scattered", "scattered block ids (nothing merges)"),
+    "kv-split": ("--kv-pages split", "K and V as separate regions (2 x layers)"),
+    "scattered": ("--block-ids scattered", "scattered block ids (nothing merges)"),
     "waits-yield": (profile.flag("waits-yield"), "threads spin with sched_yield while they wait "
                     "(vLLM's worker loop between steps), not sleep"),
     "waits-spin": (profile.flag("waits-spin"), "threads spin while they wait, never yielding (the "

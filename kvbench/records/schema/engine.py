@@ -1,6 +1,6 @@
 """The side files of the engine-shaped handoff (`kvbench p2p --nixl-engine-profile`), typed.
 
-    --nixl-blocks file:PATH  {"prefill": [ids], "decode": [ids]}: a recorded allocation, each
+    --block-ids file:PATH    {"prefill": [ids], "decode": [ids]}: a recorded allocation, each
                              side's block table (distinct ids in 0 .. 2^31 - 1; optional "meta")
     --nixl-poll draw:PATH    an engine's step times in ms: a list of them (each <= 10 s), or a
                              cumulative histogram {"le_ms": [bucket upper bounds, <= 100 s],
@@ -88,7 +88,7 @@ _STEPS = TypeAdapter(StepList, config={"strict": True})
 
 
 def load_block_ids(path: str | Path) -> BlockIdFile:
-    """A --nixl-blocks file; any problem is one UsageError line naming the file and key."""
+    """A --block-ids file; any problem is one UsageError line naming the file and key."""
     doc = load_json(path, MAX_SIDE_FILE_BYTES, "block-id file", missing="no such block-id file",
                     regular=True)  # every rank reads it: a FIFO would block them
     if not isinstance(doc, dict):
