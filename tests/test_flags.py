@@ -19,7 +19,7 @@ import pytest
 
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
-from tests.test_robust import run
+from tests.helpers import run
 
 HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
            "1e-320", "٣", "+", "--1"]

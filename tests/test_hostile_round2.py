@@ -13,7 +13,7 @@ import kvbench.plan.cli
 import kvbench.report.cli
 import kvbench.slo.cli
 from tests.conftest import ROOT
-from tests.test_robust import run
+from tests.helpers import run
 
 P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
 FIT = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json"

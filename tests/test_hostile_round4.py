@@ -23,7 +23,7 @@ from kvbench.kv.shards import heads_by_rank, shard_plan
 from kvbench.model import get_dtype, resolve_model
 from kvbench.plan import cli as kvplan
 from kvbench.report import cli as report_cli
-from tests.test_robust import refused, run
+from tests.helpers import refused, run
 
 ROOT = Path(__file__).resolve().parents[1]
 GBPS = ["--gbps", "10", "--setup-ms", "1"]

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_robust import ANALYZE, cohort_lines, run
+from tests.helpers import ANALYZE, cohort_lines, run
 
 MiB = 2**20
 _WRAPPER = ("import resource, subprocess, sys\n"

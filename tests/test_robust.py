@@ -9,12 +9,10 @@ a user would (`python -m`) to prove the exit status and the absence of a traceba
 from __future__ import annotations
 
 import copy
-import io
 import json
 import multiprocessing
 import os
 import subprocess
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,6 @@ import kvbench.model
 import kvbench.plan.cli
 import kvbench.slo.cli
 from kvbench.cli import UsageError
-from kvbench.records.requests import record_to_json
 from kvbench.records.write import (
     check_destination,
     fresh_stem,
@@ -32,43 +29,20 @@ from kvbench.records.write import (
     write_new_file,
     write_records,
 )
-from kvbench.slo import synth
 from tests.conftest import ROOT, committed, run_cli
-from tests.slo.test_slo_vllm import vllm_result
+from tests.helpers import (
+    ANALYZE,
+    HUGE,
+    LLAMA,
+    cohort_lines,
+    deep,
+    json_with,
+    refused,
+    run,
+    vllm_result,
+)
 
 TUTORIAL_PLAN = ROOT / "examples" / "pd-benchmark-plan.yaml"
-HUGE = 10**400
-LLAMA = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-         "hidden_size": 4096, "intermediate_size": 14336, "model_type": "llama"}
-
-
-def run(cli, *argv) -> tuple[int, str, str]:
-    """A command in-process: (exit status, stdout, stderr); argparse's SystemExit included."""
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        try:
-            rc = cli([str(a) for a in argv])
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
-
-
-def refused(result, *fragments, code: int = 2) -> str:
-    rc, out, err = result
-    assert rc == code, (rc, err)
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    for f in fragments:
-        assert f in err, (f, err)
-    return err
-
-
-def json_with(doc: dict, key: str, raw: str) -> str:
-    """doc as JSON text with doc[key] replaced by the literal raw (NaN, 10**400, deep [[..]])."""
-    return json.dumps({**doc, key: "@@"}).replace('"@@"', raw)
-
-
-def deep(n: int) -> str:
-    return "[" * n + "]" * n
 
 
 # ---------------------------------------------------------------------------
@@ -119,14 +93,6 @@ def test_hf_config_valid_still_sizes_the_kv(tmp_path):
     cfg.write_text(json.dumps(LLAMA))
     rc, out, _ = run(kvbench.model.cli, "--model-config", cfg, "--prompt-tokens", "1000")
     assert rc == 0 and json.loads(out)[0]["kv_bytes"] == 2 * 32 * 8 * 128 * 2 * 1000
-
-
-def cohort_lines() -> list[dict]:
-    return [record_to_json(r) for r in synth.cohort()]
-
-
-ANALYZE = ("--ttft-max-ms", "2000", "--tpot-max-ms", "50", "--denominator", "successful",
-           "--attainment-min", "0.9")
 
 
 @pytest.mark.parametrize("key, raw, fragment", [

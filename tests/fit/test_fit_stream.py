@@ -17,8 +17,9 @@ from kvbench.records.schema.p2p import P2PRecord, parse_p2p_line
 from kvbench.records.schema.read import plain_line
 from kvbench.records.schema.types import parse_line_fast
 from tests.conftest import committed, run_cli
-from tests.fit.test_fit import SPEC, near, rounds_records, write_jsonl
-from tests.fit.test_fit import fit as run_fit
+from tests.fit.helpers import fit as run_fit
+from tests.fit.helpers import near
+from tests.helpers import SPEC, rounds_records, write_jsonl
 
 
 def _hex_exponent_records() -> list[dict]:

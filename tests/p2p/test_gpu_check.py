@@ -41,8 +41,8 @@ from tests.p2p.gpu_script import (
     sha256_field,
     system_python_with_pip,
 )
+from tests.p2p.helpers import execute, gc
 
-gc = load(CHECK)
 gw = load(WHEELS)
 MIB_3 = 3 * 2**20
 
@@ -446,12 +446,6 @@ def test_the_install_follows_debians_scheme(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- running steps
-
-
-def execute(tmp_path: Path, steps, out: Path, archive: Path | None = None, facts=None) -> int:
-    """gc.execute with harmless steps (steps(the new folder) -> [Step])."""
-    return gc.execute(steps, out, gc.Setup(PY, gc.base_env()),
-                      {"python": "test"} if facts is None else facts, ["--one-gpu"], "one", archive)
 
 
 def record_step(name: str, wrong: int = 0):

@@ -17,7 +17,7 @@ import pytest
 from kvbench.fit.fitting import dumps, fit_document, fit_records
 from kvbench.fit.sim import CUT_POINTS, simulate_cut_run
 from kvbench.plan import cli as kvplan
-from tests.plan.test_export import export, fit_file
+from tests.plan.helpers import export, fit_file
 
 GBPS = ["--gbps", "10", "--setup-ms", "1", "--us-per-desc", "0.5", "--prompt-tokens", "300"]
 

@@ -12,32 +12,10 @@ import json
 import pytest
 import yaml
 
-from kvbench.plan import cli as kvplan
 from tests.conftest import committed, run_cli
+from tests.plan.helpers import export, fit_file
 
 FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")
-
-
-def fit_file(tmp_path, setup_ms=1.0, effective_gb_s=10.0, name="fit.json", groups=1):
-    doc = {"schema": "kvbench.fit/1", "groups": [
-        {"label": f"link {i}", "group": {"transport": "nixl", "hosts": ["a", "b"], "n": str(i)},
-         "setup_ms": setup_ms, "setup_ms_ci95": [setup_ms * 0.5, setup_ms * 1.5],
-         "effective_gb_s": effective_gb_s, "effective_gb_s_ci95": [effective_gb_s * 0.9, effective_gb_s * 1.1],
-         # a valid kvbench fit group (kvbench.records.schema.fit): at least one measured size
-         "n_samples": 20, "n_sizes": 1, "sizes": [{"bytes": 1 << 30, "n": 20}],
-         "warnings": []} for i in range(groups)]}
-    path = tmp_path / name
-    path.write_text(json.dumps(doc))
-    return str(path)
-
-
-def export(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvplan.cli(["export", *map(str, args)])
-    except SystemExit as exc:  # argparse's own refusals
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def model_doc(capsys, fit, *args) -> dict:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import kvbench.slo.cli
 from tests.conftest import ROOT
-from tests.test_fuzz import FUZZ, _fuzz_root, check, mutate, mutated_jsonl, mutation, workdir  # noqa: F401
-from tests.test_robust import run
+from tests.fuzzing import FUZZ, check, fuzz_root, mutate, mutated_jsonl, mutation, workdir  # noqa: F401
+from tests.helpers import run
 
 CLIENTS = ROOT / "tests" / "data" / "clients"
 AIPERF = CLIENTS / "aiperf-0.13.0"

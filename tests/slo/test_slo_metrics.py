@@ -328,7 +328,7 @@ def test_bad_scrape_and_analyze_arguments(capsys, tmp_path, args, message):
 
 
 def test_the_plan_asks_for_engine_metrics_the_run_did_not_give(tmp_path, capsys):
-    from tests.slo.test_slo import req, write_jsonl
+    from tests.slo.helpers import req, write_jsonl
 
     plan = ROOT / "examples" / "pd-benchmark-plan.yaml"
     rows = [{**req(i, rate=1.0), "cache_state": "cold"} for i in range(30)]

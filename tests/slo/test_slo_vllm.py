@@ -11,43 +11,7 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import run_cli
-
-T0 = 81234.5  # time.perf_counter() origin: arbitrary, vLLM saves it as is
-# (start offset s, ttft s, itls s, output_lens, error)
-REQUESTS = [
-    (0.00, 0.250, [0.020] * 7, 8, ""),
-    (0.25, 0.300, [0.030] * 3, 8, ""),  # 4 chunks carrying 8 tokens: per-chunk counts unknown
-    (0.50, 0.0, [], 0, "Too Many Requests"),
-    (0.75, 0.0, [], 0, "Traceback (most recent call last):\n  ...\nasyncio.exceptions.TimeoutError\n"),
-    (1.00, 0.0, [], 0, "Internal Server Error"),
-    (1.25, 0.200, [0.025] * 5, 6, ""),
-]
-
-
-def vllm_result(**overrides) -> dict:
-    """The shape vllm/benchmarks/serve.py saves with --save-result --save-detailed."""
-    ok = [r for r in REQUESTS if not r[4]]
-    doc = {
-        "date": "20260101-000000", "endpoint_type": "openai", "backend": "openai", "label": None,
-        "model_id": "example-org/Example-8B", "tokenizer_id": "example-org/Example-8B",
-        "num_prompts": len(REQUESTS), "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
-        "duration": 1.6, "completed": len(ok), "failed": len(REQUESTS) - len(ok),
-        "total_input_tokens": 512 * len(ok), "total_output_tokens": sum(r[3] for r in ok),
-        "request_throughput": 1.9, "request_goodput": None, "output_throughput": 13.1,
-        "total_token_throughput": 900.0,
-        "input_lens": [512] * len(REQUESTS),
-        "output_lens": [r[3] for r in REQUESTS],
-        "ttfts": [r[1] for r in REQUESTS],
-        "itls": [r[2] for r in REQUESTS],
-        "latencies": [r[1] + sum(r[2]) if not r[4] else 0.0 for r in REQUESTS],
-        "start_times": [T0 + r[0] for r in REQUESTS],
-        "queue_times": [0.0] * len(REQUESTS),
-        "generated_texts": ["x" * r[3] for r in REQUESTS],
-        "errors": [r[4] for r in REQUESTS],
-        "mean_ttft_ms": 250.0, "median_ttft_ms": 250.0, "p99_ttft_ms": 299.0,
-    }
-    doc.update(overrides)
-    return doc
+from tests.helpers import vllm_result
 
 
 def write(path, *docs) -> str:
