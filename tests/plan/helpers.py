@@ -7,7 +7,7 @@ import json
 from kvbench.model import PRESETS
 from kvbench.plan import cli as kvplan
 from tests.conftest import run_cli
-from tests.helpers import SPEC, rounds_records, write_jsonl
+from tests.helpers import SPEC, rounds_records, run, write_jsonl
 
 LLAMA8B = PRESETS["llama-3.1-8b"]
 
@@ -25,13 +25,9 @@ def fit_file(tmp_path, setup_ms=1.0, effective_gb_s=10.0, name="fit.json", group
     return str(path)
 
 
-def export(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvplan.cli(["export", *map(str, args)])
-    except SystemExit as exc:  # argparse's own refusals
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def export(*args) -> tuple[int, str, str]:
+    """`kvbench plan export ARGS` in-process: (exit status, stdout, stderr)."""
+    return run(kvplan.cli, "export", *args)
 
 
 BPT_8B = 131_072  # 32 layers x 8 kv heads x 128 x 2 (K,V) x 2 bytes
