@@ -44,6 +44,15 @@ def refused(result, *fragments, code: int = 2) -> str:
     return err
 
 
+def no_traceback(result, codes=(0, 2)) -> str:
+    """No traceback whatever happens: exit in `codes`, and where not 0, exactly one stderr
+    line (a verdict such as "no rate can be fitted" may still exit 0). Returns stderr."""
+    rc, out, err = result
+    assert rc in codes, (rc, err[-2000:])
+    assert "Traceback" not in err and (rc == 0 or err.count("\n") == 1), err[-2000:]
+    return err
+
+
 def json_with(doc: dict, key: str, raw: str) -> str:
     """doc as JSON text with doc[key] replaced by the literal raw (NaN, 10**400, deep [[..]])."""
     return json.dumps({**doc, key: "@@"}).replace('"@@"', raw)

@@ -17,9 +17,13 @@ import importlib
 
 import pytest
 
+import kvbench.model
+import kvbench.plan.cli
+import kvbench.slo.cli
+from kvbench import errors
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
-from tests.helpers import run
+from tests.helpers import refused, run
 
 HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
            "1e-320", "٣", "+", "--1"]
@@ -168,3 +172,41 @@ def test_a_bad_master_port_is_one_answer_for_every_rank(monkeypatch):
         assert (url is not None) == ok and (error is None) == ok, (port, url, error)
         if not ok:
             assert "MASTER_PORT must be" in error and "\n" not in error
+
+
+# bounded values on the command line: infinity, NaN, denormals, huge numbers (issue 15, list B)
+
+
+@pytest.mark.parametrize("cli, argv, fragment", [
+    (kvbench.model.cli, ("--setup-ms", "inf"), "--setup-ms must be a non-negative number"),
+    (kvbench.model.cli, ("--links-gbps", "1e-320"), "--links-gbps must be positive numbers (>= 1e-06"),
+    (kvbench.model.cli, ("--prompt-tokens", "9" * 310), "--prompt-tokens must be positive integers"),
+    (kvbench.model.cli, ("--prompt-tokens", ""), "--prompt-tokens: empty list"),
+    (kvbench.model.cli, ("--budget-ms", "nan"), "--budget-ms must be positive numbers"),
+    (kvbench.model.cli, ("--prompt-tokens", "999999999", "--model", "deepseek-v3"), None),
+    (kvbench.plan.cli.cli, ("--gbps", "1e-320", "--setup-ms", "1", "--prompt-tokens", "300"), "--gbps must be positive"),
+    (kvbench.plan.cli.cli, ("--gbps", "10", "--setup-ms", "inf", "--prompt-tokens", "300"), "--setup-ms must be"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "inf", "--out", "x"), "argument --duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1e9", "--out", "x"), "--rates must be positive numbers"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1000", "--duration-s", "100000", "--out", "x"),
+     "synth writes at most 2,000,000"),
+])
+def test_numeric_flags_are_bounded(tmp_path, monkeypatch, cli, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(cli, *argv)
+    if fragment is None:  # bounded but valid: a correct, finite result
+        assert rc == 0 and "Infinity" not in out and "NaN" not in out, err
+        return
+    refused((rc, out, err), fragment)
+    assert not (tmp_path / "x").exists()
+
+
+# one ASCII-digit rule and one empty-value rule for every list flag (issue 43, group 3)
+
+
+def test_the_rule_itself():
+    assert errors.list_items(" a , b ", "--x") == ["a", "b"]
+    assert errors.parse_int_pair(" 2:1 ", "--x", ":", 1, 8, "P:D") == (2, 1)
+    for bad in ("2", "2:", ":1", "2:1:1", "0:1", "9:1", "2_0:1", "٢:1", "2 :1x"):
+        with pytest.raises(errors.UsageError, match="--x expects P:D"):
+            errors.parse_int_pair(bad, "--x", ":", 1, 8, "P:D")
