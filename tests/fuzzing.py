@@ -133,6 +133,8 @@ def fuzz_root():
 
 
 def workdir() -> Path:
+    """A fresh folder in the module's temp folder (the test module must import fuzz_root)."""
+    assert _ROOT_DIR, "import the autouse fixture: from tests.fuzzing import fuzz_root  # noqa: F401"
     return Path(tempfile.mkdtemp(dir=_ROOT_DIR[-1]))
 
 

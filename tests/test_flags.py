@@ -14,16 +14,28 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import kvbench.fit.cli
+import kvbench.lab.faults.main
+import kvbench.lab.sweep.main
 import kvbench.model
 import kvbench.plan.cli
+import kvbench.report.cli
 import kvbench.slo.cli
 from kvbench import errors
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
-from tests.helpers import refused, run
+from tests.fuzzing import (
+    check,
+    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
+    workdir,
+)
+from tests.helpers import ANALYZE, cohort_lines, refused, run
 
 HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
            "1e-320", "٣", "+", "--1"]
@@ -210,3 +222,54 @@ def test_the_rule_itself():
     for bad in ("2", "2:", ":1", "2:1:1", "0:1", "9:1", "2_0:1", "٢:1", "2 :1x"):
         with pytest.raises(errors.UsageError, match="--x expects P:D"):
             errors.parse_int_pair(bad, "--x", ":", 1, 8, "P:D")
+
+
+# every bounded numeric flag, fuzzed (tests/fuzzing.py's property)
+
+FLAG_VALUES = ["nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "-1", "0", "0x10",
+               "1_000", "１２", "1e306", "3.5", "-0", "+7", "1e9", "12abc"]
+
+
+FLAGS = [
+    (kvbench.model.cli, (), "--prompt-tokens"), (kvbench.model.cli, (), "--links-gbps"),
+    (kvbench.model.cli, (), "--setup-ms"), (kvbench.model.cli, (), "--budget-ms"),
+    (kvbench.model.cli, (), "--tp"), (kvbench.model.cli, (), "--block-size"),
+    (kvbench.model.cli, (), "--short-prompt-tokens"),
+    *[(kvbench.slo.cli.cli, ("analyze", "RECORDS", *ANALYZE), f) for f in
+      ("--deadline-s", "--max-itl-ms", "--send-lag-max-ms", "--duration-s", "--warmup-requests",
+       "--min-tokens-for-tpot")],
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "1"), "--rates"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
+    # (issue 25) flags that were raw int(): the folder or plan does not exist, so an accepted
+    # value ends in "no such ..." (exit 2) before any work; a hostile one must be refused first
+    (kvbench.report.cli.cli, ("/nonexistent-kvbench-folder",), "--bootstrap"),
+    (kvbench.lab.sweep.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
+    (kvbench.lab.faults.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
+    (kvbench.fit.cli.cli, (str(ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
+]
+
+
+@pytest.fixture(scope="module")
+def records_file():
+    d = workdir()
+    (d / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
+    return d / "r.jsonl"
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(range(len(FLAGS))), st.sampled_from(FLAG_VALUES))
+def test_fuzz_numeric_flags(records_file, which, value):
+    cli, base, flag = FLAGS[which]
+    d = workdir()
+    out = d / ("o.jsonl" if "synth" in base else "o.json")
+    argv = [str(records_file) if a == "RECORDS" else a for a in base]
+    rc, stdout, err = run(cli, *argv, flag, value, "--out", out)
+    must = value in ("nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "１２", "12abc")
+    check((rc, stdout, err), out, must)
+    if must:  # refused by the flag parser itself, not later by a missing file
+        assert f"argument {flag}" in err or flag in err, err
+    if rc == 0:
+        assert "NaN" not in stdout and "Infinity" not in stdout

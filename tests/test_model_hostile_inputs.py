@@ -9,11 +9,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import kvbench.model
 import kvbench.plan.cli
 import kvbench.slo.cli
 from tests.conftest import run_cli
+from tests.fuzzing import (
+    FUZZ,
+    check,
+    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
+    mutate,
+    mutation,
+    workdir,
+)
 from tests.helpers import (
     HUGE,
     LLAMA,
@@ -76,3 +86,17 @@ def test_huge_model_is_refused_before_any_sizing(tmp_path):
                                "num_key_value_heads": 32}))
     refused(run(kvbench.model.cli, "--model-config", cfg, "--prompt-tokens", "1000000000"),
             "more than 2^53 B")
+
+
+# the same reader, fuzzed (tests/fuzzing.py)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_hf_config(data):
+    d = workdir()
+    text, must = mutate({**LLAMA, "rope_scaling": {"factor": 8.0, "type": "llama3"}},
+                        data.draw(mutation(LLAMA)), "json")
+    (d / "config.json").write_text(text)
+    out = d / "out.json"
+    check(run(kvbench.model.cli, "--model-config", d / "config.json", "--out", out), out, must)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from tests.conftest import ROOT
+
 SCHEMA = "kvbench.slo.request/1"
 
 
@@ -29,3 +31,16 @@ def req(i: int, *, dep: str = "aggregated", rate: float = 1.0, ttft: float = 300
 def write_jsonl(path, rows) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+def scrape_lines() -> list[dict]:
+    """A valid metrics scrape file (header, ten samples of the committed vLLM decode metrics,
+    end) as JSON-ready lines."""
+    from kvbench.slo.scrape import parse_metrics_text
+
+    samples = parse_metrics_text((ROOT / "tests/data/metrics/vllm-0.32.0-decode.txt").read_text(),
+                                 lambda name: name.startswith("vllm:num_requests"))
+    head = {"kind": "header", "schema": "kvbench.slo.metrics/1", "endpoints": [], "interval_s": 1.0}
+    body = [{"kind": "sample", "role": "decode", "url": "http://127.0.0.1:18012/metrics",
+             "t_s": float(i), "elapsed_ms": 1.0, "samples": samples} for i in range(10)]
+    return [head, *body, {"kind": "end", "t_s": 10.0, "scrapes": 10, "gaps": 0, "interrupted": False}]
