@@ -7,6 +7,12 @@ took '１２' (Python's int() reads other scripts' digits). Two checks cover the
 no parser anywhere in kvbench takes a raw `type=int` or `type=float` (the source is read,
 so a flag added later is covered), and every numeric flag type of every command's parser
 refuses the hostile values (walked from the parsers themselves, subcommands included).
+
+Also here, as the same surface: model, plan and slo flags bounded against infinity, NaN,
+denormals and huge numbers (issue 15, list B), the one list/pair rule every list flag
+follows (kvbench.errors), and every bounded numeric flag fuzzed with tests/fuzzing.py's
+property. A command's own flag combinations are with its component (e.g.
+tests/p2p/test_p2p_hostile_flags.py, tests/plan/test_plan_hostile_inputs.py).
 """
 
 from __future__ import annotations
@@ -216,7 +222,9 @@ def test_numeric_flags_are_bounded(tmp_path, monkeypatch, cli, argv, fragment):
 # one ASCII-digit rule and one empty-value rule for every list flag (issue 43, group 3)
 
 
-def test_the_rule_itself():
+def test_the_list_and_pair_rule_itself():
+    """kvbench.errors.list_items and parse_int_pair, the rule behind every list flag: ASCII
+    digits only, no empty item, bounds named."""
     assert errors.list_items(" a , b ", "--x") == ["a", "b"]
     assert errors.parse_int_pair(" 2:1 ", "--x", ":", 1, 8, "P:D") == (2, 1)
     for bad in ("2", "2:", ":1", "2:1:1", "0:1", "9:1", "2_0:1", "٢:1", "2 :1x"):
