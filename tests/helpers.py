@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np
 from kvbench.fit.data import spec_id
 from kvbench.records.requests import record_to_json
 from kvbench.slo import synth
+from tests.conftest import ROOT
 
 HUGE = 10**400
 GB = 1e9
@@ -197,3 +200,25 @@ def rounds_records(sizes, setup_ms, gb_s, *, rounds=20, noise=0.02, round_shift=
 def write_jsonl(path: Path, records) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+# --- memory: the peak resident set of one command ---------------------------------------------
+
+MiB = 2**20
+
+
+_WRAPPER = ("import resource, subprocess, sys\n"
+            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+            "sys.stderr.write(p.stderr)\n"
+            "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+
+
+def peak_rss(*argv: str) -> tuple[int, int]:
+    """(exit status, peak RSS in bytes) of `python -m kvbench ARGV` in a fresh child of a small
+    wrapper process (RUSAGE_CHILDREN), so earlier children of the test process cannot leak
+    into the figure."""
+    p = subprocess.run([sys.executable, "-c", _WRAPPER, sys.executable, "-m", "kvbench", *argv],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    rc, kib = p.stdout.split()
+    assert int(rc) == 0, p.stderr[-2000:]
+    return int(rc), int(kib) * 1024
