@@ -1,4 +1,6 @@
-"""A Slurm cluster on this host for the tests (scripts/slurm-cluster): whether one may be brought up here, and bringing it up."""
+"""A Slurm cluster on this host for the tests (scripts/slurm-cluster): whether one may be brought
+up here (root; system changes only where CI or KVBENCH_ALLOW_SYSTEM_INSTALL=1 allow them), and
+bringing it up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers the fit tests share: run `kvbench fit` on records, and judge an interval against the truth."""
+"""Helpers the fit tests share: run `kvbench fit` on records as a user does, and judge an
+interval against the truth (near)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers the matrix tests share: the sizes, an interface name, and a planted matrix of p2p records."""
+"""Helpers the matrix tests share: the sizes, the interfaces' path strings, and the p2p records
+of one matrix run with a planted slow pair or odd path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers the p2p tests share: engine jobs and their layouts, the engine-shape replica's arguments and clock, private /dev/shm, and gpu-check in-process."""
+"""Helpers the p2p tests share: engine jobs (tests/plant.py) and their layouts, the engine-shape
+replica's arguments and a clock that waiting moves, and a private /dev/shm for a job."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import os
 import subprocess
 import time
 from argparse import Namespace
-from pathlib import Path
 
 from kvbench.p2p import engine_shape as es
-from tests.conftest import PY, run_mpi
-from tests.p2p.gpu_script import CHECK, load
+from tests.conftest import run_mpi
 
 
 class Clock:
@@ -92,12 +91,3 @@ def private_shm_works() -> bool:
     res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                           PRIVATE_SHM, "sh", "true"], capture_output=True, text=True)
     return res.returncode == 0 and "SHM-LEFT:" in res.stderr
-
-
-gc = load(CHECK)
-
-
-def execute(tmp_path: Path, steps, out: Path, archive: Path | None = None, facts=None) -> int:
-    """gc.execute with harmless steps (steps(the new folder) -> [Step])."""
-    return gc.execute(steps, out, gc.Setup(PY, gc.base_env()),
-                      {"python": "test"} if facts is None else facts, ["--one-gpu"], "one", archive)

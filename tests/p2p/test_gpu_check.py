@@ -33,6 +33,8 @@ from tests.p2p.gpu_script import (
     CHECK,
     WHEELS,
     check_env,
+    execute,
+    gc,
     load,
     make_wheel,
     pip_python_venv,
@@ -41,7 +43,6 @@ from tests.p2p.gpu_script import (
     sha256_field,
     system_python_with_pip,
 )
-from tests.p2p.helpers import execute, gc
 
 gw = load(WHEELS)
 MIB_3 = 3 * 2**20

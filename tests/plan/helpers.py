@@ -1,4 +1,5 @@
-"""Helpers the plan tests share: `kvbench plan` and `plan export` in-process, fit files and KV-store records to plan from."""
+"""Helpers the plan tests share: `kvbench plan` and `plan export` in-process, and the fit files
+and KV-sized p2p records to plan from."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers the SLO tests share: request records on a uniform schedule, written as JSON lines."""
+"""Helpers the SLO tests share: request records on a uniform schedule written as JSON lines, and
+a valid metrics scrape file."""
 
 from __future__ import annotations
 
