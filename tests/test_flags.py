@@ -7,6 +7,12 @@ took '１２' (Python's int() reads other scripts' digits). Two checks cover the
 no parser anywhere in kvbench takes a raw `type=int` or `type=float` (the source is read,
 so a flag added later is covered), and every numeric flag type of every command's parser
 refuses the hostile values (walked from the parsers themselves, subcommands included).
+
+Also here, as the same surface: model, plan and slo flags bounded against infinity, NaN,
+denormals and huge numbers (issue 15, list B), the one list/pair rule every list flag
+follows (kvbench.errors), and every bounded numeric flag fuzzed with tests/fuzzing.py's
+property. A command's own flag combinations are with its component (e.g.
+tests/p2p/test_p2p_hostile_flags.py, tests/plan/test_plan_hostile_inputs.py).
 """
 
 from __future__ import annotations
@@ -14,12 +20,28 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import kvbench.fit.cli
+import kvbench.lab.faults.main
+import kvbench.lab.sweep.main
+import kvbench.model
+import kvbench.plan.cli
+import kvbench.report.cli
+import kvbench.slo.cli
+from kvbench import errors
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
-from tests.test_robust import run
+from tests.fuzzing import (
+    check,
+    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
+    workdir,
+)
+from tests.helpers import ANALYZE, cohort_lines, refused, run
 
 HOSTILE = ["１２", "nan", "inf", "-inf", "1e400", "9" * 30, "", " ", "0x10", "1_000", "12abc",
            "1e-320", "٣", "+", "--1"]
@@ -171,3 +193,94 @@ def test_a_bad_master_port_is_one_answer_for_every_rank(monkeypatch):
         assert (url is not None) == ok and (error is None) == ok, (port, url, error)
         if not ok:
             assert "MASTER_PORT must be" in error and "\n" not in error
+
+
+# bounded values on the command line: infinity, NaN, denormals, huge numbers (issue 15, list B)
+
+
+@pytest.mark.parametrize("cli, argv, fragment", [
+    (kvbench.model.cli, ("--setup-ms", "inf"), "--setup-ms must be a non-negative number"),
+    (kvbench.model.cli, ("--links-gbps", "1e-320"), "--links-gbps must be positive numbers (>= 1e-06"),
+    (kvbench.model.cli, ("--prompt-tokens", "9" * 310), "--prompt-tokens must be positive integers"),
+    (kvbench.model.cli, ("--prompt-tokens", ""), "--prompt-tokens: empty list"),
+    (kvbench.model.cli, ("--budget-ms", "nan"), "--budget-ms must be positive numbers"),
+    (kvbench.model.cli, ("--prompt-tokens", "999999999", "--model", "deepseek-v3"), None),
+    (kvbench.plan.cli.cli, ("--gbps", "1e-320", "--setup-ms", "1", "--prompt-tokens", "300"), "--gbps must be positive"),
+    (kvbench.plan.cli.cli, ("--gbps", "10", "--setup-ms", "inf", "--prompt-tokens", "300"), "--setup-ms must be"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "inf", "--out", "x"), "argument --duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1e9", "--out", "x"), "--rates must be positive numbers"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1000", "--duration-s", "100000", "--out", "x"),
+     "synth writes at most 2,000,000"),
+])
+def test_numeric_flags_are_bounded(tmp_path, monkeypatch, cli, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(cli, *argv)
+    if fragment is None:  # bounded but valid: a correct, finite result
+        assert rc == 0 and "Infinity" not in out and "NaN" not in out, err
+        return
+    refused((rc, out, err), fragment)
+    assert not (tmp_path / "x").exists()
+
+
+# one ASCII-digit rule and one empty-value rule for every list flag (issue 43, group 3)
+
+
+def test_the_list_and_pair_rule_itself():
+    """kvbench.errors.list_items and parse_int_pair, the rule behind every list flag: ASCII
+    digits only, no empty item, bounds named."""
+    assert errors.list_items(" a , b ", "--x") == ["a", "b"]
+    assert errors.parse_int_pair(" 2:1 ", "--x", ":", 1, 8, "P:D") == (2, 1)
+    for bad in ("2", "2:", ":1", "2:1:1", "0:1", "9:1", "2_0:1", "٢:1", "2 :1x"):
+        with pytest.raises(errors.UsageError, match="--x expects P:D"):
+            errors.parse_int_pair(bad, "--x", ":", 1, 8, "P:D")
+
+
+# every bounded numeric flag, fuzzed (tests/fuzzing.py's property)
+
+FLAG_VALUES = ["nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "-1", "0", "0x10",
+               "1_000", "１２", "1e306", "3.5", "-0", "+7", "1e9", "12abc"]
+
+
+FLAGS = [
+    (kvbench.model.cli, (), "--prompt-tokens"), (kvbench.model.cli, (), "--links-gbps"),
+    (kvbench.model.cli, (), "--setup-ms"), (kvbench.model.cli, (), "--budget-ms"),
+    (kvbench.model.cli, (), "--tp"), (kvbench.model.cli, (), "--block-size"),
+    (kvbench.model.cli, (), "--short-prompt-tokens"),
+    *[(kvbench.slo.cli.cli, ("analyze", "RECORDS", *ANALYZE), f) for f in
+      ("--deadline-s", "--max-itl-ms", "--send-lag-max-ms", "--duration-s", "--warmup-requests",
+       "--min-tokens-for-tpot")],
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--duration-s", "1"), "--rates"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1"), "--duration-s"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--warmup-requests"),
+    (kvbench.slo.cli.cli, ("synth", "sweep", "--rates", "1", "--duration-s", "1"), "--seed"),
+    # (issue 25) flags that were raw int(): the folder or plan does not exist, so an accepted
+    # value ends in "no such ..." (exit 2) before any work; a hostile one must be refused first
+    (kvbench.report.cli.cli, ("/nonexistent-kvbench-folder",), "--bootstrap"),
+    (kvbench.lab.sweep.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--repeats"),
+    (kvbench.lab.faults.main.cli, ("/nonexistent-kvbench-plan.yaml",), "--requests"),
+    (kvbench.fit.cli.cli, (str(ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"),), "--bootstrap"),
+]
+
+
+@pytest.fixture(scope="module")
+def records_file():
+    d = workdir()
+    (d / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cohort_lines()))
+    return d / "r.jsonl"
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(range(len(FLAGS))), st.sampled_from(FLAG_VALUES))
+def test_fuzz_numeric_flags(records_file, which, value):
+    cli, base, flag = FLAGS[which]
+    d = workdir()
+    out = d / ("o.jsonl" if "synth" in base else "o.json")
+    argv = [str(records_file) if a == "RECORDS" else a for a in base]
+    rc, stdout, err = run(cli, *argv, flag, value, "--out", out)
+    must = value in ("nan", "inf", "-inf", "1e-320", "1e400", "9" * 310, "", " ", "１２", "12abc")
+    check((rc, stdout, err), out, must)
+    if must:  # refused by the flag parser itself, not later by a missing file
+        assert f"argument {flag}" in err or flag in err, err
+    if rc == 0:
+        assert "NaN" not in stdout and "Infinity" not in stdout

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, default_signals
-from tests.test_robust import ANALYZE, LLAMA, cohort_lines
+from tests.helpers import ANALYZE, LLAMA, cohort_lines
 
 P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
 FIT = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json"

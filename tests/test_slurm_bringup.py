@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_slurm import ALLOW, bring_up, check_can_bring_up
+from tests.slurm_cluster import ALLOW, bring_up, check_can_bring_up
 
 pytestmark = [pytest.mark.root,
               pytest.mark.skipif(os.geteuid() != 0, reason="scripts/slurm-cluster up needs root")]

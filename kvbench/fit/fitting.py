@@ -70,7 +70,6 @@ def _warn(code: str, message: str) -> dict:
     return {"code": code, "message": message}
 
 
-_r = round_sig  # the old private name, which tests/fit/test_fit_writer.py still imports
 
 
 def draw_rows(draws: np.ndarray) -> list[list[float | None]]:

@@ -38,7 +38,7 @@ MIN_REL_SCALE = 0.01  # a size's spread is taken as at least 1% of its median (w
 MAX_TAU2 = 4.0  # size-level relative variance searched up to (200% of a size's median)
 DRAW_CHUNK_ELEMS = 2_000_000
 MANY_UNITS = 1000  # from this many units in a stratum, resamples are drawn as m picks, counted
-GRID_MIN_SAMPLES = 4096  # from this many samples of a size, resampled medians use _grid_medians
+GRID_MIN_SAMPLES = 4096  # from this many samples of a size, resampled medians use grid_medians
 
 
 # ---------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def _stratum_size(g: GroupSamples, s: int) -> int:
     return int(g.bytes[np.isin(g.unit, units)][0])
 
 
-def _weighted_medians(vals: np.ndarray, w: np.ndarray) -> np.ndarray:
+def weighted_medians(vals: np.ndarray, w: np.ndarray) -> np.ndarray:
     """np.median of the multiset where vals[j] (sorted) appears w[b, j] times, for each row b."""
     c = np.cumsum(w, axis=1)
     total = c[:, -1]
@@ -146,8 +146,8 @@ def _weighted_medians(vals: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def _grid_medians(vals: np.ndarray, units: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """_weighted_medians(vals, counts[:, units]), exactly, without the (B, n) weight matrix.
+def grid_medians(vals: np.ndarray, units: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """weighted_medians(vals, counts[:, units]), exactly, without the (B, n) weight matrix.
 
     vals (n,) sorted, units (n,) the unit of each value, counts (B, U). The middle positions of
     each draw's resampled multiset are found by narrowing down a range of sorted positions:
@@ -205,7 +205,7 @@ def _positions(c: np.ndarray, local: np.ndarray, rows: np.ndarray,
     return np.minimum(pos, len(local) - 1)
 
 
-def _unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.ndarray:
+def unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.ndarray:
     """(B, U) how often each unit appears in each resample (stratified); int32 (counts <= U)."""
     counts = np.zeros((n_draws, len(g.stratum)), dtype=np.int32)
     for s in range(len(g.stratum_kind)):
@@ -238,18 +238,18 @@ def bootstrap_medians(g: GroupSamples, med: np.ndarray, n_draws: int,
 
     Draws in which some size got no sample (possible when units lack sizes) are dropped.
     """
-    counts = _unit_counts(g, n_draws, rng)
+    counts = unit_counts(g, n_draws, rng)
     out = np.empty((n_draws, len(g.sizes)))
     for k in range(len(g.sizes)):
         sel = np.flatnonzero(g.size_of == k)
         order = np.argsort(g.ms[sel], kind="stable")
         vals, units = g.ms[sel][order], g.unit[sel][order]
         if len(vals) >= GRID_MIN_SAMPLES:
-            out[:, k] = _grid_medians(vals, units, counts)
+            out[:, k] = grid_medians(vals, units, counts)
             continue
         step = max(1, DRAW_CHUNK_ELEMS // max(len(vals), 1))
         for b0 in range(0, n_draws, step):
-            out[b0:b0 + step, k] = _weighted_medians(vals, counts[b0:b0 + step, units])
+            out[b0:b0 + step, k] = weighted_medians(vals, counts[b0:b0 + step, units])
     out = out[np.all(np.isfinite(out), axis=1)]
     return med + (out - med) * _small_sample_factor(g)
 

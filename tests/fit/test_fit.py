@@ -3,103 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvbench.fit.data import spec_id
 from tests.conftest import run_cli
+from tests.fit.helpers import fit, near
+from tests.helpers import SPEC, p2p_record, rounds_records, synthetic, write_jsonl
 
 GB = 1e9
-
-
-def p2p_record(nbytes: int, samples, **overrides) -> dict:
-    """A kvbench.p2p/1 record with exactly the fields the p2p benchmark writes."""
-    s = np.asarray(samples, dtype=float)
-    p50 = float(np.percentile(s, 50)) if len(s) else None
-    rec = {
-        "schema": "kvbench.p2p/1",
-        "transport": "gloo",
-        "pattern": "sequential",
-        "granularity": "whole",
-        "layout": "raw",
-        "dtype": None,
-        "device": "cpu",
-        "model": None,
-        "prompt_tokens": None,
-        "bytes": int(nbytes),
-        "world_size": 2,
-        "hosts": ["node-a", "node-a"],
-        "iters": len(s),
-        "samples_ms": [float(v) for v in s],
-        "p50_ms": p50,
-        "p95_ms": float(np.percentile(s, 95)) if len(s) else None,
-        "p99_ms": float(np.percentile(s, 99)) if len(s) else None,
-        "mean_ms": float(s.mean()) if len(s) else None,
-        "min_ms": float(s.min()) if len(s) else None,
-        "max_ms": float(s.max()) if len(s) else None,
-        "gbps": nbytes / GB / (p50 / 1000) if p50 else None,
-        "cold_ms": 25.0,
-        "wrong": 0,
-        "argv": ["python", "-m", "kvbench.p2p", "--bytes", "..."],
-        "env": {"torch": "2.13.0"},
-        "timestamp": "2026-01-01T00:00:00Z",
-    }
-    rec.update(overrides)
-    return rec
-
-
-def synthetic(sizes, setup_ms, gb_s, *, n=40, noise=0.03, outliers=0.06, seed=0,
-              time_fn=None, **overrides) -> list[dict]:
-    """Samples drawn from setup + bytes/rate with multiplicative noise and slow outliers."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for b in sizes:
-        t = time_fn(b) if time_fn else setup_ms + b / (gb_s * GB) * 1000
-        s = t * (1 + noise * rng.standard_normal(n))
-        k = rng.random(n) < outliers
-        s[k] *= rng.uniform(2.0, 6.0, k.sum())  # stalls: always slower, often much slower
-        out.append(p2p_record(b, s, **overrides))
-    return out
-
-
-SPEC = {"transport": "gloo", "transport_options": {}, "pattern": "sequential", "variant": None,
-        "granularity": "whole", "layout": "raw", "block_size": None, "dtype": None,
-        "device": "cpu", "pack_kernel": None, "model": None, "compute": None,
-        "layer_poll": None, "world": {"size": 2, "prefill_ranks": [0], "decode_ranks": [1]},
-        "hosts": ["node-a", "node-a"]}
-
-
-def rounds_records(sizes, setup_ms, gb_s, *, rounds=20, noise=0.02, round_shift=0.02, seed=0,
-                   run_id="run-a", time_fn=None, spec=None, **overrides) -> list[dict]:
-    """Records of one p2p run in interleaved rounds, with the fields docs/contracts.md section 1
-    adds: each round's load (round_shift) is shared by every size timed in it."""
-    rng = np.random.default_rng(seed)
-    spec = dict(SPEC if spec is None else spec)
-    shift = rng.normal(0, round_shift, rounds)
-    out = []
-    for b in sizes:
-        t = time_fn(b) if time_fn else setup_ms + b / (gb_s * GB) * 1000
-        s = t * np.exp(shift + rng.normal(0, noise, rounds))
-        out.append(p2p_record(b, s, spec=spec, spec_id=spec_id(spec), run_id=run_id,
-                              order="rounds", sample_rounds=list(range(rounds)),
-                              fit_as_link=True, not_link_reason=None, n_samples=rounds,
-                              **overrides))
-    return out
-
-
-def write_jsonl(path: Path, records) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def fit(tmp_path: Path, records, *args: str, name="run.jsonl", boot=300) -> tuple[dict, str]:
-    src = write_jsonl(tmp_path / name, records)
-    out = tmp_path / (name + ".fit.json")
-    res = run_cli("kvbench.fit", str(src), "--out", str(out), "--bootstrap", str(boot), *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(out.read_text()), res.stdout
 
 
 SIZES = [1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
@@ -107,20 +20,6 @@ SIZES = [1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]
 
 def codes(g: dict) -> list[str]:
     return [w["code"] for w in g["warnings"]]
-
-
-def near(truth: float, interval, margin: float = 1.0) -> bool:
-    """truth within the interval widened by margin x its width on each side.
-
-    One seed's 95% interval misses the truth one time in 20 by construction, and a correct
-    change in the bootstrap's draws re-rolls which seeds miss; whether "95%" holds is a
-    property over many runs (tests/fit/test_fit_coverage.py). Per seed, what must hold is
-    that the truth is not far off: outside this band is a ~6-sigma miss for a normal
-    interval, a bias, not bad luck.
-    """
-    lo, hi = interval
-    w = hi - lo
-    return lo - margin * w <= truth <= hi + margin * w
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

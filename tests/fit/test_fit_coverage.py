@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.fit.sim import Load, coverage, kvbench_method, simulate_run
-from kvbench.fit.stats import ResidualSpace, _weighted_medians
+from kvbench.fit.stats import ResidualSpace, weighted_medians
 from tests.fit.per_sample_bootstrap import Samples, fit_line
 
 REQUIRED = 0.90
@@ -72,7 +72,7 @@ def test_the_simulated_load_is_correlated_as_documented():
 def test_weighted_median_is_the_median_of_the_repeated_values(values, data):
     vals = np.sort(np.array(values))
     w = np.array(data.draw(st.lists(st.integers(0, 4), min_size=len(vals), max_size=len(vals))))
-    got = _weighted_medians(vals, w[None].astype(float))[0]
+    got = weighted_medians(vals, w[None].astype(float))[0]
     expanded = np.repeat(vals, w)
     if len(expanded) == 0:
         assert np.isnan(got)

@@ -12,13 +12,14 @@ import pytest
 
 from kvbench.cli import UsageError
 from kvbench.fit.data import MAX_UNITS
-from kvbench.fit.stats import GroupSamples, _grid_medians, _unit_counts, _weighted_medians
+from kvbench.fit.stats import GroupSamples, grid_medians, unit_counts, weighted_medians
 from kvbench.records.schema.p2p import P2PRecord, parse_p2p_line
 from kvbench.records.schema.read import plain_line
 from kvbench.records.schema.types import parse_line_fast
 from tests.conftest import committed, run_cli
-from tests.fit.test_fit import SPEC, near, rounds_records, write_jsonl
-from tests.fit.test_fit import fit as run_fit
+from tests.fit.helpers import fit as run_fit
+from tests.fit.helpers import near
+from tests.helpers import SPEC, rounds_records, write_jsonl
 
 
 def _hex_exponent_records() -> list[dict]:
@@ -74,15 +75,15 @@ def test_grid_medians_equal_the_weighted_medians_exactly(seed):
         units = rng.integers(0, u, n)
         counts = rng.multinomial(u, np.full(u, 1 / u), size=b).astype(np.int32)
         counts[0, :] = 0  # a draw without samples of this size: NaN in both
-        want = _weighted_medians(vals, counts[:, units])
-        assert np.array_equal(_grid_medians(vals, units, counts), want, equal_nan=True)
+        want = weighted_medians(vals, counts[:, units])
+        assert np.array_equal(grid_medians(vals, units, counts), want, equal_nan=True)
 
 
 def test_many_units_are_drawn_with_the_multinomial_distribution():
     m = 3000
     g = GroupSamples(np.full(m, 1 << 20), np.ones(m), np.arange(m), np.zeros(m, dtype=int),
                      ["rounds"])
-    counts = _unit_counts(g, 400, np.random.default_rng(0))
+    counts = unit_counts(g, 400, np.random.default_rng(0))
     assert counts.shape == (400, m) and np.all(counts.sum(axis=1) == m)
     assert counts.mean() == pytest.approx(1.0) and counts.var() == pytest.approx(1 - 1 / m, rel=0.02)
 

@@ -6,6 +6,7 @@ committed documents the writer wrote come back byte for byte."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,10 @@ def test_many_groups_and_a_marker_like_text_keep_their_bytes():
 
 
 def test_draws_are_rounded_as_each_value_was():
-    from kvbench.fit.fitting import DRAW_DIGITS, _r, draw_rows
+    from kvbench.fit.fitting import DRAW_DIGITS, draw_rows
+
+    def _r(x, nd):  # the rule the fit writes every number by: nd significant digits, None if not finite
+        return float(f"{x:.{nd}g}") if math.isfinite(x) else None
 
     rng = np.random.default_rng(1)
     d = np.column_stack([rng.normal(1, 0.01, 5000), rng.lognormal(0, 3, 5000)])

@@ -116,7 +116,7 @@ def test_start_up_allowance_delays_the_stall_watch(tmp_path):
 
 def test_sweep_without_the_client_installed_is_one_line(tmp_path, monkeypatch):
     import kvbench.lab.sweep.main
-    from tests.test_robust import run
+    from tests.helpers import run
 
     monkeypatch.setenv("KVBENCH_CLIENTS_HOME", str(tmp_path / "none"))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))

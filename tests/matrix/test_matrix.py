@@ -19,7 +19,6 @@ from kvbench.matrix import analyze as az
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
 from kvbench.p2p.patterns.matrix import FromPeer, ordered_pairs, pair_loop, schedule
-from kvbench.p2p.spec import HandoffSpec
 from kvbench.records.schema.matrix import (
     MatrixDocument,
     load_matrix_document,
@@ -27,13 +26,8 @@ from kvbench.records.schema.matrix import (
 )
 from kvbench.records.stats import Measurement
 from tests.conftest import run_cli
-from tests.fit.test_fit import rounds_records, write_jsonl
-
-MB = 1 << 20
-SIZES = [1 * MB, 2 * MB, 4 * MB, 8 * MB]
-ETH0 = "UCX RMA write: tcp/eth0 (zero-copy); notifications (AM): tcp/eth0"
-ETH1 = "UCX RMA write: tcp/eth1 (zero-copy); notifications (AM): tcp/eth1"
-
+from tests.helpers import rounds_records, write_jsonl
+from tests.matrix.helpers import ETH0, ETH1, ODD, PLANTED, SIZES, matrix_records
 
 # ---------------------------------------------------------------------------
 # the schedule
@@ -168,35 +162,6 @@ def test_expect_link_uses_the_local_kind_for_pairs_within_a_host():
 
 # ---------------------------------------------------------------------------
 # a synthetic run through the real fit
-
-
-HOSTS = ["n1", "n2", "n3"]
-
-
-def matrix_records(rates: dict, paths: dict | None = None, *, hosts=HOSTS, wrong=None,
-                   transport="nixl", seed=0) -> list[dict]:
-    """The records of one matrix run: every ordered pair of len(hosts) ranks at its rate (GB/s,
-    1 ms setup), in 12 interleaved rounds, naming its pair and its path as kvbench p2p does."""
-    n, out = len(hosts), []
-    for k, (s, r) in enumerate(ordered_pairs(n)):
-        spec = HandoffSpec(transport=transport, pattern="matrix", granularity="whole",
-                           layout="raw", device="cpu", hosts=list(hosts), variant=f"{s}->{r}",
-                           world={"size": n, "prefill_ranks": [s], "decode_ranks": [r]}).as_dict()
-        path = (paths or {}).get((s, r), ETH0)
-        out += rounds_records(
-            SIZES, 1.0, rates.get((s, r), 1.0), rounds=12, seed=seed + k, spec=spec,
-            run_id="run-m", transport=transport, pattern="matrix", variant=f"{s}->{r}",
-            world_size=n, hosts=list(hosts), pair=[s, r],
-            sender={"rank": s, "host": hosts[s]}, receiver={"rank": r, "host": hosts[r]},
-            schedule={"name": "rounds", "round": k, "rounds": n * (n - 1),
-                      "pairs_in_round": [[s, r]]},
-            wireup_ms=2.0, transport_info={"path": path, "path_source": "test"},
-            wrong=(wrong or {}).get((s, r), 0))
-    return out
-
-
-PLANTED = {(1, 0): 0.05}  # n2 -> n1: 5% of the others' rate
-ODD = {(0, 2): ETH1}  # n1 -> n3 over another interface
 
 
 @pytest.fixture(scope="module")

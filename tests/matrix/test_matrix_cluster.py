@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tests.conftest import PY, ROOT
-from tests.test_slurm import check_can_bring_up
+from tests.slurm_cluster import check_can_bring_up
 
 pytestmark = [pytest.mark.slurm, pytest.mark.root, pytest.mark.mpi]
 

@@ -13,8 +13,8 @@ import pytest
 
 from kvbench.p2p.spec import HandoffSpec
 from tests.conftest import run_cli
-from tests.fit.test_fit import rounds_records, write_jsonl
-from tests.matrix.test_matrix import ETH0, SIZES
+from tests.helpers import rounds_records, write_jsonl
+from tests.matrix.helpers import ETH0, SIZES
 
 BIG = 500  # ranks: every host in the label was about 500 x 23 characters, over 4096
 
@@ -168,7 +168,7 @@ def _plan_rows(doc: Path, pair: str) -> list[dict]:
 def test_plan_reads_a_pairs_draws_from_the_draws_file_as_from_an_inline_document(tmp_path):
     from kvbench.fit.fitting import dumps
     from kvbench.matrix import analyze as az
-    from tests.matrix.test_matrix import ODD, PLANTED, matrix_records
+    from tests.matrix.helpers import ODD, PLANTED, matrix_records
 
     src = write_jsonl(tmp_path / "run.jsonl", matrix_records(PLANTED, ODD))
     r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path / "side"),
@@ -196,7 +196,7 @@ def test_plan_reads_a_pairs_draws_from_the_draws_file_as_from_an_inline_document
 def test_a_missing_or_foreign_draws_file_is_one_line(tmp_path):
     import numpy as np
 
-    from tests.matrix.test_matrix import matrix_records
+    from tests.matrix.helpers import matrix_records
 
     src = write_jsonl(tmp_path / "run.jsonl", matrix_records({}))
     r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp_path), "--bootstrap", "100",

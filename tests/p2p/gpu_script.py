@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import PY, ROOT
 
 CHECK = ROOT / "scripts" / "gpu-check"
 WHEELS = ROOT / "scripts" / "gpu-wheels"
@@ -97,3 +97,13 @@ def system_python_with_pip() -> str | None:
         return None
     res = subprocess.run([py, "-m", "pip", "--version"], capture_output=True, timeout=60)
     return py if res.returncode == 0 else None
+
+
+# gpu-check as a module, and its execute() with harmless steps (shared by its tests)
+gc = load(CHECK)
+
+
+def execute(tmp_path: Path, steps, out: Path, archive: Path | None = None, facts=None) -> int:
+    """gc.execute with harmless steps (steps(the new folder) -> [Step])."""
+    return gc.execute(steps, out, gc.Setup(PY, gc.base_env()),
+                      {"python": "test"} if facts is None else facts, ["--one-gpu"], "one", archive)

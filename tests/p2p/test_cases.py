@@ -16,7 +16,7 @@ from kvbench.cli import UsageError
 from kvbench.p2p.__main__ import cli as p2p_main
 from kvbench.p2p.cases import read_cases
 from tests.conftest import run_cases, run_mpi
-from tests.test_robust import run
+from tests.helpers import run
 
 QUICK = "--transport mpi --bytes 4K,64K --iters 5 --min-iters 5 --warmup 1 --quiet"
 

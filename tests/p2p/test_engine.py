@@ -25,11 +25,9 @@ import torch
 
 from kvbench.p2p.devices import AsyncCPUDevice, CPUDevice, make_device
 from kvbench.p2p.transports.nixl import binding as nixl_import
-from tests.conftest import run_mpi
+from tests.p2p.helpers import LAYOUTS, TINY, run_job
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
-TINY = {"model_type": "tiny-4l", "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64, "intermediate_size": 128}
 LAYERS = 4
 NIXL = "--transport nixl --no-nixl-progress-thread"
 TRANSPORTS = {
@@ -39,7 +37,6 @@ TRANSPORTS = {
     **({"nixl-write": NIXL, "nixl-read": f"{NIXL} --nixl-op read"} if HAVE_NIXL else {}),
 }
 DIRECT = {"mpi-direct", "nixl-write", "nixl-read"}  # the transport touches device memory itself
-LAYOUTS = [(lay, gran) for lay in ("contiguous", "paged") for gran in ("whole", "layer", "block")]
 FAST = "--sizes 40 --iters 1 --min-iters 1 --warmup 0 --quiet --device cpu-async"
 PATTERNS = {2: "--pattern sequential,layerwise --layer-compute-ms 0.2",
             3: "--pattern sharded --prefill-tp 2 --decode-tp 1"}
@@ -51,29 +48,6 @@ def packed(layout: str, gran: str, pattern: str) -> bool:
     if pattern == "layerwise" and gran == "whole":
         gran = "layer"
     return layout == "paged" and gran != "block"
-
-
-def run_job(tmp, ranks: int, fault: str, cases: dict[str, str], timeout=420):
-    """One MPI job running every case under `fault`: ({case: (status line, [records])}, secs)."""
-    out_dir = tmp / f"{fault}-{ranks}"
-    lines = [f"{name}\t{args} --out {out_dir / name}" for name, args in cases.items()]
-    path = tmp / f"{fault}-{ranks}.txt"
-    path.write_text("\n".join(lines) + "\n")
-    t0 = time.monotonic()
-    res = run_mpi(ranks, "tests.plant", fault, str(path), timeout=timeout)
-    took = time.monotonic() - t0
-    status = {}
-    for line in res.stdout.splitlines():
-        if line.startswith('{"case"'):
-            d = json.loads(line)
-            status[d["case"]] = d
-    out = {}
-    for name in cases:
-        recs = [json.loads(x) for f in sorted((out_dir / name).glob("*.jsonl"))
-                for x in f.read_text().splitlines()]
-        out[name] = (status.get(name), recs)
-    assert set(status) == set(cases), res.stdout[-3000:] + res.stderr[-3000:]
-    return out, took
 
 
 def matrix_cases(ranks: int) -> dict[str, str]:

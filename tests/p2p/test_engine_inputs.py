@@ -22,7 +22,7 @@ from kvbench.kv import cut as kc
 from kvbench.model import get_dtype, resolve_model
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.transports.nixl import engine_shape as es
-from tests.p2p.test_engine_shape import _args
+from tests.p2p.helpers import engine_args as _args
 
 GOOD_IDS = {"prefill": [7, 3, 9], "decode": [0, 1, 2]}
 BLOCKS = [  # (file text, what the one line must say)

@@ -15,7 +15,7 @@ from argparse import Namespace
 import pytest
 
 from kvbench.p2p.transports.nixl import engine_shape as es
-from tests.p2p.test_engine_shape import _Clock
+from tests.p2p.helpers import Clock as _Clock
 
 
 def check_engine_waits(waits_cls) -> None:
@@ -160,7 +160,7 @@ def test_prefill_idles_the_whole_gap_and_other_waits_sleep_it(monkeypatch):
 
 
 def _args(**kw) -> Namespace:
-    from tests.p2p.test_engine_shape import _args as engine_args
+    from tests.p2p.helpers import engine_args
 
     return engine_args(**kw)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from argparse import Namespace
 
 import numpy as np
 import pytest
@@ -23,6 +22,8 @@ from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.transports.nixl import binding as nixl_import
 from kvbench.p2p.transports.nixl import engine_shape as es
 from tests.conftest import run_cases
+from tests.p2p.helpers import Clock as _Clock
+from tests.p2p.helpers import engine_args as _args
 
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="NIXL is not importable: pip install 'kvbench[nixl]'")
@@ -118,29 +119,6 @@ def test_poll_schedule(tmp_path):
             es.PollSchedule(bad)
 
 
-class _Clock:
-    """perf_counter, sleep and sched_yield: waiting moves the clock (a yield by 0.1 ms, a
-    look at the clock by 10 us, so a spinning wait ends too)."""
-
-    def __init__(self, monkeypatch):
-        self.t, self.waited = 100.0, []
-        monkeypatch.setattr(es.time, "perf_counter", self.now)
-        monkeypatch.setattr(es.time, "sleep", self.sleep)
-        monkeypatch.setattr(es.os, "sched_yield", self.yield_)
-
-    def now(self):
-        self.t += 1e-5
-        return self.t
-
-    def sleep(self, s):
-        self.waited.append(("sleep", round(s, 9)))
-        self.t += s
-
-    def yield_(self):
-        self.waited.append(("yield", None))
-        self.t += 1e-4
-
-
 def _waiting_channel(monkeypatch, initiator: bool, poll: str, state: int, waits: str):
     from kvbench.p2p.transports.nixl import engine as ne
 
@@ -200,14 +178,6 @@ def test_idle_waits_sleep_and_busy_waits_spin(monkeypatch):
     assert calls == []
     harness.wait_request(Req(), harness.now() + 60, "x", pause=lambda: calls.append("pause"))
     assert calls == ["pause"] * 3
-
-
-def _args(**kw) -> Namespace:
-    base = dict(nixl_shape="engine", nixl_poll=None, transport="nixl", layout="paged",
-                granularity="block", pattern="sequential", nixl_op=None, nixl_recreate=False,
-                nixl_reregister=False, nixl_prep="prepped", nixl_batch=None, nixl_threads=None,
-                bytes=None, minbytes=None, maxbytes=None)
-    return Namespace(**{**base, **kw})
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -33,6 +33,8 @@ from tests.p2p.gpu_script import (
     CHECK,
     WHEELS,
     check_env,
+    execute,
+    gc,
     load,
     make_wheel,
     pip_python_venv,
@@ -42,7 +44,6 @@ from tests.p2p.gpu_script import (
     system_python_with_pip,
 )
 
-gc = load(CHECK)
 gw = load(WHEELS)
 MIB_3 = 3 * 2**20
 
@@ -446,12 +447,6 @@ def test_the_install_follows_debians_scheme(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------- running steps
-
-
-def execute(tmp_path: Path, steps, out: Path, archive: Path | None = None, facts=None) -> int:
-    """gc.execute with harmless steps (steps(the new folder) -> [Step])."""
-    return gc.execute(steps, out, gc.Setup(PY, gc.base_env()),
-                      {"python": "test"} if facts is None else facts, ["--one-gpu"], "one", archive)
 
 
 def record_step(name: str, wrong: int = 0):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PY
-from tests.p2p.test_gpu_check import execute, gc
+from tests.p2p.gpu_script import execute, gc
 
 CRASH_AT_EXIT = "import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))\n"
 

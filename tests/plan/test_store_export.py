@@ -11,8 +11,7 @@ import pytest
 from kvbench.fit.data import spec_id
 from kvbench.plan.twohop import _series
 from tests.conftest import run_cli
-from tests.plan.test_plan import bad, kv_records, make_fit
-from tests.plan.test_store_plan import POOL
+from tests.plan.helpers import POOL, bad, kv_records, make_fit
 
 TOKENS = [300, 1000, 2000, 4000]
 # put and get fitted apart, and the handoff as decode sees it (their series plus a notice)

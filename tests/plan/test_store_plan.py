@@ -7,9 +7,8 @@ import json
 
 from kvbench.fit.data import spec_id
 from tests.conftest import run_cli
-from tests.plan.test_plan import BPT_8B, kv_records, make_fit, run_json
+from tests.plan.helpers import BPT_8B, POOL, kv_records, make_fit, run_json
 
-POOL = 2 << 30  # 2 ranks x 1 GiB mounted
 TOKENS = ["--model", "llama-3.1-8b", "--prompt-tokens", "300,2000"]
 
 

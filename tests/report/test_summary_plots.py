@@ -7,7 +7,7 @@ import pytest
 
 from kvbench.fit.fitting import fit_records
 from tests.conftest import committed
-from tests.fit.test_fit import rounds_records
+from tests.helpers import rounds_records
 
 pytest.importorskip("matplotlib")
 

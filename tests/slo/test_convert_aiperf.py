@@ -16,18 +16,14 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import ROOT
+from tests.helpers import run
 
 DATA = ROOT / "tests" / "data" / "clients" / "aiperf-0.13.0"
 TOL_MS = 2e-5  # AIPerf prints ms to 6 decimals; kvbench rounds its times to 6 decimals
 
 
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvbench.slo.cli.cli(list(map(str, args)))
-    except SystemExit as exc:
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def cli(*args) -> tuple[int, str, str]:
+    return run(kvbench.slo.cli.cli, *args)
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +37,19 @@ def tool_summary() -> dict:
 
 
 @pytest.fixture()
-def converted(tmp_path, capsys) -> list[dict]:
+def converted(tmp_path) -> list[dict]:
     out = tmp_path / "agg.jsonl"
-    rc, stdout, err = cli(capsys, "convert", "--from", "aiperf", DATA, "--deployment", "aggregated",
+    rc, stdout, err = cli("convert", "--from", "aiperf", DATA, "--deployment", "aggregated",
                           "--out", out)
     assert rc == 0, err
     assert stdout.strip() == f"{out}: 20 records (20 ok) for aggregated at 2 rps"
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def analyzed(tmp_path, capsys, rows: list[dict]) -> dict:
+def analyzed(tmp_path, rows: list[dict]) -> dict:
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc, out, err = cli(capsys, "analyze", src, "--denominator", "successful", "--attainment-min", "0.5", "--ttft-max-ms", "60000",
+    rc, out, err = cli("analyze", src, "--denominator", "successful", "--attainment-min", "0.5", "--ttft-max-ms", "60000",
                        "--format", "json")
     assert rc == 0, err
     (group,) = json.loads(out)["groups"]
@@ -64,8 +60,8 @@ def type7(values, q) -> float:
     return float(np.percentile(values, q))  # AIPerf's metric_dicts.py: linear, (n - 1) * q
 
 
-def test_counts_and_ttft_agree_with_aiperf_summary(tmp_path, capsys, converted, tool_summary):
-    g = analyzed(tmp_path, capsys, converted)
+def test_counts_and_ttft_agree_with_aiperf_summary(tmp_path, converted, tool_summary):
+    g = analyzed(tmp_path, converted)
     s = tool_summary
     assert g["counts"]["records"] == s["request_count"]["avg"] == 20
     assert g["counts"]["ok"] == s["completed_request_count"]["avg"] == 20
@@ -77,24 +73,24 @@ def test_counts_and_ttft_agree_with_aiperf_summary(tmp_path, capsys, converted, 
     assert ttft["max_ms"] == pytest.approx(s["time_to_first_token"]["max"], abs=TOL_MS)
 
 
-def test_chunk_gaps_agree_with_aiperf_inter_chunk_latency(tmp_path, capsys, converted, tool_summary):
+def test_chunk_gaps_agree_with_aiperf_inter_chunk_latency(tmp_path, converted, tool_summary):
     """Pooled chunk gaps: count, max and mean exact; AIPerf's percentiles are a t-digest estimate."""
     gaps = np.concatenate([np.diff(r["chunk_times_ms"]) for r in converted])
     icl = tool_summary["inter_chunk_latency"]
     assert len(gaps) == icl["count"] == 596
     assert gaps.max() == pytest.approx(icl["max"], abs=TOL_MS)
     assert gaps.mean() == pytest.approx(icl["avg"], abs=TOL_MS)
-    g = analyzed(tmp_path, capsys, converted)["latency_ms"]["itl_per_chunk"]
+    g = analyzed(tmp_path, converted)["latency_ms"]["itl_per_chunk"]
     assert g["n"] == icl["count"] and g["max_ms"] == pytest.approx(icl["max"], abs=TOL_MS)
     # t-digest (list_metric_aggregation.py) against exact: close, not equal
     assert g["p50_ms"] == pytest.approx(icl["p50"], rel=0.02)
 
 
-def test_tpot_is_aiperf_itl_rescaled_from_its_token_count_to_the_servers(tmp_path, capsys, converted,
+def test_tpot_is_aiperf_itl_rescaled_from_its_token_count_to_the_servers(tmp_path, converted,
                                                                          tool_records, tool_summary):
     """AIPerf ITL = (last chunk - first) / (OSL - 1) with OSL its own re-tokenisation of the text;
     kvbench TPOT divides by the server's completion tokens - 1. Same span, different divisor."""
-    g = analyzed(tmp_path, capsys, converted)
+    g = analyzed(tmp_path, converted)
     ours, theirs = [], []
     for rec, tool in zip(converted, tool_records, strict=True):
         m = tool["metrics"]
@@ -139,7 +135,7 @@ def test_times_schedule_and_chunk_counts(converted, tool_records):
     assert min(r["actual_send_ms"] - r["scheduled_send_ms"] for r in converted) >= 0
 
 
-def test_errors_cancellations_and_warmup(tmp_path, capsys, tool_records):
+def test_errors_cancellations_and_warmup(tmp_path, tool_records):
     lines = [dict(r) for r in tool_records[:5]]
     lines[0] = {**lines[0], "metrics": {}, "error": {"code": 429, "type": "Too Many Requests", "message": ""}}
     lines[1] = {**lines[1], "metrics": {}, "error": {"code": None, "type": "ServerTimeoutError",
@@ -150,7 +146,7 @@ def test_errors_cancellations_and_warmup(tmp_path, capsys, tool_records):
     src = tmp_path / "profile_export.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in lines))
     out = tmp_path / "r.jsonl"
-    rc, stdout, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d",
+    rc, stdout, err = cli("convert", "--from", "aiperf", src, "--deployment", "d",
                           "--offered-rate", "2", "--out", out)
     assert rc == 0, err
     assert "1 AIPerf warm-up requests left out" in err
@@ -160,20 +156,20 @@ def test_errors_cancellations_and_warmup(tmp_path, capsys, tool_records):
     assert all(r["chunk_times_ms"] == [] for r in recs[:3])
 
 
-def test_no_rate_without_summary_is_one_line(tmp_path, capsys):
+def test_no_rate_without_summary_is_one_line(tmp_path):
     src = tmp_path / "profile_export.jsonl"
     src.write_text((DATA / "profile_export.jsonl").read_text())
-    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d")
+    rc, _, err = cli("convert", "--from", "aiperf", src, "--deployment", "d")
     assert rc == 2 and err.count("\n") == 1 and "--offered-rate" in err
-    rc, _, err = cli(capsys, "convert", "--from", "aiperf", DATA, "--deployment", "d", "--offered-rate", "3")
+    rc, _, err = cli("convert", "--from", "aiperf", DATA, "--deployment", "d", "--offered-rate", "3")
     assert rc == 2 and "differs from the request rate 2" in err
 
 
-def _converted_or_refused(tmp_path, capsys, lines: list[dict]) -> tuple[int, str, list[dict] | None]:
+def _converted_or_refused(tmp_path, lines: list[dict]) -> tuple[int, str, list[dict] | None]:
     src = tmp_path / "profile_export.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in lines))
     out = tmp_path / "r.jsonl"
-    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d",
+    rc, _, err = cli("convert", "--from", "aiperf", src, "--deployment", "d",
                      "--offered-rate", "2", "--out", out)
     return rc, err, [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else None
 
@@ -187,7 +183,7 @@ def _without_request_ids(lines: list[dict], sessions_turns) -> list[dict]:
 
 
 @pytest.mark.parametrize("case", ["x_request_id", "session"])
-def test_a_request_given_twice_is_refused_at_convert_naming_the_line_and_id(tmp_path, capsys,
+def test_a_request_given_twice_is_refused_at_convert_naming_the_line_and_id(tmp_path,
                                                                           tool_records, case):
     """convert wrote (exit 0) what analyze then refused ("duplicate request_id"): a repeated
     request is a replay or two runs pasted together, which no rule can tell apart; it is
@@ -199,17 +195,17 @@ def test_a_request_given_twice_is_refused_at_convert_naming_the_line_and_id(tmp_
     else:  # no x_request_id: AIPerf's session and turn name the request
         lines = _without_request_ids(lines, [(0, 0), (1, 0), (2, 0), (1, 0)])
         want = "profile_export.jsonl:4: duplicate request_id 'session 1 turn 0'"
-    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    rc, err, recs = _converted_or_refused(tmp_path, lines)
     assert rc == 2 and err.count("\n") == 1 and want in err, err
     assert "(first at " in err and "profile_export.jsonl:2)" in err and recs is None
 
 
-def test_the_turns_of_one_session_are_different_requests(tmp_path, capsys, tool_records):
+def test_the_turns_of_one_session_are_different_requests(tmp_path, tool_records):
     lines = _without_request_ids([dict(r) for r in tool_records[:3]], [(0, 0), (0, 1), (1, 0)])
-    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    rc, err, recs = _converted_or_refused(tmp_path, lines)
     assert rc == 0, err
     assert [r["request_id"] for r in recs] == ["session 0 turn 0", "session 0 turn 1", "session 1 turn 0"]
-    assert analyzed(tmp_path, capsys, recs)["counts"]["records"] == 3
+    assert analyzed(tmp_path, recs)["counts"]["records"] == 3
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -219,16 +215,16 @@ def test_the_turns_of_one_session_are_different_requests(tmp_path, capsys, tool_
     (lambda ls: ls[1]["metrics"]["inter_chunk_latency"].update(unit="tokens"),
      "metrics.inter_chunk_latency.unit: expected a time unit"),
 ])
-def test_a_bad_aiperf_value_is_named_by_its_line_and_key_path(tmp_path, capsys, tool_records, edit, message):
+def test_a_bad_aiperf_value_is_named_by_its_line_and_key_path(tmp_path, tool_records, edit, message):
     """(hostile pass) the key path read 'metrics.inter_chunk_latency..value[2]'."""
     lines = json.loads(json.dumps(tool_records[:3]))
     edit(lines)
-    rc, err, recs = _converted_or_refused(tmp_path, capsys, lines)
+    rc, err, recs = _converted_or_refused(tmp_path, lines)
     assert rc == 2 and err.count("\n") == 1 and message in err, err
 
 
-def test_a_byte_order_mark_is_named(tmp_path, capsys, tool_records):
+def test_a_byte_order_mark_is_named(tmp_path, tool_records):
     src = tmp_path / "profile_export.jsonl"
     src.write_text("\ufeff" + "".join(json.dumps(r) + "\n" for r in tool_records[:2]))
-    rc, _, err = cli(capsys, "convert", "--from", "aiperf", src, "--deployment", "d", "--offered-rate", "2")
+    rc, _, err = cli("convert", "--from", "aiperf", src, "--deployment", "d", "--offered-rate", "2")
     assert rc == 2 and err.count("\n") == 1 and "profile_export.jsonl:1: starts with a byte-order mark" in err

@@ -1,6 +1,6 @@
 """Hostile variants of the AIPerf and GuideLLM exports through `kvbench slo convert` (hypothesis).
 
-The same property and mutations as tests/test_fuzz.py (a value swapped for NaN, 1e400, a
+The same property and mutations as tests/fuzzing.py (a value swapped for NaN, 1e400, a
 5,000-digit integer, a string or bool where a number was, deep nesting, a deleted or unknown
 key, a duplicated key, the text cut short), applied to the committed real runs: the command
 either writes finite records, or exits 2 with one line on stderr, no traceback, no file.
@@ -19,8 +19,16 @@ from hypothesis import strategies as st
 
 import kvbench.slo.cli
 from tests.conftest import ROOT
-from tests.test_fuzz import FUZZ, _fuzz_root, check, mutate, mutated_jsonl, mutation, workdir  # noqa: F401
-from tests.test_robust import run
+from tests.fuzzing import (
+    FUZZ,
+    check,
+    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
+    mutate,
+    mutated_jsonl,
+    mutation,
+    workdir,
+)
+from tests.helpers import run
 
 CLIENTS = ROOT / "tests" / "data" / "clients"
 AIPERF = CLIENTS / "aiperf-0.13.0"

@@ -17,18 +17,14 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import ROOT
+from tests.helpers import run
 
 DATA = ROOT / "tests" / "data" / "clients" / "guidellm-0.8.1" / "benchmarks.json"
 TOL_MS = 1e-5  # epoch seconds as doubles (~0.2 us resolution) and kvbench's 6-decimal ms
 
 
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvbench.slo.cli.cli(list(map(str, args)))
-    except SystemExit as exc:
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def cli(*args) -> tuple[int, str, str]:
+    return run(kvbench.slo.cli.cli, *args)
 
 
 def guidellm_pct(values, q: float) -> float:
@@ -44,9 +40,9 @@ def report() -> dict:
 
 
 @pytest.fixture()
-def converted(tmp_path, capsys) -> list[dict]:
+def converted(tmp_path) -> list[dict]:
     out = tmp_path / "agg.jsonl"
-    rc, stdout, err = cli(capsys, "convert", "--from", "guidellm", DATA, "--deployment", "aggregated",
+    rc, stdout, err = cli("convert", "--from", "guidellm", DATA, "--deployment", "aggregated",
                           "--out", out)
     assert rc == 0, err
     assert stdout.strip() == f"{out}: 20 records (20 ok) for aggregated at 2 rps"
@@ -54,10 +50,10 @@ def converted(tmp_path, capsys) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def analyzed(tmp_path, capsys, rows: list[dict], *limits: str) -> dict:
+def analyzed(tmp_path, rows: list[dict], *limits: str) -> dict:
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc, out, err = cli(capsys, "analyze", src, "--denominator", "successful", "--attainment-min", "0.5",
+    rc, out, err = cli("analyze", src, "--denominator", "successful", "--attainment-min", "0.5",
                        *(limits or ("--ttft-max-ms", "60000")), "--format", "json")
     assert rc == 0, err
     (group,) = json.loads(out)["groups"]
@@ -78,9 +74,9 @@ def check_distribution(ours, theirs: dict, scale: float = 1.0) -> None:
         assert guidellm_pct(ours, q) == pytest.approx(theirs["percentiles"][name], abs=TOL_MS * scale)
 
 
-def test_counts_ttft_and_e2e_agree_with_guidellm_summary(tmp_path, capsys, converted, report):
+def test_counts_ttft_and_e2e_agree_with_guidellm_summary(tmp_path, converted, report):
     totals = report["benchmarks"][0]["metrics"]["request_totals"]
-    g = analyzed(tmp_path, capsys, converted)
+    g = analyzed(tmp_path, converted)
     assert g["counts"]["records"] == totals["total"] == 20
     assert (g["counts"]["ok"], g["counts"]["error"], g["counts"]["timeout"]) == (
         totals["successful"], totals["errored"], totals["incomplete"])
@@ -92,12 +88,12 @@ def test_counts_ttft_and_e2e_agree_with_guidellm_summary(tmp_path, capsys, conve
     check_distribution(e2e_s, summary(report, "request_latency"), scale=1e-3)  # GuideLLM: seconds
 
 
-def test_tpot_is_guidellm_itl_and_guidellm_tpot_includes_the_first_token(tmp_path, capsys, converted,
+def test_tpot_is_guidellm_itl_and_guidellm_tpot_includes_the_first_token(tmp_path, converted,
                                                                          report):
     """GuideLLM inter_token_latency_ms = kvbench TPOT; its time_per_output_token_ms spreads TTFT
     over every token: (last - start) / tokens. Both summaries weight each request by its tokens
     (metrics.py), the same as per request here because every request has 32 tokens."""
-    g = analyzed(tmp_path, capsys, converted)
+    g = analyzed(tmp_path, converted)
     tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (r["output_tokens"] - 1) for r in converted]
     assert {r["output_tokens"] for r in converted} == {32}
     theirs = summary(report, "inter_token_latency_ms")
@@ -124,12 +120,12 @@ def test_schedule_send_lag_is_guidellm_dispatch_delay(converted, report):
     assert sends == sorted(sends) and min(r["scheduled_send_ms"] for r in converted) == 0.0
 
 
-def test_unrecorded_chunk_gaps_fail_a_declared_max_itl_limit(tmp_path, capsys, converted):
-    g = analyzed(tmp_path, capsys, converted, "--ttft-max-ms", "60000", "--max-itl-ms", "1e8")
+def test_unrecorded_chunk_gaps_fail_a_declared_max_itl_limit(tmp_path, converted):
+    g = analyzed(tmp_path, converted, "--ttft-max-ms", "60000", "--max-itl-ms", "1e8")
     assert g["counts"]["chunk_gaps_unrecorded"] == 20
     assert g["counts"]["missed_limit"]["max_itl"] == 20 and g["counts"]["meeting_limits"] == 0
     assert g["latency_ms"]["itl_per_chunk"]["n"] == 0
-    g = analyzed(tmp_path, capsys, converted)  # no max ITL limit: nothing unknown is judged
+    g = analyzed(tmp_path, converted)  # no max ITL limit: nothing unknown is judged
     assert g["counts"]["meeting_limits"] == 20
 
 
@@ -141,7 +137,7 @@ def _variant(report: dict, tmp_path, mutate) -> str:
     return str(path)
 
 
-def test_errored_and_incomplete_requests(tmp_path, capsys, report):
+def test_errored_and_incomplete_requests(tmp_path, report):
     def mutate(doc):
         b = doc["benchmarks"][0]
         reqs = b["requests"]
@@ -154,7 +150,7 @@ def test_errored_and_incomplete_requests(tmp_path, capsys, report):
 
     src = _variant(report, tmp_path, mutate)
     out = tmp_path / "r.jsonl"
-    rc, stdout, err = cli(capsys, "convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
+    rc, stdout, err = cli("convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
     assert rc == 0, err
     assert "(17 ok, 1 rejected, 2 timeout)" in stdout
     recs = {r["meta"]["group"]: r for r in map(json.loads, out.read_text().splitlines())}
@@ -171,15 +167,15 @@ def test_errored_and_incomplete_requests(tmp_path, capsys, report):
     (lambda d: d["benchmarks"][0]["requests"]["successful"][4]["info"]["timings"].update(request_start="x"),
      "request_start"),
 ])
-def test_bad_reports_are_one_line_exit_2(tmp_path, capsys, report, mutate, message):
+def test_bad_reports_are_one_line_exit_2(tmp_path, report, mutate, message):
     src = _variant(report, tmp_path, mutate)
     out = tmp_path / "r.jsonl"
-    rc, stdout, err = cli(capsys, "convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
+    rc, stdout, err = cli("convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
     assert rc == 2 and err.count("\n") == 1 and message in err, err
     assert not out.exists()
 
 
-def test_a_request_id_given_twice_is_refused_at_convert(tmp_path, capsys, report):
+def test_a_request_id_given_twice_is_refused_at_convert(tmp_path, report):
     """convert wrote (exit 0) what analyze then refused ("duplicate request_id"); now convert
     refuses it, by analyze's rule, naming where both are."""
     def mutate(doc):
@@ -188,7 +184,7 @@ def test_a_request_id_given_twice_is_refused_at_convert(tmp_path, capsys, report
 
     src = _variant(report, tmp_path, mutate)
     out = tmp_path / "r.jsonl"
-    rc, _, err = cli(capsys, "convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
+    rc, _, err = cli("convert", "--from", "guidellm", src, "--deployment", "d", "--out", out)
     assert rc == 2 and err.count("\n") == 1 and "duplicate request_id" in err, err
     assert "requests.successful[7]" in err and "(first at " in err and "requests.successful[2])" in err
     assert not out.exists()

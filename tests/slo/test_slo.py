@@ -14,33 +14,10 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import run_cli
+from tests.helpers import run
+from tests.slo.helpers import req, write_jsonl
 
-SCHEMA = "kvbench.slo.request/1"
 LIMITS = ("--ttft-max-ms", "2000", "--tpot-max-ms", "50")
-
-
-def req(i: int, *, dep: str = "aggregated", rate: float = 1.0, ttft: float = 300.0,
-        tpot: float = 30.0, tokens: int = 16, status: str = "ok", send: float | None = None,
-        lag: float = 0.5, scheduled: bool = True) -> dict:
-    """One record on a uniform schedule; ok requests stream one token per chunk."""
-    sched = i * 1000.0 / rate if send is None else send
-    d = {"schema": SCHEMA, "request_id": f"{dep}-{rate:g}-{i}", "deployment": dep,
-         "offered_rate_rps": rate, "scheduled_send_ms": sched if scheduled else None,
-         "actual_send_ms": sched + lag, "status": status,
-         "output_tokens": tokens if status == "ok" else 0}
-    if status == "ok":
-        first = sched + lag + ttft
-        d["chunk_times_ms"] = [first + k * tpot for k in range(tokens)]
-        d["chunk_tokens"] = [1] * tokens
-    else:
-        d["end_ms"] = sched + lag + 20.0
-        d["error"] = f"synthetic {status}"
-    return d
-
-
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def slo_json(*args: str) -> dict:
@@ -49,20 +26,15 @@ def slo_json(*args: str) -> dict:
     return json.loads(res.stdout)
 
 
-def slo_json_in(capsys, *args: str) -> dict:
+def slo_json_in(*args: str) -> dict:
     """The same analysis in-process: `kvbench slo` calls kvbench.slo.cli.cli(argv) exactly so."""
-    rc, out, err = slo_inproc(capsys, "analyze", *args, "--format", "json")
+    rc, out, err = slo_inproc("analyze", *args, "--format", "json")
     assert rc == 0, err
     return json.loads(out)
 
 
-def slo_inproc(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        rc = kvbench.slo.cli.cli(list(args))  # what `kvbench slo ...` calls
-    except SystemExit as exc:  # argparse errors
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def slo_inproc(*args: str) -> tuple[int, str, str]:
+    return run(kvbench.slo.cli.cli, *args)  # what `kvbench slo ...` calls
 
 
 def tutorial_cohort() -> list[dict]:
@@ -102,11 +74,11 @@ def test_tutorial_cohort_numbers_and_fail_against_95_of_all(tmp_path):
     assert out["records_total"] == 100
 
 
-def test_gate_uses_the_declared_denominator(tmp_path, capsys):
+def test_gate_uses_the_declared_denominator(tmp_path):
     """94.7% of successes passes a 92% gate; 90% of all offered does not. Both are shown."""
     f = write_jsonl(tmp_path / "cohort.jsonl", tutorial_cohort())
     for den, expect in (("successful", True), ("all_offered_after_warmup", False)):
-        (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", den, "--attainment-min", "0.92")["groups"]
+        (g,) = slo_json_in(f, *LIMITS, "--denominator", den, "--attainment-min", "0.92")["groups"]
         att = next(x for x in g["gates"] if x["name"] == "attainment")
         assert att["passed"] is expect, den
         assert round(g["attainment"]["of_successful_pct"], 1) == 94.7
@@ -128,11 +100,11 @@ def test_cohort_table_and_markdown_show_both_attainments(tmp_path):
     assert cells[9:12] == ["94.7", "90.0", "5.0"] and cells[-1] == "FAIL: attainment"
 
 
-def test_shipped_synthetic_cohort_reproduces_the_public_vector(tmp_path, capsys):
+def test_shipped_synthetic_cohort_reproduces_the_public_vector(tmp_path):
     f = tmp_path / "c.jsonl"
     res = run_cli("kvbench.slo", "synth", "cohort", "--out", str(f))
     assert res.returncode == 0, res.stderr
-    (g,) = slo_json_in(capsys, str(f), *LIMITS, "--denominator", "all_offered_after_warmup",
+    (g,) = slo_json_in(str(f), *LIMITS, "--denominator", "all_offered_after_warmup",
                     "--attainment-min", "0.95")["groups"]
     assert g["error_rate_pct"] == 5.0 and g["attainment"]["of_all_offered_pct"] == 90.0
     assert round(g["attainment"]["of_successful_pct"], 1) == 94.7 and g["passed"] is False
@@ -142,7 +114,7 @@ def test_shipped_synthetic_cohort_reproduces_the_public_vector(tmp_path, capsys)
 # metric definitions
 
 
-def test_ttft_tpot_pooled_itl_and_max_itl(tmp_path, capsys):
+def test_ttft_tpot_pooled_itl_and_max_itl(tmp_path):
     """TTFT/TPOT one sample per request, ITL one per chunk gap, percentiles numpy-linear."""
     rows = [req(0), req(1)]
     rows[0]["chunk_times_ms"] = [100.5, 110.5, 130.5, 160.5]  # send at 0.5: TTFT 100, gaps 10, 20, 30
@@ -150,7 +122,7 @@ def test_ttft_tpot_pooled_itl_and_max_itl(tmp_path, capsys):
     for r in rows:
         r["output_tokens"], r["chunk_tokens"] = 4, [1, 1, 1, 1]
     f = write_jsonl(tmp_path / "m.jsonl", rows)
-    (g,) = slo_json_in(capsys, f, "--ttft-max-ms", "150", "--denominator", "successful", "--attainment-min", "0.5",
+    (g,) = slo_json_in(f, "--ttft-max-ms", "150", "--denominator", "successful", "--attainment-min", "0.5",
                     "--no-queue-check")["groups"]
     lat = g["latency_ms"]
     assert lat["ttft"]["n"] == 2 and lat["ttft"]["p50_ms"] == pytest.approx(155.0)
@@ -165,7 +137,7 @@ def test_ttft_tpot_pooled_itl_and_max_itl(tmp_path, capsys):
     assert next(x for x in g["gates"] if x["name"] == "queue_stability")["passed"] is None  # ... not gated
 
 
-def test_each_declared_limit_counts_separately(tmp_path, capsys):
+def test_each_declared_limit_counts_separately(tmp_path):
     rows = [req(i) for i in range(12)]  # TTFT 300 ms, TPOT 30 ms, 16 tokens: e2e 750 ms
     rows[3] = req(3, ttft=900.0)  # TTFT over 800
     rows[4] = req(4, tpot=45.0)  # TPOT over 40
@@ -176,19 +148,19 @@ def test_each_declared_limit_counts_separately(tmp_path, capsys):
     f = write_jsonl(tmp_path / "l.jsonl", rows)
     limits = ("--ttft-max-ms", "800", "--tpot-max-ms", "40", "--max-itl-ms", "250", "--deadline-s", "1.8",
               "--min-tokens-for-tpot", "4", "--denominator", "successful", "--attainment-min", "0.5")
-    (g,) = slo_json_in(capsys, f, *limits)["groups"]
+    (g,) = slo_json_in(f, *limits)["groups"]
     assert g["counts"]["missed_limit"] == {"ttft": 1, "tpot": 1, "max_itl": 1, "deadline": 1}
     assert g["counts"]["tpot_not_applicable"] == 1
     assert g["counts"]["meeting_limits"] == 8
     # the TTFT-and-TPOT numerator ignores the max-ITL and deadline limits
-    (g2,) = slo_json_in(capsys, f, *limits, "--numerator", "requests_meeting_ttft_and_tpot")["groups"]
+    (g2,) = slo_json_in(f, *limits, "--numerator", "requests_meeting_ttft_and_tpot")["groups"]
     assert g2["counts"]["meeting_limits"] == 10 and g2["counts"]["missed_limit"] == {"ttft": 1, "tpot": 1}
 
 
-def test_every_record_is_counted_somewhere(tmp_path, capsys):
+def test_every_record_is_counted_somewhere(tmp_path):
     rows = [req(i, status=s) for i, s in enumerate(["ok", "error", "rejected", "timeout"] * 6)]
     f = write_jsonl(tmp_path / "s.jsonl", rows)
-    (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "0.2",
+    (g,) = slo_json_in(f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "0.2",
                     "--warmup-requests", "4", "--error-rate-max", "0.5")["groups"]
     c = g["counts"]
     assert c["records"] == 24 and c["warmup_excluded"] == 4
@@ -198,20 +170,20 @@ def test_every_record_is_counted_somewhere(tmp_path, capsys):
     assert {x["name"]: x["passed"] for x in g["gates"]}["error_rate"] is False
 
 
-def test_warmup_excludes_the_first_requests_by_schedule(tmp_path, capsys):
+def test_warmup_excludes_the_first_requests_by_schedule(tmp_path):
     rows = [req(i, ttft=9000.0 if i < 3 else 300.0) for i in range(30)]
     rows.reverse()  # file order must not matter: the schedule decides what is warm-up
     f = write_jsonl(tmp_path / "w.jsonl", rows)
-    (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "1",
+    (g,) = slo_json_in(f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "1",
                     "--warmup-requests", "3")["groups"]
     assert g["counts"]["warmup_excluded"] == 3 and g["attainment"]["of_all_offered_pct"] == 100.0
     assert g["passed"] is True
 
 
-def test_client_back_pressure_fails_the_send_lag_gate(tmp_path, capsys):
+def test_client_back_pressure_fails_the_send_lag_gate(tmp_path):
     rows = [req(i, rate=4.0, lag=5.0 + 40.0 * i) for i in range(40)]  # the client falls behind
     f = write_jsonl(tmp_path / "lag.jsonl", rows)
-    (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "0.9",
+    (g,) = slo_json_in(f, *LIMITS, "--denominator", "all_offered_after_warmup", "--attainment-min", "0.9",
                     "--no-queue-check")["groups"]
     lag_gate = next(x for x in g["gates"] if x["name"] == "client_send_lag")
     assert lag_gate["passed"] is False and lag_gate["value"] > 1000
@@ -296,28 +268,28 @@ def test_capacity_and_verdict_from_a_sweep_with_a_known_answer(tmp_path):
     assert "equal budget not checked" in v["text"]
 
 
-def test_capacity_does_not_trust_a_pass_above_a_failure(tmp_path, capsys):
+def test_capacity_does_not_trust_a_pass_above_a_failure(tmp_path):
     rows = []
     for rate in (1.0, 2.0, 3.0):
         rows += [req(i, dep="edge", rate=rate, ttft=5000.0 if rate == 2 else 300.0) for i in range(24)]
     f = write_jsonl(tmp_path / "nm.jsonl", rows)
-    (cap,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "all_offered_after_warmup",
+    (cap,) = slo_json_in(f, *LIMITS, "--denominator", "all_offered_after_warmup",
                       "--attainment-min", "0.9")["capacity"]
     assert cap["capacity_rps"] == 1.0 and cap["first_failing_rate_rps"] == 2.0
     assert cap["highest_passing_rate_rps"] == 3.0 and cap["passed_above_first_failure_rps"] == [3.0]
     assert "not monotonic" in cap["text"]
 
 
-def test_tie_and_open_ended_sweeps_give_no_winner(tmp_path, capsys):
+def test_tie_and_open_ended_sweeps_give_no_winner(tmp_path):
     rows = [req(i, dep=d, rate=r) for d in ("aggregated", "disaggregated") for r in (1.0, 2.0)
             for i in range(24)]
     f = write_jsonl(tmp_path / "open.jsonl", rows)
-    v = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
+    v = slo_json_in(f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
     assert v["winner"] is None and v["text"].startswith("inconclusive")
     rows = [req(i, dep=d, rate=r, ttft=5000.0 if r == 2 else 300.0)
             for d in ("aggregated", "disaggregated") for r in (1.0, 2.0) for i in range(24)]
     f = write_jsonl(tmp_path / "tie.jsonl", rows)
-    v = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
+    v = slo_json_in(f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["verdict"]
     assert v["winner"] is None and v["text"].startswith("tie") and "keep the simpler aggregated" in v["text"]
 
 
@@ -369,12 +341,12 @@ def test_analysis_driven_by_a_plan(tmp_path):
     (lambda r: r.update(deployment="agg"), "deployment 'agg' is not in the plan (aggregated, disaggregated)"),
     (lambda r: r.update(offered_rate_rps=3.0), "offered rate 3 rps is not in the plan's offered_rates_rps (2, 4)"),
 ])
-def test_records_must_match_the_plan(tmp_path, capsys, mutate, message):
+def test_records_must_match_the_plan(tmp_path, mutate, message):
     plan = small_plan(tmp_path)
     rows = [req(i, rate=2.0) for i in range(10)]
     mutate(rows[6])
     f = write_jsonl(tmp_path / "p.jsonl", rows)
-    rc, out, err = slo_inproc(capsys, "analyze", f, "--plan", plan)
+    rc, out, err = slo_inproc("analyze", f, "--plan", plan)
     assert rc == 2 and out == ""
     assert err.strip() == f"kvbench slo: error: {f}:7: {message}"
 
@@ -384,14 +356,14 @@ def test_records_must_match_the_plan(tmp_path, capsys, mutate, message):
            "(cache_state; convert --cache-state)"),
     ("lukewarm", "cache state 'lukewarm' is not in the plan's cache_state (cold, warm)"),
 ])
-def test_records_must_carry_one_of_the_plans_cache_states(tmp_path, capsys, state, message):
+def test_records_must_carry_one_of_the_plans_cache_states(tmp_path, state, message):
     plan = small_plan(tmp_path, cache_state=["cold", "warm"])
     rows = [{**req(i, rate=2.0), "cache_state": "cold"} for i in range(10)]
     rows[6]["cache_state"] = state
     if state is None:
         del rows[6]["cache_state"]
     f = write_jsonl(tmp_path / "p.jsonl", rows)
-    rc, out, err = slo_inproc(capsys, "analyze", f, "--plan", plan)
+    rc, out, err = slo_inproc("analyze", f, "--plan", plan)
     assert rc == 2 and err.strip() == f"kvbench slo: error: {f}:7: {message}"
 
 
@@ -413,10 +385,10 @@ def test_each_cache_state_is_its_own_run_with_its_own_capacity(tmp_path):
     assert [v["cache_state"] for v in out["verdicts"]] == ["cold", "warm"]
 
 
-def test_limit_flags_conflict_with_a_plan(tmp_path, capsys):
+def test_limit_flags_conflict_with_a_plan(tmp_path):
     plan = small_plan(tmp_path)
     f = write_jsonl(tmp_path / "p.jsonl", [req(0, rate=2.0)])
-    rc, _, err = slo_inproc(capsys, "analyze", f, "--plan", plan, "--ttft-max-ms", "10")
+    rc, _, err = slo_inproc("analyze", f, "--plan", plan, "--ttft-max-ms", "10")
     assert rc == 2 and "--ttft-max-ms conflicts with --plan" in err
 
 
@@ -444,11 +416,11 @@ def _bad(i: int, **fields) -> dict:
     (json.dumps(_bad(1)), ":3: duplicate request_id 'aggregated-1-1' for aggregated at 1 rps (first at"),
     (json.dumps({k: v for k, v in _bad(2).items() if k != "status"}), ":3: status: missing"),
 ])
-def test_bad_records_are_one_line_with_file_and_line(tmp_path, capsys, line, message):
+def test_bad_records_are_one_line_with_file_and_line(tmp_path, line, message):
     f = tmp_path / "bad.jsonl"
     f.write_text(json.dumps(req(0)) + "\n" + json.dumps(req(1)) + "\n" + line + "\n")
     out_file = tmp_path / "report.json"
-    rc, out, err = slo_inproc(capsys, "analyze", str(f), *LIMITS, "--denominator", "successful",
+    rc, out, err = slo_inproc("analyze", str(f), *LIMITS, "--denominator", "successful",
                               "--attainment-min", "0.9", "--out", str(out_file))
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith(f"kvbench slo: error: {f}:")
@@ -464,9 +436,9 @@ def test_bad_records_are_one_line_with_file_and_line(tmp_path, capsys, line, mes
     ((*LIMITS, "--denominator", "successful", "--attainment-min", "95"),
      "argument --attainment-min: expected a fraction in 0..1 (0.95 means 95%), got '95'"),
 ])
-def test_undeclared_or_bad_acceptance_is_refused(tmp_path, capsys, args, message):
+def test_undeclared_or_bad_acceptance_is_refused(tmp_path, args, message):
     f = write_jsonl(tmp_path / "ok.jsonl", [req(i) for i in range(3)])
-    rc, out, err = slo_inproc(capsys, "analyze", f, *args)
+    rc, out, err = slo_inproc("analyze", f, *args)
     assert rc == 2 and out == "" and message in err and err.count("\n") == 1
 
 
@@ -512,9 +484,9 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path):
     assert not png.exists()
 
 
-def test_too_few_requests_cannot_show_a_stable_queue(tmp_path, capsys):
+def test_too_few_requests_cannot_show_a_stable_queue(tmp_path):
     f = write_jsonl(tmp_path / "few.jsonl", [req(i) for i in range(5)])
-    (g,) = slo_json_in(capsys, f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["groups"]
+    (g,) = slo_json_in(f, *LIMITS, "--denominator", "successful", "--attainment-min", "0.9")["groups"]
     gate = next(x for x in g["gates"] if x["name"] == "queue_stability")
     assert g["queue"]["growing"] is None and g["queue"]["achieved_over_offered"] is None
     assert gate["passed"] is False and gate["detail"] == "too few requests after warm-up (5) to judge a trend"

@@ -25,6 +25,7 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import ROOT, committed, jsonl_kinds, wait_for
+from tests.helpers import run
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: E402
@@ -121,24 +122,19 @@ def engines():
             pass
 
 
-def slo(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvbench.slo.cli.cli([str(a) for a in args])
-    except SystemExit as exc:  # argparse errors (bounded number flags)
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def slo(*args) -> tuple[int, str, str]:
+    return run(kvbench.slo.cli.cli, *args)
 
 
 def lines_of(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def test_scrape_then_analyze_a_disaggregated_pair(tmp_path, capsys, engines):
+def test_scrape_then_analyze_a_disaggregated_pair(tmp_path, engines):
     pre, pre_url = engines("prefill", queue_grows=False)
     dec, dec_url = engines("decode", queue_grows=True, fail_at_step=3)
     out = tmp_path / "run.metrics.jsonl"
-    rc, text, err = slo(capsys, "scrape", f"prefill={pre_url}", f"decode={dec_url}", "--interval", "0.3",
+    rc, text, err = slo("scrape", f"prefill={pre_url}", f"decode={dec_url}", "--interval", "0.3",
                         "--duration", "3", "--out", out, "--deployment", "disaggregated",
                         "--offered-rate", "4", "--cache-state", "cold")
     assert rc == 0, err
@@ -151,7 +147,7 @@ def test_scrape_then_analyze_a_disaggregated_pair(tmp_path, capsys, engines):
     dec_rows = [r for r in ticks if r["role"] == "decode" and r["kind"] == "sample"]
     assert len(dec_rows) >= 9, "a local endpoint should answer most scrapes"
 
-    rc, text, err = slo(capsys, "analyze", "--metrics", out, "--metrics-window-s", "1", "--format", "json",
+    rc, text, err = slo("analyze", "--metrics", out, "--metrics-window-s", "1", "--format", "json",
                         "--fit", FIT)
     assert rc == 0, err
     e = json.loads(text)["engine_metrics"][0]
@@ -226,13 +222,13 @@ def test_sigterm_ends_a_scrape_cleanly_after_one_last_reading(tmp_path, engines)
     assert rows[-1]["scrapes"] >= 2 and rows[-2]["kind"] == "sample"
 
 
-def test_an_endpoint_that_goes_away_is_a_gap_and_the_run_goes_on(tmp_path, capsys, engines):
+def test_an_endpoint_that_goes_away_is_a_gap_and_the_run_goes_on(tmp_path, engines):
     pre, pre_url = engines("prefill", queue_grows=False)
     dec, dec_url = engines("decode", queue_grows=False)
     stopper = threading.Timer(1.0, pre.stop)
     stopper.start()
     out = tmp_path / "gap.jsonl"
-    rc, text, err = slo(capsys, "scrape", f"prefill={pre_url}", f"decode={dec_url}", "--interval", "0.25",
+    rc, text, err = slo("scrape", f"prefill={pre_url}", f"decode={dec_url}", "--interval", "0.25",
                         "--duration", "2.5", "--out", out)
     stopper.join()
     assert rc == 0, err
@@ -241,18 +237,18 @@ def test_an_endpoint_that_goes_away_is_a_gap_and_the_run_goes_on(tmp_path, capsy
     assert gaps and {g["role"] for g in gaps} == {"prefill"}
     assert all(r["kind"] == "sample" for r in rows if r.get("t_s", 0) > gaps[0]["t_s"] and r.get("role") == "decode")
     assert any("refused" in g["error"].lower() or "reset" in g["error"].lower() for g in gaps)
-    rc, text, _ = slo(capsys, "analyze", "--metrics", out)
+    rc, text, _ = slo("analyze", "--metrics", out)
     assert rc == 0 and "failed scrape(s) in 1 gap(s)" in text
 
 
-def test_a_hung_endpoint_costs_one_timeout_per_scrape_not_the_run(tmp_path, capsys):
+def test_a_hung_endpoint_costs_one_timeout_per_scrape_not_the_run(tmp_path):
     """A server that accepts and never answers: every scrape of it is a gap, bounded by the interval."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     out = tmp_path / "hung.jsonl"
     try:
-        rc, _, err = slo(capsys, "scrape", f"decode=http://127.0.0.1:{sock.getsockname()[1]}/metrics",
+        rc, _, err = slo("scrape", f"decode=http://127.0.0.1:{sock.getsockname()[1]}/metrics",
                          "--interval", "0.2", "--duration", "1", "--out", out)
     finally:
         sock.close()
@@ -273,7 +269,7 @@ def test_histogram_quantile_is_promqls_rule():
     assert histogram_quantile(0.5, {1.0: 0.0, math.inf: 0.0}) is None
 
 
-def test_counter_reset_between_scrapes_is_skipped_not_negative(tmp_path, capsys):
+def test_counter_reset_between_scrapes_is_skipped_not_negative(tmp_path):
     from kvbench.slo.scrape import SCHEMA_METRICS
 
     def sample(t, count, total_s):
@@ -285,13 +281,13 @@ def test_counter_reset_between_scrapes_is_skipped_not_negative(tmp_path, capsys)
             sample(0, 10, 0.5), sample(1, 20, 1.0), sample(2, 3, 0.15), sample(3, 13, 0.65)]
     f = tmp_path / "reset.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc, text, _ = slo(capsys, "analyze", "--metrics", f, "--format", "json")
+    rc, text, _ = slo("analyze", "--metrics", f, "--format", "json")
     kv = json.loads(text)["engine_metrics"][0]["roles"][0]["kv_transfer"]
     assert kv["resets_skipped"] == 1 and kv["total"]["transfers"] == 20  # 10 + 10, the drop skipped
     assert kv["total"]["mean_ms"] == pytest.approx(50.0)
 
 
-def test_a_mapping_file_reads_an_unknown_engine(tmp_path, capsys):
+def test_a_mapping_file_reads_an_unknown_engine(tmp_path):
     from kvbench.slo.scrape import SCHEMA_METRICS
 
     mapping = tmp_path / "map.yaml"
@@ -305,13 +301,13 @@ def test_a_mapping_file_reads_an_unknown_engine(tmp_path, capsys):
             "toy_xfer_ms_sum": [[{}, 10.0 * k]], "toy_xfer_ms_count": [[{}, 2.0 * k]]}})
     f = tmp_path / "toy.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc, text, err = slo(capsys, "analyze", "--metrics", f, "--metrics-map", mapping, "--format", "json")
+    rc, text, err = slo("analyze", "--metrics", f, "--metrics-map", mapping, "--format", "json")
     assert rc == 0, err
     role = json.loads(text)["engine_metrics"][0]["roles"][0]
     assert role["queue"]["growing"] is True and role["kv_transfer"]["total"]["mean_ms"] == pytest.approx(5.0)
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine: toy\nmetrics:\n  queue: {name: x, kind: gauge}\n")
-    rc, _, err = slo(capsys, "analyze", "--metrics", f, "--metrics-map", bad)
+    rc, _, err = slo("analyze", "--metrics", f, "--metrics-map", bad)
     assert rc == 2 and "unknown quantity 'queue'" in err and err.count("\n") == 1
 
 
@@ -322,18 +318,18 @@ def test_a_mapping_file_reads_an_unknown_engine(tmp_path, capsys):
     (["scrape", "a=http://x/metrics", "--duration", "1", "--interval", "0.001", "--out", "x"], "argument --interval: must be a positive number (>= 0.05"),
     (["analyze"], "give request records (RECORDS.jsonl), --metrics SCRAPE.jsonl, or both"),
 ])
-def test_bad_scrape_and_analyze_arguments(capsys, tmp_path, args, message):
-    rc, out, err = slo(capsys, *args)
+def test_bad_scrape_and_analyze_arguments(tmp_path, args, message):
+    rc, out, err = slo(*args)
     assert rc == 2 and message in err and err.count("\n") == 1
 
 
-def test_the_plan_asks_for_engine_metrics_the_run_did_not_give(tmp_path, capsys):
-    from tests.slo.test_slo import req, write_jsonl
+def test_the_plan_asks_for_engine_metrics_the_run_did_not_give(tmp_path):
+    from tests.slo.helpers import req, write_jsonl
 
     plan = ROOT / "examples" / "pd-benchmark-plan.yaml"
     rows = [{**req(i, rate=1.0), "cache_state": "cold"} for i in range(30)]
     f = write_jsonl(tmp_path / "r.jsonl", rows)
-    rc, text, err = slo(capsys, "analyze", f, "--plan", plan, "--format", "json")
+    rc, text, err = slo("analyze", f, "--plan", plan, "--format", "json")
     assert rc == 0, err
     assert json.loads(text)["notes"] == [
         "the plan asks for scheduler and kv_transfer metrics: record them with `kvbench slo scrape` "

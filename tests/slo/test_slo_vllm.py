@@ -11,43 +11,7 @@ import pytest
 
 import kvbench.slo.cli
 from tests.conftest import run_cli
-
-T0 = 81234.5  # time.perf_counter() origin: arbitrary, vLLM saves it as is
-# (start offset s, ttft s, itls s, output_lens, error)
-REQUESTS = [
-    (0.00, 0.250, [0.020] * 7, 8, ""),
-    (0.25, 0.300, [0.030] * 3, 8, ""),  # 4 chunks carrying 8 tokens: per-chunk counts unknown
-    (0.50, 0.0, [], 0, "Too Many Requests"),
-    (0.75, 0.0, [], 0, "Traceback (most recent call last):\n  ...\nasyncio.exceptions.TimeoutError\n"),
-    (1.00, 0.0, [], 0, "Internal Server Error"),
-    (1.25, 0.200, [0.025] * 5, 6, ""),
-]
-
-
-def vllm_result(**overrides) -> dict:
-    """The shape vllm/benchmarks/serve.py saves with --save-result --save-detailed."""
-    ok = [r for r in REQUESTS if not r[4]]
-    doc = {
-        "date": "20260101-000000", "endpoint_type": "openai", "backend": "openai", "label": None,
-        "model_id": "example-org/Example-8B", "tokenizer_id": "example-org/Example-8B",
-        "num_prompts": len(REQUESTS), "request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None,
-        "duration": 1.6, "completed": len(ok), "failed": len(REQUESTS) - len(ok),
-        "total_input_tokens": 512 * len(ok), "total_output_tokens": sum(r[3] for r in ok),
-        "request_throughput": 1.9, "request_goodput": None, "output_throughput": 13.1,
-        "total_token_throughput": 900.0,
-        "input_lens": [512] * len(REQUESTS),
-        "output_lens": [r[3] for r in REQUESTS],
-        "ttfts": [r[1] for r in REQUESTS],
-        "itls": [r[2] for r in REQUESTS],
-        "latencies": [r[1] + sum(r[2]) if not r[4] else 0.0 for r in REQUESTS],
-        "start_times": [T0 + r[0] for r in REQUESTS],
-        "queue_times": [0.0] * len(REQUESTS),
-        "generated_texts": ["x" * r[3] for r in REQUESTS],
-        "errors": [r[4] for r in REQUESTS],
-        "mean_ttft_ms": 250.0, "median_ttft_ms": 250.0, "p99_ttft_ms": 299.0,
-    }
-    doc.update(overrides)
-    return doc
+from tests.helpers import run, vllm_result
 
 
 def write(path, *docs) -> str:
@@ -55,13 +19,8 @@ def write(path, *docs) -> str:
     return str(path)
 
 
-def convert_inproc(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = kvbench.slo.cli.cli(["convert-vllm", *args])  # what `kvbench slo convert-vllm` calls
-    except SystemExit as exc:
-        rc = exc.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+def convert_inproc(*args) -> tuple[int, str, str]:
+    return run(kvbench.slo.cli.cli, "convert-vllm", *args)  # what `kvbench slo convert-vllm` calls
 
 
 def test_convert_then_analyze_agrees_with_vllm_definitions(tmp_path):
@@ -104,20 +63,20 @@ def test_convert_then_analyze_agrees_with_vllm_definitions(tmp_path):
     assert lag["passed"] is None and "no scheduled_send_ms" in lag["detail"]
 
 
-def test_stdout_output_and_append_result_files(tmp_path, capsys):
+def test_stdout_output_and_append_result_files(tmp_path):
     src = write(tmp_path / "two.json", vllm_result(), vllm_result(request_rate=8.0))
-    rc, _, err = convert_inproc(capsys, src, "--deployment", "disaggregated")
+    rc, _, err = convert_inproc(src, "--deployment", "disaggregated")
     assert rc == 2 and "holds 2 results (written with --append-result); choose one with --index 0..1" in err
-    rc, out, err = convert_inproc(capsys, src, "--deployment", "disaggregated", "--index", "1")
+    rc, out, err = convert_inproc(src, "--deployment", "disaggregated", "--index", "1")
     assert rc == 0 and err == ""
     lines = [json.loads(x) for x in out.splitlines()]
     assert len(lines) == 6 and {x["offered_rate_rps"] for x in lines} == {8.0}
     assert {x["deployment"] for x in lines} == {"disaggregated"}
 
 
-def test_client_concurrency_cap_is_noted(tmp_path, capsys):
+def test_client_concurrency_cap_is_noted(tmp_path):
     src = write(tmp_path / "cap.json", vllm_result(max_concurrency=16))
-    rc, _, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--out", str(tmp_path / "o.jsonl"))
+    rc, _, err = convert_inproc(src, "--deployment", "aggregated", "--out", str(tmp_path / "o.jsonl"))
     assert rc == 0 and err.startswith("note: max_concurrency=16: vLLM held requests back at the client")
 
 
@@ -132,37 +91,37 @@ def test_client_concurrency_cap_is_noted(tmp_path, capsys):
     (vllm_result(itls=[[0.01]] * 5), (), "itls must be a list of 6 entries, one per request"),
     (vllm_result(ttfts=[0.25, -0.1, 0, 0, 0, 0.2]), (), "ttfts[1]: must be >= 0, got -0.1"),
 ])
-def test_bad_vllm_files_are_one_line(tmp_path, capsys, doc, args, message):
+def test_bad_vllm_files_are_one_line(tmp_path, doc, args, message):
     src = write(tmp_path / "v.json", doc)
     out = tmp_path / "o.jsonl"
-    rc, stdout, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--out", str(out), *args)
+    rc, stdout, err = convert_inproc(src, "--deployment", "aggregated", "--out", str(out), *args)
     assert rc == 2 and stdout == "" and err.count("\n") == 1
     assert message in err
     assert not out.exists()
 
 
-def test_inf_rate_with_an_explicit_offered_rate_converts(tmp_path, capsys):
+def test_inf_rate_with_an_explicit_offered_rate_converts(tmp_path):
     src = write(tmp_path / "inf.json", vllm_result(request_rate="inf"))
-    rc, out, _ = convert_inproc(capsys, src, "--deployment", "aggregated", "--offered-rate", "4")
+    rc, out, _ = convert_inproc(src, "--deployment", "aggregated", "--offered-rate", "4")
     assert rc == 0 and all(json.loads(x)["offered_rate_rps"] == 4.0 for x in out.splitlines())
 
 
-def test_not_json_and_never_overwrite(tmp_path, capsys):
+def test_not_json_and_never_overwrite(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"ttfts": [0.1,\n  oops]}')
-    rc, _, err = convert_inproc(capsys, str(bad), "--deployment", "a")
+    rc, _, err = convert_inproc(str(bad), "--deployment", "a")
     assert rc == 2 and f"{bad}:2: not valid JSON" in err
     src = write(tmp_path / "v.json", vllm_result())
     existing = tmp_path / "exists.jsonl"
     existing.write_text("keep")
-    rc, _, err = convert_inproc(capsys, src, "--deployment", "a", "--out", str(existing))
+    rc, _, err = convert_inproc(src, "--deployment", "a", "--out", str(existing))
     assert rc == 2 and "refusing to overwrite existing file" in err and existing.read_text() == "keep"
 
 
-def test_cache_state_is_written_into_every_record(tmp_path, capsys):
+def test_cache_state_is_written_into_every_record(tmp_path):
     src = write(tmp_path / "r.json", vllm_result())
-    rc, out, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", "warm")
+    rc, out, err = convert_inproc(src, "--deployment", "aggregated", "--cache-state", "warm")
     assert rc == 0, err
     assert {json.loads(x)["cache_state"] for x in out.splitlines()} == {"warm"}
-    rc, _, err = convert_inproc(capsys, src, "--deployment", "aggregated", "--cache-state", " ")
+    rc, _, err = convert_inproc(src, "--deployment", "aggregated", "--cache-state", " ")
     assert rc == 2 and "--cache-state must not be empty" in err

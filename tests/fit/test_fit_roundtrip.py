@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 import kvbench.fit.cli
 import kvbench.plan.cli
 import kvbench.report.cli
-from tests.fit.test_fit import rounds_records, synthetic
-from tests.test_robust import run
+from tests.helpers import rounds_records, run, synthetic
 
 ROUND_TRIP = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                       suppress_health_check=list(HealthCheck))

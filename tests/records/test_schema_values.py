@@ -26,7 +26,7 @@ from kvbench.cli import UsageError
 from kvbench.records.schema.fit import FitDocument
 from kvbench.records.schema.p2p import P2PRecord
 from tests.conftest import ROOT
-from tests.test_robust import run
+from tests.helpers import run
 
 P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
 FIT = ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"

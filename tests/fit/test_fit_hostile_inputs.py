@@ -1,21 +1,28 @@
-"""Hostile input, round two (issue 25): numerical edges, double counting, fit draws' forms,
-and kvbench reading what kvbench wrote. Each test plants the input the issue reported."""
+"""Hostile data given to `kvbench fit`, and the fit documents it writes as every reader of fits
+takes them (plan, plan route, plan export, slo analyze --fit, report).
+
+Numerical edges (all-zero or denormal samples, sub-ns times, the extremes of bytes), a file
+named twice, a folder whose name is not UTF-8, and fit draws in the bare schema form or not
+this fit's: each is fitted and read back, or refused in one line, never a traceback.
+(Found by issue 25, groups 5, 6, 7 and 11.)
+"""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
 
 import kvbench.fit.cli
 import kvbench.plan.cli
 import kvbench.report.cli
 import kvbench.slo.cli
 from tests.conftest import ROOT
-from tests.test_robust import run
+from tests.helpers import no_traceback, run
 
 P2P = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.jsonl"
+
+
 FIT = ROOT / "tests/data/runs/mpi-20261202/kvbench-p2p-20261202T175443Z.fit.json"
 
 
@@ -25,13 +32,6 @@ def records_with(path, value: float, sizes=(1000, 2000, 4000, 8000, 16000, 32000
         for b in sizes:
             for _ in range(blocks):
                 fh.write(json.dumps({**rec, "bytes": b, "samples_ms": [value] * 5}) + "\n")
-
-
-def no_traceback(result, codes=(0, 2)) -> str:
-    rc, out, err = result
-    assert rc in codes, (rc, err[-2000:])
-    assert "Traceback" not in err and (rc == 0 or err.count("\n") == 1), err[-2000:]
-    return err
 
 
 @pytest.mark.parametrize("value", [0.0, 5e-324, 1e-310])
@@ -62,16 +62,9 @@ def test_one_file_named_twice_is_read_once(tmp_path, monkeypatch):
     assert [g["n_samples"] for g in docs[0]["groups"]] == [g["n_samples"] for g in docs[1]["groups"]]
 
 
-def test_plan_rates_closer_than_the_matching_tolerance_are_refused(tmp_path):
-    """Group 11: rates 1e-13 apart validated, then one was analysed and the other 'untested'."""
-    plan = yaml.safe_load((ROOT / "examples" / "pd-benchmark-plan.yaml").read_text())
-    plan["comparison"]["offered_rates_rps"] = [1.0, 1.0 + 1e-13, 2.0]
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
-    err = no_traceback(run(kvbench.slo.cli.cli, "validate-plan", tmp_path / "p.yaml"), codes=(2,))
-    assert "is the same rate as 1.0" in err
-
-
 FIT2 = ROOT / "tests/data/runs/fit-example/kvbench-p2p-20261203T140056Z-7a0e16.fit.json"
+
+
 ROUTE = ("--prompt-tokens", "1000,8000", "--local-interference-ms", "5", "--itl-p95-ms", "20",
          "--itl-target-ms", "50")
 
@@ -156,18 +149,3 @@ def test_a_fit_in_a_folder_whose_name_is_not_utf8_is_read_back(tmp_path):
     assert rc == 0, err
     _read_by_every_fit_reader(folder / "r.fit.json", folder)
     assert "run-\\xff" in (folder / "rep" / "report.md").read_text()
-
-
-@pytest.mark.parametrize("argv", [
-    ("cohort",),
-    ("sweep", "--rates", "0.000001", "--duration-s", "10000000"),
-    ("sweep", "--rates", "1000000", "--duration-s", "0.005"),
-    ("sweep", "--rates", "1,50", "--duration-s", "20", "--warmup-requests", "0"),
-])
-def test_what_slo_synth_writes_slo_analyze_accepts(tmp_path, argv):
-    out = tmp_path / "s.jsonl"
-    rc, _, err = run(kvbench.slo.cli.cli, "synth", *argv, "--out", out)
-    assert rc == 0, err
-    rc, _, err = run(kvbench.slo.cli.cli, "analyze", out, "--ttft-max-ms", "2000", "--tpot-max-ms", "50",
-                     "--denominator", "successful", "--attainment-min", "0.9", "--format", "json")
-    assert rc == 0, err

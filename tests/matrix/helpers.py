@@ -1,0 +1,48 @@
+"""Helpers the matrix tests share: the sizes, the interfaces' path strings, and the p2p records
+of one matrix run with a planted slow pair or odd path."""
+
+from __future__ import annotations
+
+from kvbench.p2p.patterns.matrix import ordered_pairs
+from kvbench.p2p.spec import HandoffSpec
+from tests.helpers import rounds_records
+
+MB = 1 << 20
+ETH1 = "UCX RMA write: tcp/eth1 (zero-copy); notifications (AM): tcp/eth1"
+HOSTS = ["n1", "n2", "n3"]
+
+
+SIZES = [1 * MB, 2 * MB, 4 * MB, 8 * MB]
+
+
+ETH0 = "UCX RMA write: tcp/eth0 (zero-copy); notifications (AM): tcp/eth0"
+
+
+def matrix_records(rates: dict, paths: dict | None = None, *, hosts=HOSTS, wrong=None,
+                   transport="nixl", seed=0) -> list[dict]:
+    """The records of one matrix run: every ordered pair of len(hosts) ranks at its rate (GB/s,
+    1 ms setup), in 12 interleaved rounds, naming its pair and its path as kvbench p2p does."""
+    n, out = len(hosts), []
+    for k, (s, r) in enumerate(ordered_pairs(n)):
+        spec = HandoffSpec(transport=transport, pattern="matrix", granularity="whole",
+                           layout="raw", device="cpu", hosts=list(hosts), variant=f"{s}->{r}",
+                           world={"size": n, "prefill_ranks": [s], "decode_ranks": [r]}).as_dict()
+        path = (paths or {}).get((s, r), ETH0)
+        out += rounds_records(
+            SIZES, 1.0, rates.get((s, r), 1.0), rounds=12, seed=seed + k, spec=spec,
+            run_id="run-m", transport=transport, pattern="matrix", variant=f"{s}->{r}",
+            world_size=n, hosts=list(hosts), pair=[s, r],
+            sender={"rank": s, "host": hosts[s]}, receiver={"rank": r, "host": hosts[r]},
+            schedule={"name": "rounds", "round": k, "rounds": n * (n - 1),
+                      "pairs_in_round": [[s, r]]},
+            wireup_ms=2.0, transport_info={"path": path, "path_source": "test"},
+            wrong=(wrong or {}).get((s, r), 0))
+    return out
+
+
+PLANTED = {(1, 0): 0.05}  # n2 -> n1: 5% of the others' rate
+
+
+ODD = {(0, 2): ETH1}  # n1 -> n3 over another interface
+
+
