@@ -15,18 +15,18 @@ each get a job of their own (slow).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from kvbench.p2p.transports.mooncake import libs
-from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_cases, run_cli, run_mpi
+from tests.conftest import ROOT, mpirun_path, run_cases, run_cli, run_mpi
+from tests.p2p.helpers import MooncakeJob as _Job
+from tests.p2p.helpers import masters_left as _masters_left
+from tests.p2p.helpers import mooncake_or_skip
 
 SMALL = "--sizes 16 --warmup 1 --iters 2 --min-iters 2 --quiet"
 CONFIGS = {  # name: (flags, op, granularity, layout)
@@ -40,27 +40,6 @@ CORRUPT = "--debug-corrupt-elements 3"
 STORE = "--pattern store --layout paged --granularity block"
 # 300 tokens: 3,040 pages of 32 KiB (100 MB) into a store of 2 x 32 MiB: most find no room
 UNDERSIZED = f"{STORE} --store-segment 32M --sizes 300"
-
-
-def system_install_allowed(environ=os.environ) -> bool:
-    return bool(environ.get("CI")) or environ.get(libs.ALLOW) == "1"
-
-
-def mooncake_or_skip() -> None:
-    """Skip, naming what to do, where Mooncake cannot run; make the private library copy
-    where the machine may be changed."""
-    if importlib.util.find_spec("mooncake") is None:
-        pytest.skip(f"Mooncake is not installed: {libs.INSTALL_HINT}")
-    gone = libs.missing()
-    if gone and system_install_allowed():
-        try:
-            libs.fetch()
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            pytest.skip(f"could not make the private copy of {', '.join(gone)}: {exc}")
-        gone = libs.missing()
-    if gone:
-        pytest.skip(f"{libs.libs_hint(gone)}; or set {libs.ALLOW}=1 (or CI=1) to let the "
-                    "tests run it")
 
 
 @pytest.fixture(scope="module")
@@ -132,22 +111,6 @@ def test_a_planted_corruption_is_caught(data_job):
     assert "data check failed: 3 wrong elements" in res.stderr
 
 
-def _masters_left() -> list[str]:
-    """mooncake_master processes whose parent is gone (a job's master outliving it)."""
-    left = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if "mooncake/mooncake_master" in cmd and "--metrics_host=127.0.0.1" in cmd \
-                    and ppid == 1:
-                left.append(f"{d.name}: {cmd[:120]}")
-    return left
-
-
 @pytest.mark.mpi
 def test_store_puts_and_gets_through_a_master_it_started(data_job):
     """--pattern store: prefill puts one object per page, decode gets them into its own cache;
@@ -210,49 +173,6 @@ def test_an_undersized_store_shows_rejections_and_misses_and_no_wrong_byte_passe
     assert rec["wrong"] > 0 and rec["store_misses"] > 0
     assert rec["fit_as_link"] is False and "store misses" in rec["not_link_reason"]
     assert "gets missed in handoff" in res.stderr and "data check counts them wrong" in res.stderr
-
-
-class _Job:
-    """One mpirun job in its own session; every process whose command line holds its marker
-    is found afterwards (none may be left)."""
-
-    def __init__(self, tmp: Path, *flags: str, hang_s: float = 180, during=None):
-        self.marker = str(tmp / "out")
-        cmd = [mpirun_path(), "-n", "2", PY, "-m", "kvbench.p2p", "--transport", "mooncake",
-               *flags, "--out", self.marker]
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        if during is not None:
-            during()
-        try:
-            self.out, self.err = proc.communicate(timeout=hang_s)
-            self.rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: prterun and the ranks
-            self.out, self.err = proc.communicate()
-            self.rc = None
-        self.seconds = time.monotonic() - t0
-
-    def errors(self) -> list[str]:
-        tag = "kvbench p2p: error:"
-        return [line[line.index(tag):] for line in self.err.splitlines() if tag in line]
-
-    def processes_left(self) -> list[str]:
-        for _ in range(50):
-            left = []
-            for d in Path("/proc").iterdir():
-                if d.name.isdigit() and int(d.name) != os.getpid():
-                    try:
-                        cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                    except OSError:
-                        continue
-                    if self.marker in cmd:
-                        left.append(f"{d.name}: {cmd[:120]}")
-            if not left:
-                return []
-            time.sleep(0.2)
-        return left
 
 
 FAULT = ("--sizes", "16", "--warmup", "1", "--iters", "2", "--min-iters", "2", "--quiet",

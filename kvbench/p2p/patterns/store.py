@@ -18,9 +18,12 @@ class Store(Sequential):
     description = "through a shared KV store (Mooncake Store): prefill puts, decode gets"
 
     def setup(self, point):
-        """The sequential point, its records told how many gets missed (collective): a
-        handoff whose objects were not all got back is not a transfer to fit."""
-        run = super().setup(point)
+        """The sequential point, with the store's fields."""
+        return self._with_store_fields(super().setup(point))
+
+    def _with_store_fields(self, run):
+        """`run`'s records told how many gets missed (collective): a handoff whose objects
+        were not all got back is not a transfer to fit; and what the pool holds."""
         inner, ch = run.records, run.links[0].channel if run.links[0] is not None else None
 
         def records(loops, wrong) -> list[dict]:
@@ -66,6 +69,6 @@ class Store(Sequential):
 
     def prepare(self, points) -> str | None:
         if self.ctx.transport.name != "mooncake":
-            return "pattern store runs on --transport mooncake (Mooncake Store)"
+            return f"pattern {self.name} runs on --transport mooncake (Mooncake Store)"
         self.ctx.transport.store_mode = True
         return super().prepare(points)

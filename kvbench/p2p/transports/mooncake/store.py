@@ -44,6 +44,7 @@ from kvbench.p2p.transports.mooncake import libs
 
 _TAG = 7600
 _NO_SPACE = -200  # a put the store has no room for (its objects are leased or in use)
+MIN_SEGMENT = 16 << 20  # the least a client mounts: setup answers -600 below it
 COUNTERS = {  # record field -> the master's metric (summed over its labels)
     "store_objects": "master_key_count",
     "store_bytes_used": "master_allocated_bytes",
@@ -142,6 +143,22 @@ class _Req(Request):
         return ch.finished
 
 
+class _LayerReq(Request):
+    """Decode: done once its layer is got; prefill: its layer was put when posted."""
+
+    __slots__ = ("ch", "h", "layer")
+
+    def __init__(self, ch: StoreChannel, layer: int):
+        self.ch, self.h, self.layer = ch, ch.h, layer
+
+    def test(self) -> bool:
+        ch = self.ch
+        if self.h != ch.h or ch.finished or self.layer in ch.layers_done:
+            return True
+        ch.pump()
+        return self.layer in ch.layers_done
+
+
 class StoreChannel(TimedParts, Channel):
     """Prefill puts every message of a handoff under its own key; decode gets them into its
     buffers once told they are in (see the module doc)."""
@@ -158,6 +175,8 @@ class StoreChannel(TimedParts, Channel):
         self.h, self.in_handoff, self.finished, self.closed = 0, False, False, False
         self.sends: list = []
         self.per: dict[str, list[float]] = {}
+        self.cur: dict[str, float] = {}
+        self.msgs_of: dict[int, list[int]] | None = None  # per-layer mode: by_layer()
         t0 = time.perf_counter()
         seen: dict[int, int] = {}
         for b in self.buffers:
@@ -171,26 +190,53 @@ class StoreChannel(TimedParts, Channel):
             self.registered.append(addr)
         self.per[f"store_register_{self.role}_ms"] = [(time.perf_counter() - t0) * 1e3]
 
-    def _keys(self) -> list[str]:
-        return [f"{self.t.key_prefix}-c{self.cid}-h{self.h}-m{i}" for i in range(len(self.lens))]
+    def _keys(self, idx: Sequence[int]) -> list[str]:
+        return [f"{self.t.key_prefix}-c{self.cid}-h{self.h}-m{i}" for i in idx]
+
+    def by_layer(self, clock_offset_s: float = 0.0) -> None:
+        """Per-layer mode (`--pattern store-layerwise`): prefill puts a layer's objects as
+        soon as the engine has posted that layer's messages and announces the layer; decode
+        gets each layer once announced, while prefill puts the next. `clock_offset_s` maps
+        this rank's perf_counter onto rank 0's (harness.Clock), so both ends' per-layer
+        stamps share one timeline: ms since prefill's first put of the handoff began."""
+        self.msgs_of: dict[int, list[int]] = {}
+        for i, layer in enumerate(self.layer_of):
+            self.msgs_of.setdefault(layer, []).append(i)
+        self.offset = clock_offset_s
 
     def begin_handoff(self) -> None:
         self.h += 1
         self.in_handoff, self.finished, self.posted = True, False, 0
+        if self.msgs_of is not None:
+            self.left = {layer: len(m) for layer, m in self.msgs_of.items()}
+            self.layers_done: set[int] = set()
+            self.origin: float | None = None
+            self.cur = {}
 
     def post(self, i: int, ready=None) -> Request:
-        if self.is_sender:
-            self.posted += 1
-            if self.posted == len(self.buffers):
+        if not self.is_sender:
+            return _Req(self) if self.msgs_of is None else _LayerReq(self, self.layer_of[i])
+        if self.msgs_of is not None:
+            layer = self.layer_of[i]
+            self.left[layer] -= 1
+            if self.left[layer] == 0:
                 if ready is not None:
                     ready.wait()
-                self._put()
+                self._put_layer(layer)
+            return _LayerReq(self, layer)
+        self.posted += 1
+        if self.posted == len(self.buffers):
+            if ready is not None:
+                ready.wait()
+            self._put()
         return _Req(self)
 
-    def _put(self) -> None:
-        keys = self._keys()
+    def _put_objects(self, idx: Sequence[int]) -> tuple[float, int]:
+        """batch_put_from the messages `idx` (one object each): (ms, rejected for no room).
+        Any other failure ends the job naming the master."""
+        keys = self._keys(idx)
         t0 = time.perf_counter()
-        rcs = self._chunked(self.store.batch_put_from, keys)
+        rcs = self._chunked(self.store.batch_put_from, idx)
         ms = (time.perf_counter() - t0) * 1e3
         self.count_posted(len(keys))  # one object per message (decode gets the same keys)
         full = [k for k, rc in zip(keys, rcs, strict=True) if rc == _NO_SPACE]
@@ -201,18 +247,46 @@ class StoreChannel(TimedParts, Channel):
                                  f"failed (handoff {self.h}; first {failed[0]}: "
                                  f"{rcs[keys.index(failed[0])]}); is the master at "
                                  f"{self.t.master_addr} still running?")
+        return ms, len(full)
+
+    def _put(self) -> None:
+        ms, full = self._put_objects(range(len(self.lens)))
         self.per.setdefault("store_put_ms", []).append(ms)
-        self.per.setdefault("store_put_rejected", []).append(float(len(full)))
+        self.per.setdefault("store_put_rejected", []).append(float(full))
         self.sends.append(self.t.comm.isend((self.h, ms), dest=self.peer, tag=self._tag()))
         self.finished = True  # prefill's part ends when its objects are in the store
 
-    def _chunked(self, call, keys: list[str]) -> list[int]:
-        """`call` over at most --mooncake-inflight keys at a time: the store moves the bytes
-        with the Transfer Engine, whose TCP transport fails (-800) what passes its per-peer
-        queue of 1,024 (20,000 pages in one batch_put_from: half failed)."""
-        step, out = self.t.inflight, []
-        for k in range(0, len(keys), step):
-            out += call(keys[k:k + step], self.addrs[k:k + step], self.lens[k:k + step])
+    def _put_layer(self, layer: int) -> None:
+        """Put one layer's objects, then announce the layer (its put's start and end on the
+        common clock); after the last layer, the handoff's totals (store_put_ms: the sum of
+        the layers' puts)."""
+        start = time.perf_counter() - self.offset
+        ms, full = self._put_objects(self.msgs_of[layer])
+        end = time.perf_counter() - self.offset
+        self.origin = start if self.origin is None else self.origin
+        self.per.setdefault("store_layer_put_ms", []).append(ms)
+        self.per.setdefault("store_layer_put_end_ms", []).append((end - self.origin) * 1e3)
+        self._add("store_put_ms", ms)
+        self._add("store_put_rejected", float(full))
+        self.sends.append(self.t.comm.isend((self.h, layer, start), dest=self.peer,
+                                            tag=self._tag()))
+        self.layers_done.add(layer)
+        if len(self.layers_done) == len(self.msgs_of):
+            self._flush()
+            self.finished = True
+
+    def _chunked(self, call, idx: Sequence[int]) -> list[int]:
+        """`call` over at most --mooncake-inflight keys at a time, each key with its own
+        message's address and length (a layer's keys with a layer's buffers: keys paired
+        with another slice's buffers were the -600 of an earlier attempt, docs/mooncake.md).
+        The store moves the bytes with the Transfer Engine, whose TCP transport fails (-800)
+        what passes its per-peer queue of 1,024 (20,000 pages in one batch_put_from: half
+        failed)."""
+        idx, step, out = list(idx), self.t.inflight, []
+        for k in range(0, len(idx), step):
+            part = idx[k:k + step]
+            out += call(self._keys(part), [self.addrs[i] for i in part],
+                        [self.lens[i] for i in part])
         return out
 
     def _tag(self) -> int:
@@ -222,26 +296,52 @@ class StoreChannel(TimedParts, Channel):
         if self.is_sender:
             return
         comm = self.t.comm
-        if not comm.iprobe(source=self.peer, tag=self._tag()):
-            return
-        h, _put_ms = comm.recv(source=self.peer, tag=self._tag())
-        if h != self.h:
-            raise TransportError(f"mooncake store: put notice for handoff {h} in handoff {self.h}")
-        keys = self._keys()
+        while comm.iprobe(source=self.peer, tag=self._tag()):
+            note = comm.recv(source=self.peer, tag=self._tag())
+            if note[0] != self.h:
+                raise TransportError(f"mooncake store: put notice for handoff {note[0]} in "
+                                     f"handoff {self.h}")
+            if self.msgs_of is None:
+                self.per.setdefault("store_get_ms", []).append(self._get(range(len(self.lens))))
+                self.finished = True
+                return
+            self._get_layer(note[1], note[2])
+
+    def _get(self, idx: Sequence[int]) -> float:
+        """batch_get_into the messages `idx`: ms. A get that does not return its object's
+        size is a miss (counted, named once on stderr); every answer is counted."""
+        keys = self._keys(idx)
         t0 = time.perf_counter()
-        got = self._chunked(self.store.batch_get_into, keys)
-        self.per.setdefault("store_get_ms", []).append((time.perf_counter() - t0) * 1e3)
-        misses = sum(1 for g, n in zip(got, self.lens, strict=True) if g != n)
+        got = self._chunked(self.store.batch_get_into, idx)
+        ms = (time.perf_counter() - t0) * 1e3
+        misses = sum(1 for g, i in zip(got, idx, strict=True) if g != self.lens[i])
         for g in got:  # every answer counted; only the data check says whether bytes are right
             self.t.get_codes[g] = self.t.get_codes.get(g, 0) + 1
-        self.per.setdefault("store_misses", []).append(float(misses))
+        self._add("store_misses", float(misses))
         if misses and not self.t.misses:
             print(f"kvbench mooncake store: rank {self.t.ctx.rank}: {misses} of {len(keys)} "
                   f"gets missed in handoff {self.h} (not stored: the store was full, or "
                   "evicted): their bytes are not accepted; the data check counts them wrong",
                   file=sys.stderr, flush=True)
         self.t.misses += misses
-        self.finished = True
+        if self.msgs_of is None:
+            self._flush()
+        return ms
+
+    def _get_layer(self, layer: int, put_start: float) -> None:
+        """Get one announced layer; its start is recorded since prefill's first put of the
+        handoff (the layer-0 notice carries it), on the common clock."""
+        if self.origin is None:
+            self.origin = put_start
+        start = time.perf_counter() - self.offset
+        ms = self._get(self.msgs_of[layer])
+        self.per.setdefault("store_layer_get_ms", []).append(ms)
+        self.per.setdefault("store_layer_get_start_ms", []).append((start - self.origin) * 1e3)
+        self._add("store_get_ms", ms)
+        self.layers_done.add(layer)
+        if len(self.layers_done) == len(self.msgs_of):
+            self._flush()
+            self.finished = True
 
     def end_handoff(self) -> None:
         from mpi4py import MPI

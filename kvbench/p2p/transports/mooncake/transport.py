@@ -374,11 +374,27 @@ class MooncakeTransport(Transport):
         if o.mooncake_devices and o.mooncake_protocol != "rdma":
             return ("--mooncake-devices names RDMA devices: give it with --mooncake-protocol rdma "
                     f"(the protocol is {o.mooncake_protocol})")
-        stores = "store" in [p.strip() for p in str(getattr(o, "pattern", "")).split(",")]
+        stores = {"store", "store-layerwise"} & {p.strip() for p in
+                                                 str(getattr(o, "pattern", "")).split(",")}
         given = [f for f, v in (("--store-master", o.store_master), ("--store-segment", o.store_segment))
                  if v is not None]
         if given and not stores:
-            return f"{', '.join(given)}: only with --pattern store (Mooncake Store)"
+            return (f"{', '.join(given)}: only with --pattern store or store-layerwise "
+                    "(Mooncake Store)")
+        return self._segment_refusal() if stores else None
+
+    def _segment_refusal(self) -> str | None:
+        """A --store-segment the store client cannot mount: setup answers -600
+        (INVALID_PARAMS) below 16 MiB ("Total size must be at least 16777216")."""
+        from kvbench.p2p.transports.mooncake import store
+
+        try:
+            size = store.parse_size(self.ctx.options.store_segment or DEFAULT_SEGMENT)
+        except ValueError as exc:
+            return f"--store-segment: {exc}"
+        if size < store.MIN_SEGMENT:
+            return (f"--store-segment {self.ctx.options.store_segment}: a store client mounts at "
+                    f"least 16M (Mooncake's setup answers -600, invalid parameters, below it)")
         return None
 
     @classmethod
@@ -387,7 +403,7 @@ class MooncakeTransport(Transport):
             return "the mooncake transport runs on --device cpu here (the non-CUDA wheel)"
         return libs.import_module()[1]
 
-    store_mode = False  # --pattern store sets it (kvbench.p2p.patterns.store) before open()
+    store_mode = False  # --pattern store (or store-layerwise) sets it (kvbench.p2p.patterns.store) before open()
 
     def open(self) -> None:
         mod, why = libs.import_module()
