@@ -257,7 +257,7 @@ class StoreChannel(TimedParts, Channel):
         self.finished = True  # prefill's part ends when its objects are in the store
 
     def _put_layer(self, layer: int) -> None:
-        """Put one layer's objects, then announce the layer (its put's start and end on the
+        """Put one layer's objects, then announce the layer (with its put's start on the
         common clock); after the last layer, the handoff's totals (store_put_ms: the sum of
         the layers' puts)."""
         start = time.perf_counter() - self.offset

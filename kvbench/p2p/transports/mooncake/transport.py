@@ -358,7 +358,7 @@ class MooncakeTransport(Transport):
         g.add_argument("--mooncake-bench-seconds", type=arg_int(1, 3600), default=3, metavar="S",
                        help="--baseline: how long transfer_engine_bench runs per point (its "
                             "--duration; default 3)")
-        st = parser.add_argument_group("Mooncake Store (--pattern store; docs/mooncake.md)")
+        st = parser.add_argument_group("Mooncake Store (--pattern store, store-layerwise; docs/mooncake.md)")
         st.add_argument("--store-master", default=None, metavar="HOST:PORT",
                         help="a running mooncake_master (default: rank 0 starts one for the job "
                              "on free ports of 127.0.0.1 and stops it at the end)")
