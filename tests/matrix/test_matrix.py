@@ -19,12 +19,12 @@ from kvbench.matrix import analyze as az
 from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
 from kvbench.p2p.patterns.matrix import FromPeer, ordered_pairs, pair_loop, schedule
-from kvbench.p2p.spec import HandoffSpec
 from kvbench.records.schema.matrix import (
     MatrixDocument,
     load_matrix_document,
     parse_pair_choice,
 )
+from kvbench.records.schema.p2p import HandoffSpec
 from kvbench.records.stats import Measurement
 from tests.conftest import run_cli
 from tests.fit.test_fit import rounds_records, write_jsonl

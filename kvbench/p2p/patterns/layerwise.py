@@ -43,6 +43,7 @@ from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
     NOT_LINK_COMPUTE,
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -257,7 +258,7 @@ class Layerwise(Pattern):
             Handoff(eng, [seq_link], name="seq"),
             overlapped)]
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             counts = posted_counts(ctx, [link, seq_link])
             rec = pair_records(ctx, [link, seq_link], {}, loops, wrong)
             if not rec:
@@ -267,7 +268,7 @@ class Layerwise(Pattern):
 
         return PointRun(point, handoffs, overlapped, [link, seq_link], records)
 
-    def _records(self, point, data, plan, seq_plan, loops, shared: dict) -> list[dict]:
+    def _records(self, point, data, plan, seq_plan, loops, shared: dict) -> list[Measured]:
         ctx, args = self.ctx, self.ctx.args
         L = ctx.model.layers
         key = point.prompt_tokens if args.layer_compute == "model" else 0
@@ -298,21 +299,27 @@ class Layerwise(Pattern):
         for variant, lp in zip(VARIANTS, loops, strict=True):
             p = seq_plan if variant == "seq" else plan
             link = variant in ("xfer", "seq")
-            out.append({
+            granularity = args.granularity if variant == "seq" else gran
+            out.append(Measured(lp, {
                 **({"variant": variant} if variant else {}),
-                "granularity": args.granularity if variant == "seq" else gran,
+                "granularity": granularity,
                 "bytes": 0 if variant == "compute" else p.nbytes,
                 "descriptors": (0 if variant == "compute" else
                                 shared["descriptors_by_plan"][1 if variant == "seq" else 0]),
                 "packed": p.packed,
                 **common,
-                "loop": lp,
                 "fit_as_link": link,
                 "not_link_reason": None if link else NOT_LINK_COMPUTE,
                 "wrong": shared["wrong"] if variant is None else None,
                 "breakdown_ms": shared["breakdown_ms"] if variant is None else {},
-            })
-        out[-1].update({
+            }, self.entries(granularity, variant=variant, packed=p.packed)))
+        out[-1].note = (
+            f"compute {comp:.2f} ms, T_x {xfer:.2f} ms ({plan.n} msgs), exposed {exposed:.2f} ms "
+            f"(ideal {ideal:.2f}; p50 difference {p50_diff:.2f}), overlap efficiency "
+            f"{'-' if eff is None else f'{eff:.2f}'}; vs compute-then-send "
+            f"({args.granularity}, {seq:.2f} ms): "
+            + (f"saves {saves:.2f} ms" if saves > 0 else f"costs {-saves:.2f} ms more"))
+        out[-1].fields.update({
             "compute_ms": comp,
             "transfer_ms": xfer,
             "sequential_ms": seq,
@@ -328,12 +335,6 @@ class Layerwise(Pattern):
             "hidden_fraction": None if xfer <= 0 else 1 - exposed / xfer,
             "saves_ms": saves,
             "pays": saves > 0,
-            "table_note": (
-                f"compute {comp:.2f} ms, T_x {xfer:.2f} ms ({plan.n} msgs), exposed {exposed:.2f} ms "
-                f"(ideal {ideal:.2f}; p50 difference {p50_diff:.2f}), overlap efficiency "
-                f"{'-' if eff is None else f'{eff:.2f}'}; vs compute-then-send "
-                f"({args.granularity}, {seq:.2f} ms): "
-                + (f"saves {saves:.2f} ms" if saves > 0 else f"costs {-saves:.2f} ms more")),
         })
         return out
 

@@ -37,6 +37,7 @@ from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -158,14 +159,14 @@ class Sharded(Pattern):
                        name=f"{e.src}->{e.dst}") for e in self.plan.edges]
         contended = Handoff(eng, mine, name="contended")
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             if wrong is not None:
                 wrong += self._held_mismatch(mine)
             return self._records(point, mine, loops, wrong)
 
         return PointRun(point, [*iso, contended], contended, mine, records)
 
-    def _records(self, point: Point, links: list, loops, wrong) -> list[dict]:
+    def _records(self, point: Point, links: list, loops, wrong) -> list[Measured]:
         ctx, plan = self.ctx, self.plan
         moved = sum(lk.plan.nbytes for lk in links)
         gathered = ctx.comm.gather((moved, wrong, peak_rss_bytes(), peak_device_bytes()), root=0)
@@ -216,7 +217,7 @@ class Sharded(Pattern):
             "peak_device_bytes": per_rank_or_none([g[3] for g in gathered]),
         }
         contended_rec = {
-            "variant": "contended", **common, "loop": cont,
+            "variant": "contended", **common,
             "fit_as_link": True, "not_link_reason": None,
             "wrong": None if wrongs[0] is None else sum(w or 0 for w in wrongs),
             "rank_wrong": wrongs,
@@ -224,17 +225,18 @@ class Sharded(Pattern):
             "rank_samples_ms": cont.rank_ms,
             "rank_start_ms": cont.rank_start_ms,
             "rank_cold_ms": cont.rank_cold_ms,
-            "table_note": (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
-                           f"rank bytes {[g[0] for g in gathered]}; aggregate "
-                           + ("-" if common["aggregate_gbps"] is None
-                              else f"{common['aggregate_gbps']:.2f}")
-                           + " GB/s; contended/isolated p50 = "
-                           + ("-" if ratio is None else f"{ratio:.2f}")
-                           + (f"; {plan.note}" if plan.note else "")),
         }
-        isolated_rec = {"variant": "isolated", **common, "loop": iso, "wrong": None,
+        note = (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
+                f"rank bytes {[g[0] for g in gathered]}; aggregate "
+                + ("-" if common["aggregate_gbps"] is None else f"{common['aggregate_gbps']:.2f}")
+                + " GB/s; contended/isolated p50 = " + ("-" if ratio is None else f"{ratio:.2f}")
+                + (f"; {plan.note}" if plan.note else ""))
+        isolated_rec = {"variant": "isolated", **common, "wrong": None,
                         "fit_as_link": False, "not_link_reason": NOT_LINK_ISOLATED}
-        return [isolated_rec, contended_rec]
+        gran, packed = ctx.args.granularity, common["packed"]
+        return [Measured(iso, isolated_rec, self.entries(gran, variant="isolated", packed=packed)),
+                Measured(cont, contended_rec,
+                         self.entries(gran, variant="contended", packed=packed), note)]
 
     def _held_mismatch(self, links: list) -> int:
         """1 if this decode rank does not hold exactly the heads the plan gives it."""
