@@ -79,3 +79,60 @@ def test_the_check_catches_a_changed_hash(monkeypatch, plant):
     committed records (so the test above can fail)."""
     monkeypatch.setattr(schema, "canonical_json", plant)
     assert sum(bool(mismatches(p)) for p in FILES) >= 10
+
+
+def rebuilt(spec: dict) -> HandoffSpec:
+    """A committed spec made again the way `kvbench p2p` makes it: the run's entries
+    (kvbench.p2p.spec.run_entries' keys), then the ones its pattern decided (SpecEntries)."""
+    from kvbench.p2p.patterns.base import SpecEntries
+    from kvbench.p2p.spec import make_spec
+
+    run = {k: spec[k] for k in ("transport", "transport_options", "layout", "device", "hosts",
+                                "block_size", "dtype", "model")}
+    entries = SpecEntries(granularity=spec["granularity"],
+                          prefill_ranks=spec["world"]["prefill_ranks"],
+                          decode_ranks=spec["world"]["decode_ranks"], variant=spec["variant"],
+                          pack_kernel=spec["pack_kernel"], block_size=spec["block_size"],
+                          cut=spec.get("cut"), compute=spec["compute"],
+                          layer_poll=spec["layer_poll"])
+    return make_spec(run, spec["pattern"], entries)
+
+
+def unwritten(path: Path) -> list[str]:
+    """Where the writer's path makes a committed whole spec differently (or its id)."""
+    out = []
+    for where, spec, sid in committed(path):
+        if set(spec) >= set(HandoffSpec.model_fields) - {"cut"}:
+            again = rebuilt(spec)
+            if again.as_dict() != spec or again.spec_id != sid:
+                out.append(f"{where}: written again as {again.as_dict()} ({again.spec_id})")
+    return out
+
+
+WHOLE = [p for p in FILES if any(set(s) >= set(HandoffSpec.model_fields) - {"cut"}
+                                 for _, s, _ in committed(p))]
+
+
+def test_every_pattern_has_committed_specs_to_rebuild():
+    """Committed runs and tests/data/specs (every pattern's specs as written before the
+    patterns returned typed results) hold every pattern, layerwise's own entries included."""
+    specs = [s for p in WHOLE for _, s, _ in committed(p)]
+    assert {s["pattern"] for s in specs} >= {"sequential", "layerwise", "sharded", "matrix",
+                                             "store"}
+    assert any(s["compute"] for s in specs) and any(s["pack_kernel"] for s in specs)
+
+
+@pytest.mark.parametrize("path", WHOLE, ids=[str(p.relative_to(ROOT)) for p in WHOLE])
+def test_kvbench_p2p_writes_the_committed_specs_again(path):
+    assert not unwritten(path)
+
+
+@pytest.mark.parametrize("plant", [
+    lambda f: {**f, "layer_poll": None},  # a pattern's own entry lost on the way
+    lambda f: {**f, "world": {**f["world"], "prefill_ranks": f["world"]["decode_ranks"]}},
+    lambda f: {**f, "pack_kernel": None},
+])
+def test_the_rebuild_catches_a_lost_entry(monkeypatch, plant):
+    build = HandoffSpec.build.__func__
+    monkeypatch.setattr(HandoffSpec, "build", classmethod(lambda cls, **f: build(cls, **plant(f))))
+    assert sum(bool(unwritten(p)) for p in WHOLE) >= 1
