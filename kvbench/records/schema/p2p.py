@@ -52,6 +52,10 @@ LEGACY_OPTIONAL_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_ba
 
 
 LAYOUTS = ("contiguous", "paged", "raw")
+# the order a record lays out its spec in (kvbench p2p has written it so since the spec existed)
+WRITTEN_ORDER = ("transport", "pattern", "granularity", "layout", "device", "world", "hosts",
+                 "transport_options", "variant", "block_size", "dtype", "pack_kernel", "model",
+                 "compute", "layer_poll", "cut")
 
 
 class World(Open):
@@ -75,24 +79,25 @@ class HandoffSpec(Open):
     a fit. Not in it, on purpose: how the samples were taken (`order`, iteration counts,
     warm-up), which is recorded beside it and does not change the quantity being estimated.
 
-    Fields are declared in the order a writer lays them out (`as_dict`). Reading is lenient
-    where writing is strict (`build`), so files written before a check stay readable."""
+    Reading is lenient where writing is strict (`build`), so files written before a check
+    stay readable. The fields' order is the readers' (a table's spec.* columns); a record
+    lays its spec out in WRITTEN_ORDER, as it always has."""
 
     transport: Text
+    transport_options: dict[str, Scalar] = {}
     pattern: Text
+    variant: Text | None = None
     granularity: Text
     layout: Literal["contiguous", "paged", "raw"]
-    device: Device
-    world: World
-    hosts: list[Text]
-    transport_options: dict[str, Scalar] = {}
-    variant: Text | None = None
     block_size: PositiveTokens | None = None
     dtype: Text | None = None
+    device: Device
     pack_kernel: Text | None = None
     model: Text | None = None
     compute: dict[str, Any] | None = None
     layer_poll: Any = None
+    world: World
+    hosts: list[Text]
     cut: dict[str, Scalar] | None = None  # the page plan's cut (absent from older specs)
 
     @classmethod
@@ -118,7 +123,7 @@ class HandoffSpec(Open):
         d = self.model_dump()
         if d["cut"] is None:
             del d["cut"]
-        return d
+        return {**{k: d[k] for k in WRITTEN_ORDER if k in d}, **d}
 
     @property
     def spec_id(self) -> str:
