@@ -24,7 +24,6 @@ from kvbench.records.schema.matrix import (
     load_matrix_document,
     parse_pair_choice,
 )
-from kvbench.records.schema.p2p import HandoffSpec
 from kvbench.records.stats import Measurement
 from tests.conftest import run_cli
 from tests.helpers import rounds_records, write_jsonl
