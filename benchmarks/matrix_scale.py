@@ -43,8 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbench.p2p.patterns.matrix import schedule  # noqa: E402
-from kvbench.p2p.spec import HandoffSpec  # noqa: E402
-from kvbench.records.schema.p2p import spec_id_of  # noqa: E402
+from kvbench.records.schema.p2p import HandoffSpec, spec_id_of  # noqa: E402
 from kvbench.records.write import environment, write_records  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)

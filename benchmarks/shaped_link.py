@@ -148,7 +148,7 @@ def payload_fraction(mtu: int) -> float:
 
 
 def p2p_has_order() -> bool:
-    from kvbench.p2p.cli import build_parser as p2p_parser
+    from kvbench.p2p.args import build_parser as p2p_parser
 
     return "--order" in p2p_parser()._option_string_actions
 

@@ -93,10 +93,10 @@ def test_floor_copy_same_bytes(benchmark):
 
 
 def _records(n: int = 100, samples: int = 1000) -> list[dict]:
-    from kvbench.p2p.cli import make_record
+    from kvbench.p2p.assemble import make_record
     from kvbench.p2p.harness import LoopResult
-    from kvbench.p2p.patterns.base import Point
-    from kvbench.p2p.spec import HandoffSpec
+    from kvbench.p2p.patterns.base import Measured, Point, SpecEntries
+    from kvbench.records.schema.p2p import HandoffSpec
     from kvbench.records.stats import Measurement
 
     rng = np.random.default_rng(0)
@@ -111,9 +111,10 @@ def _records(n: int = 100, samples: int = 1000) -> list[dict]:
         loop = LoopResult(cold_ms=2.0, warmup_ms=[1.0, 1.0], samples=Measurement(ms),
                           iters=samples, rounds=list(range(samples)))
         fields = {"pattern": "sequential", "granularity": "whole", "bytes": 1 << (10 + i % 16),
-                  "loop": loop, "spec": spec.as_dict(), "spec_id": spec.spec_id,
+                  "spec": spec.as_dict(), "spec_id": spec.spec_id,
                   "fit_as_link": True, "not_link_reason": None, "wrong": 0}
-        out.append(make_record(base, Point(raw_bytes=fields["bytes"]), fields, 0.002))
+        measured = Measured(loop, fields, SpecEntries("whole", [0], [1]))
+        out.append(make_record(base, Point(raw_bytes=fields["bytes"]), measured, 0.002))
     return out
 
 

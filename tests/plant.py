@@ -22,8 +22,8 @@ import json
 import shlex
 import sys
 
-from kvbench.p2p import cli as p2p
 from kvbench.p2p import engine
+from kvbench.p2p import run as p2p
 from kvbench.p2p.cases import run_cases
 
 

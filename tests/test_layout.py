@@ -273,7 +273,7 @@ VERSION = re.compile(r"kvbench\.(p2p|fit|plan|route|kv-transfer-model|matrix|slo
 CONTRACT_CALLS = {"contract_dump", "as_contract", "parse"}
 # format -> (the module that writes it, its writing function, the class it writes through)
 WRITERS = {
-    "kvbench.p2p/1": ("kvbench.p2p.cli", "make_record", "P2PRecord"),
+    "kvbench.p2p/1": ("kvbench.p2p.assemble", "make_record", "P2PRecord"),
     "kvbench.fit/2": ("kvbench.fit.fitting", "fit_document", "FitDocument"),
     "kvbench.plan/1": ("kvbench.plan.cli", "plan_main", "PlanDocument"),
     "kvbench.route/1": ("kvbench.plan.cli", "route_main", "RouteDocument"),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from kvbench.errors import EXIT_USAGE, UsageError, one_line
 from kvbench.p2p import cli as p2p
 from kvbench.p2p import world as mpi_world
+from kvbench.p2p.agree import agree
 from kvbench.p2p.args import CASES, CASES_ALONE, PROG, build_parser, cases_file, prescan
 from kvbench.p2p.watchdog import WATCHDOG, env_rank
 from kvbench.records.schema.read import path_kind
@@ -116,7 +117,7 @@ def _agreed_cases(comm, path: str) -> list[list[str]]:
         cases = read_cases(path)
     except UsageError as exc:
         error = exc
-    error = p2p.agree(comm, error)
+    error = agree(comm, error)
     if error is None:
         digest = hashlib.sha256(repr(cases).encode()).hexdigest()
         if len(set(comm.allgather(digest))) > 1:

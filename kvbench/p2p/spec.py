@@ -1,34 +1,22 @@
-"""The frozen description of *what* a p2p record measured, apart from the measurement.
-
-Every record carries its `HandoffSpec` (as `spec`) and the spec's short hash (`spec_id`).
-Records with the same spec_id are replicates of one configuration and may be merged (the
-fit's group key); records with different ones must never be pooled. So every option that
-changes what is measured belongs here: transport and its options, pattern and variant,
-granularity, layout, block size, dtype, device, pack kernel, the layerwise compute settings
-and polling, the world's roles and hosts, and for the page plan the cut (K/V pages, block
-ids, TP pair: kvbench.kv.cut). The payload size is not in it: it is the x of a fit.
-
-Not in it, on purpose: how the samples were taken (`order`, iteration counts, warm-up),
-which is recorded beside it and does not change the quantity being estimated.
-"""
+"""The p2p side of the spec: `kvbench p2p` builds each record's HandoffSpec (the one class,
+kvbench.records.schema.p2p, where what belongs in a spec is said) from the entries every
+record of the run shares (`run_entries`) and the ones its pattern decides
+(kvbench.p2p.patterns.base.SpecEntries), so this module never knows a pattern's own keys."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-LAYOUTS = ("contiguous", "paged", "raw")
+from kvbench.model import PRESETS
+from kvbench.records.schema.p2p import HandoffSpec, canonical_json, spec_id_of
 
+# HandoffSpec and spec_id_of are the records layer's one definition, named here too for the
+# code that has always imported them from kvbench.p2p.spec
+__all__ = ["HandoffSpec", "make_spec", "model_key", "run_entries", "spec_id_of"]
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def spec_id_of(spec: dict) -> str:
-    """First 12 hex digits of sha256 over the spec's canonical JSON (sorted keys, no spaces)."""
-    return hashlib.sha256(canonical_json(spec).encode()).hexdigest()[:12]
+if TYPE_CHECKING:  # (the patterns pull in torch; the spec's builder does not need it)
+    from kvbench.p2p.patterns.base import SpecEntries
 
 
 def model_key(name: str, geometry: dict, preset_geometry: dict | None) -> str:
@@ -43,45 +31,28 @@ def model_key(name: str, geometry: dict, preset_geometry: dict | None) -> str:
     return f"{name}#{hashlib.sha256(canonical_json(shape(geometry)).encode()).hexdigest()[:8]}"
 
 
-@dataclass(frozen=True)
-class HandoffSpec:
-    transport: str
-    pattern: str
-    granularity: str
-    layout: str
-    device: str
-    world: dict  # {"size": int, "prefill_ranks": [int], "decode_ranks": [int]}
-    hosts: list[str]
-    transport_options: dict = field(default_factory=dict)  # scalars only
-    variant: str | None = None
-    block_size: int | None = None
-    dtype: str | None = None
-    pack_kernel: str | None = None
-    model: str | None = None
-    compute: dict | None = None
-    layer_poll: bool | None = None
-    cut: dict | None = None  # the page plan's cut (kvbench.kv.cut); absent otherwise
+def run_entries(args, hosts: list[str], device: str, model, dtype, transport, raw: bool) -> dict:
+    """The spec entries every record of the run shares (`raw`: --bytes, no model's KV)."""
+    return {
+        "transport": type(transport).name, "transport_options": transport.spec_options(),
+        "layout": "raw" if raw else args.layout, "device": device, "hosts": hosts,
+        "block_size": args.block_size if args.layout == "paged" and not raw else None,
+        "dtype": None if raw else dtype.name,
+        "model": None if raw else model_key(model.name, model.geometry(),
+                                            PRESETS[model.name].geometry()
+                                            if model.name in PRESETS else None),
+    }
 
-    def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        for k, v in self.transport_options.items():
-            if not isinstance(v, (str, int, float, bool)) and v is not None:
-                raise ValueError(f"transport option {k!r} must be a scalar, got {type(v).__name__}")
-        if set(self.world) != {"size", "prefill_ranks", "decode_ranks"}:
-            raise ValueError(f"world needs size, prefill_ranks, decode_ranks; got {sorted(self.world)}")
-        if len(self.hosts) != self.world["size"]:
-            raise ValueError(f"one host per rank: {len(self.hosts)} hosts, {self.world['size']} ranks")
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        if d["cut"] is None:  # specs without a cut keep the ids they always had
-            del d["cut"]
-        d["hosts"] = list(self.hosts)
-        d["world"] = {k: (list(v) if isinstance(v, (list, tuple)) else v)
-                      for k, v in self.world.items()}
-        return d
-
-    @property
-    def spec_id(self) -> str:
-        return spec_id_of(self.as_dict())
+def make_spec(common: dict, pattern: str, entries: SpecEntries) -> HandoffSpec:
+    """A record's frozen 'what was measured' (everything but the payload size): the run's
+    entries, its pattern's name, and the entries its pattern decided. A point's own block
+    size (a block-size sweep) replaces the run's where the run is paged."""
+    if common["block_size"] is not None and entries.block_size is not None:
+        common = {**common, "block_size": entries.block_size}
+    return HandoffSpec.build(**common, pattern=pattern, variant=entries.variant, cut=entries.cut,
+                             granularity=entries.granularity, pack_kernel=entries.pack_kernel,
+                             world={"size": len(common["hosts"]),
+                                    "prefill_ranks": entries.prefill_ranks,
+                                    "decode_ranks": entries.decode_ranks},
+                             compute=entries.compute, layer_poll=entries.layer_poll)

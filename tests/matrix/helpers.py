@@ -4,7 +4,7 @@ of one matrix run with a planted slow pair or odd path."""
 from __future__ import annotations
 
 from kvbench.p2p.patterns.matrix import ordered_pairs
-from kvbench.p2p.spec import HandoffSpec
+from kvbench.records.schema.p2p import HandoffSpec
 from tests.helpers import rounds_records
 
 MB = 1 << 20

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.p2p.spec import HandoffSpec
+from kvbench.records.schema.p2p import HandoffSpec
 from tests.conftest import run_cli
 from tests.helpers import rounds_records, write_jsonl
 from tests.matrix.helpers import ETH0, SIZES

@@ -26,10 +26,10 @@ import pytest
 from kvbench.lab.agree import p2p as agree_p2p
 from kvbench.lab.load import handoff
 from kvbench.p2p.args import build_parser, cuts_of
-from kvbench.p2p.spec import spec_id_of
 from kvbench.p2p.transports.nixl import engine_shape as es
 from kvbench.p2p.transports.nixl import profile
 from kvbench.p2p.transports.nixl.transport import NIXLTransport
+from kvbench.records.schema.p2p import spec_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((ROOT / "tests/data/p2p/engine_profile_golden.json").read_text())["cases"]

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.p2p import cli as p2p
+from kvbench.p2p import args as p2p
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_cli, wait_for
 from tests.p2p.gpu_script import (
     CHECK,

@@ -14,9 +14,9 @@ import torch
 
 from kvbench.model import DTYPES, PRESETS
 from kvbench.p2p import cuda_kernels
-from kvbench.p2p.cli import peak_memory_line
 from kvbench.p2p.layout import KVCache, KVSpec
 from kvbench.p2p.messages import plan_messages
+from kvbench.p2p.table import peak_memory_line
 from kvbench.records.write import environment
 
 

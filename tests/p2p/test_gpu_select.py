@@ -93,7 +93,7 @@ def test_require_cuda_check_is_one_line_and_exit_2_without_a_gpu():
 
 
 def test_p2p_accepts_allow_shared_gpu():
-    from kvbench.p2p import cli as p2p
+    from kvbench.p2p import args as p2p
 
     assert p2p.build_parser().parse_args(["--allow-shared-gpu"]).allow_shared_gpu is True
     assert p2p.build_parser().parse_args([]).allow_shared_gpu is False

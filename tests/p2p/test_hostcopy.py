@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvbench.p2p.baseline import host_copy_gbps
-from kvbench.p2p.cli import add_baseline
 from kvbench.p2p.hostcopy import CANDIDATES, METHOD, memcpy
+from kvbench.p2p.ratios import add_baseline
 
 
 def test_memcpy_copies_the_bytes_and_refuses_what_would_overrun():
@@ -39,12 +39,12 @@ def test_every_candidate_copies_and_is_timed():
 def test_the_floor_is_the_fastest_candidate_by_name_with_a_ratio_to_each():
     rec = {"gbps": 9.5}
     by = {"numpy.copyto": 10.0, METHOD: 9.0, "torch copy_": 5.0}
-    add_baseline(rec, {"host_copy": 10.0, "bare_mpi": 5.0}, None,
-                 {"host_copy_method": "numpy.copyto", "host_copy_by_method_gbps": by})
+    line = add_baseline(rec, {"host_copy": 10.0, "bare_mpi": 5.0}, None,
+                        {"host_copy_method": "numpy.copyto", "host_copy_by_method_gbps": by})
     assert rec["baseline_host_copy_method"] == "numpy.copyto"
     assert rec["baseline_host_copy_by_method_gbps"] == by
     assert rec["vs_host_copy_by_method"] == pytest.approx(
         {"numpy.copyto": 0.95, METHOD: 9.5 / 9.0, "torch copy_": 1.9})
-    assert "(numpy.copyto, the fastest) 10.00 GB/s" in rec["table_note"]
-    assert "kvbench/numpy.copyto = 0.950" in rec["table_note"]
-    assert "kvbench/torch copy_ = 1.900" in rec["table_note"]
+    assert "(numpy.copyto, the fastest) 10.00 GB/s" in line
+    assert "kvbench/numpy.copyto = 0.950" in line
+    assert "kvbench/torch copy_ = 1.900" in line

@@ -273,7 +273,7 @@ def test_the_link_vocabulary_stays_torch_free(module):
 def test_p2p_warns_once_at_the_end_of_an_emulated_run(capsys):
     from types import SimpleNamespace
 
-    from kvbench.p2p.cli import report
+    from kvbench.p2p.report import report
 
     args = SimpleNamespace(no_write=True, out=".")
     for recs, warned in ((READ, True), (WRITE, False)):

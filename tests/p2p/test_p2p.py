@@ -149,7 +149,7 @@ def test_rounds_fall_back_to_blocks_when_every_size_at_once_does_not_fit(monkeyp
                                                                          want):
     """Rounds keep every size alive at once: 2 ranks on one host x (10 + 20) GB. When that does
     not fit in 90% of MemAvailable but one size at a time does, measure in blocks and say so."""
-    from kvbench.p2p import cli as p2p_mod
+    from kvbench.p2p import memory as p2p_mod
 
     monkeypatch.setattr(p2p_mod, "mem_available_bytes", lambda: free * 1e9)
     got = p2p_mod.choose_order(_Comm(), Namespace(order=order), [_Pat({0: 10e9, 1: 20e9})],
@@ -170,7 +170,7 @@ def test_rounds_fall_back_to_blocks_when_every_size_at_once_does_not_fit(monkeyp
 def test_the_memory_check_on_cuda_uses_the_gpus_free_memory(monkeypatch, gpus, free, want):
     """Issue 20, defect 11: on CUDA the KV lives on the GPU; the check used to do nothing
     there. Ranks sharing a GPU (by UUID) share its free memory; host RAM is not consulted."""
-    from kvbench.p2p import cli as p2p_mod
+    from kvbench.p2p import memory as p2p_mod
 
     monkeypatch.setattr(p2p_mod, "gpu_free_bytes", lambda: free * 1e9)
     monkeypatch.setattr(p2p_mod, "mem_available_bytes", lambda: 1e15)

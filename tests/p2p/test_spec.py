@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from kvbench.model import PRESETS
-from kvbench.p2p.spec import HandoffSpec, model_key, spec_id_of
+from kvbench.p2p.spec import model_key
+from kvbench.records.schema.p2p import HandoffSpec, spec_id_of
 
 BASE = dict(transport="mpi", pattern="sequential", granularity="whole", layout="contiguous",
             device="cpu", world={"size": 2, "prefill_ranks": [0], "decode_ranks": [1]},
@@ -17,7 +18,7 @@ BASE = dict(transport="mpi", pattern="sequential", granularity="whole", layout="
 
 
 def test_spec_id_is_sha256_of_the_canonical_json():
-    s = HandoffSpec(**BASE)
+    s = HandoffSpec.build(**BASE)
     d = s.as_dict()
     want = hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert s.spec_id == want[:12] == spec_id_of(json.loads(json.dumps(d)))
@@ -33,19 +34,19 @@ def test_spec_id_is_sha256_of_the_canonical_json():
     {"world": {"size": 2, "prefill_ranks": [1], "decode_ranks": [0]}}, {"device": "cuda"},
 ])
 def test_every_option_changes_the_id(change):
-    assert HandoffSpec(**{**BASE, **change}).spec_id != HandoffSpec(**BASE).spec_id
+    assert HandoffSpec.build(**{**BASE, **change}).spec_id != HandoffSpec.build(**BASE).spec_id
 
 
 def test_spec_is_frozen_and_checked():
-    s = HandoffSpec(**BASE)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    s = HandoffSpec.build(**BASE)
+    with pytest.raises(ValidationError, match="frozen"):
         s.transport = "gloo"
     with pytest.raises(ValueError, match="layout"):
-        HandoffSpec(**{**BASE, "layout": "ragged"})
+        HandoffSpec.build(**{**BASE, "layout": "ragged"})
     with pytest.raises(ValueError, match="one host per rank"):
-        HandoffSpec(**{**BASE, "hosts": ["a"]})
+        HandoffSpec.build(**{**BASE, "hosts": ["a"]})
     with pytest.raises(ValueError, match="scalar"):
-        HandoffSpec(**{**BASE, "transport_options": {"x": [1]}})
+        HandoffSpec.build(**{**BASE, "transport_options": {"x": [1]}})
 
 
 def test_model_key_names_presets_and_hashes_custom_geometry():

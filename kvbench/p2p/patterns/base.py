@@ -132,9 +132,44 @@ def per_rank_or_none(values: list | None) -> list | None:
     return values if values and any(v is not None for v in values) else None
 
 
+@dataclass(frozen=True)
+class SpecEntries:
+    """The entries of one record's spec (kvbench.records.schema.p2p.HandoffSpec) that the
+    pattern measuring it decides; the run's own (transport, layout, device, hosts, dtype,
+    model) come from kvbench.p2p.spec. `block_size`: the point's own (a block-size sweep or a
+    cut), taken where the run is paged; None keeps the run's. `compute`, `layer_poll`: a
+    pattern's own settings (Pattern.spec_fields)."""
+
+    granularity: str
+    prefill_ranks: list[int]
+    decode_ranks: list[int]
+    variant: str | None = None
+    pack_kernel: str | None = None
+    block_size: int | None = None
+    cut: dict | None = None
+    compute: dict | None = None
+    layer_poll: bool | None = None
+
+
+@dataclass
+class Measured:
+    """One record a pattern measured at a point (rank 0): its timed loop, the record fields
+    it writes (in the order written: the .csv's columns follow it), its spec's entries, and a
+    line printed under its row of the table (never written)."""
+
+    loop: LoopResult | None
+    fields: dict
+    spec: SpecEntries
+    note: str | None = None
+
+    @property
+    def bytes(self) -> int:
+        return self.fields["bytes"]
+
+
 # (loops on rank 0 or None elsewhere, this rank's wrong count (a list when `checked` is one) or
-# None) -> record fields (rank 0)
-RecordsFn = Callable[[list[LoopResult] | None, int | list[int] | None], list[dict]]
+# None) -> what was measured (rank 0; [] elsewhere)
+RecordsFn = Callable[[list[LoopResult] | None, int | list[int] | None], list[Measured]]
 
 
 @dataclass
@@ -144,7 +179,7 @@ class PointRun:
     `handoffs` are timed together in interleaved rounds (their LoopResults come back in the
     same order); `checked` is the handoff whose received data is verified afterwards (a list:
     each is checked, and `records` gets this rank's wrong count of each, in order);
-    `records` (collective) turns the loops and the check into record fields on rank 0.
+    `records` (collective) turns the loops and the check into what was measured on rank 0.
     `points`: how many points' worth of --seconds-per-point the handoffs share (the matrix
     times each schedule round of a size as a point of its own)."""
 
@@ -162,7 +197,7 @@ NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"
 class Pattern(ABC):
     """A handoff shape, declared: its pairs of ranks, their roles, the spec entries it adds, and
     per point (`setup`, collective) the links and handoffs the engine runs and how their loops
-    become record fields (one dict per measured variant, on rank 0)."""
+    become what was measured (one `Measured` per variant, on rank 0)."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
@@ -195,8 +230,21 @@ class Pattern(ABC):
         return [0], [1]
 
     def spec_fields(self) -> dict:
-        """Spec entries this pattern adds (e.g. layerwise compute settings)."""
+        """Spec entries this pattern adds to every record it measures, by SpecEntries' names
+        (e.g. layerwise's `compute` and `layer_poll`)."""
         return {}
+
+    def entries(self, granularity: str, *, variant: str | None = None, packed: bool = False,
+                block_size: int | None = None, cut: dict | None = None,
+                pair: tuple[int, int] | list[int] | None = None) -> SpecEntries:
+        """One record's spec entries: its granularity and variant, the pack kernel when the
+        messages were packed, the point's block size and cut, the roles (`pair`'s when the
+        record names one, else the pattern's), and this pattern's own (spec_fields)."""
+        prefill, decode = ([pair[0]], [pair[1]]) if pair else self.roles()
+        return SpecEntries(granularity=granularity, prefill_ranks=prefill, decode_ranks=decode,
+                           variant=variant, block_size=block_size, cut=cut,
+                           pack_kernel=self.ctx.args.pack_kernel if packed else None,
+                           **self.spec_fields())
 
     # Records name their own pair (`pair: [src, dst]`): the spec's roles are that pair's, and
     # each record's transport_info is the pair's own (Transport.info_by_pair).

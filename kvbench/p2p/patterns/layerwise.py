@@ -43,6 +43,7 @@ from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
     NOT_LINK_COMPUTE,
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -257,7 +258,7 @@ class Layerwise(Pattern):
             Handoff(eng, [seq_link], name="seq"),
             overlapped)]
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             counts = posted_counts(ctx, [link, seq_link])
             rec = pair_records(ctx, [link, seq_link], {}, loops, wrong)
             if not rec:
@@ -267,25 +268,15 @@ class Layerwise(Pattern):
 
         return PointRun(point, handoffs, overlapped, [link, seq_link], records)
 
-    def _records(self, point, data, plan, seq_plan, loops, shared: dict) -> list[dict]:
+    def _records(self, point, data, plan, seq_plan, loops, shared: dict) -> list[Measured]:
+        """The four variants' records (rank 0); the overlapped one carries the overlap's
+        figures and the table's line about them (overlap_fields)."""
         ctx, args = self.ctx, self.ctx.args
-        L = ctx.model.layers
         key = point.prompt_tokens if args.layer_compute == "model" else 0
         gran = layer_granularity(args.granularity)
-        comp, xfer, seq, total = (lp.samples.p50 for lp in loops)
-        # exposed: each round's overlapped handoff minus the same round's compute-only run
-        # (same load, minutes apart at most), median over rounds; the difference of the two
-        # p50s is kept too, but it subtracts two large noisy numbers
-        per_round = [t - c for t, c in zip(loops[3].samples.samples_ms,
-                                           loops[0].samples.samples_ms, strict=True)]
-        exposed = percentile(per_round, 50)
-        p50_diff = total - comp
-        ideal = exposed_ideal_ms(xfer, comp, L)
-        eff = overlap_efficiency(xfer, exposed, ideal)
-        saves = seq - exposed
         info = self.work_info.get(key, {})
         common = {
-            "layers": L,
+            "layers": ctx.model.layers,
             "stored_tokens": data.spec.tensor_tokens(0) if isinstance(data, KVCache) else None,
             "layer_compute": args.layer_compute,
             "compute_threads": args.compute_threads,
@@ -298,42 +289,59 @@ class Layerwise(Pattern):
         for variant, lp in zip(VARIANTS, loops, strict=True):
             p = seq_plan if variant == "seq" else plan
             link = variant in ("xfer", "seq")
-            out.append({
+            granularity = args.granularity if variant == "seq" else gran
+            out.append(Measured(lp, {
                 **({"variant": variant} if variant else {}),
-                "granularity": args.granularity if variant == "seq" else gran,
+                "granularity": granularity,
                 "bytes": 0 if variant == "compute" else p.nbytes,
                 "descriptors": (0 if variant == "compute" else
                                 shared["descriptors_by_plan"][1 if variant == "seq" else 0]),
                 "packed": p.packed,
                 **common,
-                "loop": lp,
                 "fit_as_link": link,
                 "not_link_reason": None if link else NOT_LINK_COMPUTE,
                 "wrong": shared["wrong"] if variant is None else None,
                 "breakdown_ms": shared["breakdown_ms"] if variant is None else {},
-            })
-        out[-1].update({
-            "compute_ms": comp,
-            "transfer_ms": xfer,
-            "sequential_ms": seq,
-            "total_ms": total,
-            "exposed_ms": exposed,
-            "exposed_samples_ms": per_round,
-            "exposed_p50_diff_ms": p50_diff,
-            "exposed_ideal_ms": ideal,
-            # The issue's form, recorded as stated so a reader can compare: it equals the
-            # pipeline bound when compute-bound and exceeds it by T_x/L when transfer-bound.
-            "exposed_ideal_issue_formula_ms": max(0.0, xfer - comp * (L - 1) / L) + xfer / L,
-            "overlap_efficiency": eff,
-            "hidden_fraction": None if xfer <= 0 else 1 - exposed / xfer,
-            "saves_ms": saves,
-            "pays": saves > 0,
-            "table_note": (
-                f"compute {comp:.2f} ms, T_x {xfer:.2f} ms ({plan.n} msgs), exposed {exposed:.2f} ms "
-                f"(ideal {ideal:.2f}; p50 difference {p50_diff:.2f}), overlap efficiency "
-                f"{'-' if eff is None else f'{eff:.2f}'}; vs compute-then-send "
-                f"({args.granularity}, {seq:.2f} ms): "
-                + (f"saves {saves:.2f} ms" if saves > 0 else f"costs {-saves:.2f} ms more")),
-        })
+            }, self.entries(granularity, variant=variant, packed=p.packed)))
+        overlap, out[-1].note = overlap_fields(loops, ctx.model.layers, plan.n, args.granularity)
+        out[-1].fields.update(overlap)
         return out
 
+
+def overlap_fields(loops, layers: int, msgs: int, granularity: str) -> tuple[dict, str]:
+    """(the overlapped record's own figures, the table's line about them) from the four
+    variants' loops (compute, xfer, seq, overlapped: VARIANTS' order)."""
+    L = layers
+    comp, xfer, seq, total = (lp.samples.p50 for lp in loops)
+    # exposed: each round's overlapped handoff minus the same round's compute-only run
+    # (same load, minutes apart at most), median over rounds; the difference of the two
+    # p50s is kept too, but it subtracts two large noisy numbers
+    per_round = [t - c for t, c in zip(loops[3].samples.samples_ms,
+                                       loops[0].samples.samples_ms, strict=True)]
+    exposed = percentile(per_round, 50)
+    p50_diff = total - comp
+    ideal = exposed_ideal_ms(xfer, comp, L)
+    eff = overlap_efficiency(xfer, exposed, ideal)
+    saves = seq - exposed
+    note = (f"compute {comp:.2f} ms, T_x {xfer:.2f} ms ({msgs} msgs), exposed {exposed:.2f} ms "
+            f"(ideal {ideal:.2f}; p50 difference {p50_diff:.2f}), overlap efficiency "
+            f"{'-' if eff is None else f'{eff:.2f}'}; vs compute-then-send "
+            f"({granularity}, {seq:.2f} ms): "
+            + (f"saves {saves:.2f} ms" if saves > 0 else f"costs {-saves:.2f} ms more"))
+    return {
+        "compute_ms": comp,
+        "transfer_ms": xfer,
+        "sequential_ms": seq,
+        "total_ms": total,
+        "exposed_ms": exposed,
+        "exposed_samples_ms": per_round,
+        "exposed_p50_diff_ms": p50_diff,
+        "exposed_ideal_ms": ideal,
+        # The issue's form, recorded as stated so a reader can compare: it equals the
+        # pipeline bound when compute-bound and exceeds it by T_x/L when transfer-bound.
+        "exposed_ideal_issue_formula_ms": max(0.0, xfer - comp * (L - 1) / L) + xfer / L,
+        "overlap_efficiency": eff,
+        "hidden_fraction": None if xfer <= 0 else 1 - exposed / xfer,
+        "saves_ms": saves,
+        "pays": saves > 0,
+    }, note

@@ -30,6 +30,7 @@ from kvbench.p2p.layout import KVCache, RawBuffer
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -248,7 +249,7 @@ class Matrix(Pattern):
         ctx.engine.settle()
         handoffs = self._handoffs(links, point.label)
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             return self._records(point, links, send_plan, send, loops, wrong)
 
         return PointRun(point, handoffs, handoffs, list(links.values()), records,
@@ -256,7 +257,7 @@ class Matrix(Pattern):
 
     # -- records -----------------------------------------------------------------
 
-    def _records(self, point, links, plan, data, loops, wrong) -> list[dict]:
+    def _records(self, point, links, plan, data, loops, wrong) -> list[Measured]:
         """One record per pair (collective; rank 0 gets them): its own samples, its data check
         (the wrong elements its receiver counted in its round), its channels' breakdown, the
         pieces one of its handoffs posted (`descriptors`)."""
@@ -276,7 +277,7 @@ class Matrix(Pattern):
             for s, r in rnd:
                 key = f"{s}->{r}"
                 breakdown = {n: v for rank in (s, r) for n, v in parts[rank].get(key, {}).items()}
-                out.append({
+                out.append(Measured(pair_loop(loop, s, r, len(rnd) == 1), {
                     "variant": key, "pair": [s, r],
                     "sender": {"rank": s, "host": hosts[s]},
                     "receiver": {"rank": r, "host": hosts[r]},
@@ -284,7 +285,6 @@ class Matrix(Pattern):
                     "messages": plan.n, "packed": plan.packed,
                     "stored_tokens": (data.spec.tensor_tokens(0) if isinstance(data, KVCache)
                                       else None),
-                    "loop": pair_loop(loop, s, r, len(rnd) == 1),
                     "fit_as_link": True, "not_link_reason": None,
                     "wrong": None if checks[r] is None else checks[r][k],
                     "schedule": {"name": self.kind, "round": k, "rounds": len(self.rounds),
@@ -294,7 +294,8 @@ class Matrix(Pattern):
                     "peak_rss_bytes": rss if not out else None,
                     "peak_device_bytes": per_rank_or_none(gpu) if not out else None,
                     **descriptors_of(counts[at[(s, r)]]),
-                })
+                }, self.entries(self.ctx.args.granularity, variant=key, packed=plan.packed,
+                                pair=(s, r))))
         return out
 
 

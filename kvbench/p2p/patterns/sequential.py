@@ -8,6 +8,7 @@ from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.pages import Sources, cut_data, plan_pages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -87,8 +88,8 @@ def telemetry_fields(tel: dict, loop, warmup: int) -> dict:
 
 
 def cut_fields(ctx, point: Point) -> dict:
-    """The cut a point was measured under (the spec takes `block_size` and `cut` from here:
-    kvbench.p2p.cli.make_spec), with the TP pair and the heads the decode rank holds."""
+    """The cut a point was measured under, as record fields (the spec's entries take its
+    `block_size` and `cut`), with the TP pair and the heads the decode rank holds."""
     cut = point.cut
     if cut is None or ctx.args.layout != "paged":
         return {}
@@ -123,17 +124,21 @@ class Sequential(Pattern):
         eng.settle()
         handoff = Handoff(eng, [link])
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
+            cut = cut_fields(ctx, point)
             rec = pair_records(ctx, [link], {
                 "granularity": ctx.args.granularity,
                 "bytes": plan.nbytes,
                 "packed": plan.packed,
                 "stored_tokens": (data.spec.tensor_tokens(0) if point.prompt_tokens else None),
-                **cut_fields(ctx, point),
-                "loop": loops[0] if loops else None,
+                **cut,
                 "fit_as_link": True,
                 "not_link_reason": None,
             }, loops, wrong)
-            return [rec] if rec else []
+            if not rec:
+                return []
+            spec = self.entries(ctx.args.granularity, packed=plan.packed,
+                                block_size=cut.get("block_size"), cut=cut.get("cut"))
+            return [Measured(loops[0] if loops else None, rec, spec)]
 
         return PointRun(point, [handoff], handoff, [link], records)

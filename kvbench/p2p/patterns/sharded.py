@@ -37,6 +37,7 @@ from kvbench.p2p.harness import LoopResult
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
 from kvbench.p2p.patterns.base import (
+    Measured,
     Pattern,
     Point,
     PointRun,
@@ -89,6 +90,26 @@ def _isolated(edge_loops: list[LoopResult]) -> LoopResult:
                       worst([lp.warmup_ms for lp in edge_loops]),
                       Measurement(worst([lp.samples.samples_ms for lp in edge_loops])),
                       edge_loops[0].iters, list(edge_loops[0].rounds))
+
+
+def edge_fields(plan: ShardPlan, iso_loops: list[LoopResult], edge_desc: list, eb: dict
+                ) -> list[dict]:
+    """Each edge of the plan with its heads, bytes, descriptors and isolated times."""
+    return [{"src": e.src, "dst": e.dst, "heads": list(e.heads), "bytes": eb[(e.src, e.dst)],
+             "descriptors": d,
+             "isolated_p50_ms": lp.samples.p50, "isolated_samples_ms": lp.samples.samples_ms,
+             "isolated_gbps": gb_per_s(eb[(e.src, e.dst)], lp.samples.p50)}
+            for e, lp, d in zip(plan.edges, iso_loops, edge_desc, strict=True)]
+
+
+def table_note(plan: ShardPlan, rank_bytes: list, aggregate_gbps: float | None,
+               ratio: float | None) -> str:
+    """The line under the contended record's row: the plan, the aggregate rate, contention."""
+    return (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
+            f"rank bytes {rank_bytes}; aggregate "
+            + ("-" if aggregate_gbps is None else f"{aggregate_gbps:.2f}")
+            + " GB/s; contended/isolated p50 = " + ("-" if ratio is None else f"{ratio:.2f}")
+            + (f"; {plan.note}" if plan.note else ""))
 
 
 @register
@@ -158,14 +179,17 @@ class Sharded(Pattern):
                        name=f"{e.src}->{e.dst}") for e in self.plan.edges]
         contended = Handoff(eng, mine, name="contended")
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             if wrong is not None:
                 wrong += self._held_mismatch(mine)
             return self._records(point, mine, loops, wrong)
 
         return PointRun(point, [*iso, contended], contended, mine, records)
 
-    def _records(self, point: Point, links: list, loops, wrong) -> list[dict]:
+    def _gather(self, links: list, wrong) -> tuple | None:
+        """(per rank: bytes moved, wrong elements, peak RSS, peak device bytes; each edge's
+        bytes; each edge's descriptors in the plan's order) on rank 0, None elsewhere
+        (collective)."""
         ctx, plan = self.ctx, self.plan
         moved = sum(lk.plan.nbytes for lk in links)
         gathered = ctx.comm.gather((moved, wrong, peak_rss_bytes(), peak_device_bytes()), root=0)
@@ -175,21 +199,24 @@ class Sharded(Pattern):
         by_edge = {(lk.src, lk.dst): lk for lk in links}
         counts = posted_counts(ctx, [by_edge.get((e.src, e.dst)) for e in plan.edges])
         if ctx.rank != 0:
-            return []
-        edge_desc = [descriptors_of(c)["descriptors"] for c in counts]
-        iso_loops, cont = loops[:-1], loops[-1]
-        iso = _isolated(iso_loops)
+            return None
         eb = {}
         for d in edge_bytes_all:
             eb.update(d)
+        return gathered, eb, [descriptors_of(c)["descriptors"] for c in counts]
+
+    def _records(self, point: Point, links: list, loops, wrong) -> list[Measured]:
+        ctx, plan = self.ctx, self.plan
+        got = self._gather(links, wrong)
+        if got is None:
+            return []
+        gathered, eb, edge_desc = got
+        iso_loops, cont = loops[:-1], loops[-1]
+        iso = _isolated(iso_loops)
         total = sum(eb.values())
         wrongs = [g[1] for g in gathered]
         ratio = cont.samples.p50 / iso.samples.p50 if iso.samples.p50 > 0 else None
-        edges = [{"src": e.src, "dst": e.dst, "heads": list(e.heads), "bytes": eb[(e.src, e.dst)],
-                  "descriptors": d,
-                  "isolated_p50_ms": lp.samples.p50, "isolated_samples_ms": lp.samples.samples_ms,
-                  "isolated_gbps": gb_per_s(eb[(e.src, e.dst)], lp.samples.p50)}
-                 for e, lp, d in zip(plan.edges, iso_loops, edge_desc, strict=True)]
+        edges = edge_fields(plan, iso_loops, edge_desc, eb)
         homogeneous = plan.prefill_tp == plan.decode_tp
         common = {
             "granularity": ctx.args.granularity,
@@ -216,7 +243,7 @@ class Sharded(Pattern):
             "peak_device_bytes": per_rank_or_none([g[3] for g in gathered]),
         }
         contended_rec = {
-            "variant": "contended", **common, "loop": cont,
+            "variant": "contended", **common,
             "fit_as_link": True, "not_link_reason": None,
             "wrong": None if wrongs[0] is None else sum(w or 0 for w in wrongs),
             "rank_wrong": wrongs,
@@ -224,17 +251,14 @@ class Sharded(Pattern):
             "rank_samples_ms": cont.rank_ms,
             "rank_start_ms": cont.rank_start_ms,
             "rank_cold_ms": cont.rank_cold_ms,
-            "table_note": (f"TP {plan.prefill_tp}->{plan.decode_tp}, {len(plan.edges)} edges, "
-                           f"rank bytes {[g[0] for g in gathered]}; aggregate "
-                           + ("-" if common["aggregate_gbps"] is None
-                              else f"{common['aggregate_gbps']:.2f}")
-                           + " GB/s; contended/isolated p50 = "
-                           + ("-" if ratio is None else f"{ratio:.2f}")
-                           + (f"; {plan.note}" if plan.note else "")),
         }
-        isolated_rec = {"variant": "isolated", **common, "loop": iso, "wrong": None,
+        note = table_note(plan, common["rank_bytes"], common["aggregate_gbps"], ratio)
+        isolated_rec = {"variant": "isolated", **common, "wrong": None,
                         "fit_as_link": False, "not_link_reason": NOT_LINK_ISOLATED}
-        return [isolated_rec, contended_rec]
+        gran, packed = ctx.args.granularity, common["packed"]
+        return [Measured(iso, isolated_rec, self.entries(gran, variant="isolated", packed=packed)),
+                Measured(cont, contended_rec,
+                         self.entries(gran, variant="contended", packed=packed), note)]
 
     def _held_mismatch(self, links: list) -> int:
         """1 if this decode rank does not hold exactly the heads the plan gives it."""

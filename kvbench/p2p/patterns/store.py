@@ -8,7 +8,10 @@ handoffs' times), so `kvbench fit` fits each as setup + bytes / rate beside the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvbench.p2p.patterns import register
+from kvbench.p2p.patterns.base import Measured
 from kvbench.p2p.patterns.sequential import Sequential
 
 
@@ -26,12 +29,12 @@ class Store(Sequential):
         were not all got back is not a transfer to fit; and what the pool holds."""
         inner, ch = run.records, run.links[0].channel if run.links[0] is not None else None
 
-        def records(loops, wrong) -> list[dict]:
+        def records(loops, wrong) -> list[Measured]:
             mine = sum((ch.breakdown() if ch is not None else {}).get("store_misses", []))
             missed = int(self.ctx.comm.allreduce(mine))
             out = inner(loops, wrong)
             pool = self.ctx.transport.segment * self.ctx.comm.Get_size()
-            for rec in out:
+            for rec in (m.fields for m in out):
                 rec["store_misses"] = missed
                 # what the mounted pool holds of this request's KV (one replica each)
                 rec["store_pool_bytes"] = pool
@@ -45,7 +48,7 @@ class Store(Sequential):
         run.records = records
         return run
 
-    def _parts(self, rec: dict) -> list[dict]:
+    def _parts(self, rec: Measured) -> list[Measured]:
         """The put and the get of the same handoffs as variants `put` and `get` (rank 0): each
         its own record, spec and fit group, so `kvbench fit` fits each as setup + bytes /
         rate. Their times come from the channel's per-handoff lists (cold first, then the
@@ -53,18 +56,19 @@ class Store(Sequential):
         from kvbench.p2p.harness import LoopResult
         from kvbench.records.stats import Measurement
 
-        loop, w = rec.get("loop"), self.ctx.settings.warmup
+        loop, w = rec.loop, self.ctx.settings.warmup
         if loop is None:
             return []
         n, out = len(loop.samples), []
         for variant, key in (("put", "store_put_ms"), ("get", "store_get_ms")):
-            times = rec["breakdown_ms"].get(key, [])
+            times = rec.fields["breakdown_ms"].get(key, [])
             if len(times) < 1 + w + n:
                 continue
             part = LoopResult(cold_ms=times[0], warmup_ms=times[1:1 + w],
                               samples=Measurement(times[1 + w:1 + w + n]), iters=loop.iters,
                               rounds=loop.rounds)
-            out.append({**rec, "variant": variant, "loop": part})
+            out.append(Measured(part, {**rec.fields, "variant": variant},
+                                replace(rec.spec, variant=variant)))
         return out
 
     def prepare(self, points) -> str | None:

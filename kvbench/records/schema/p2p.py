@@ -51,6 +51,13 @@ LEGACY_OPTIONAL_KEYS = ("variant", "nixl_op", "nixl_mode", "nixl_prep", "nixl_ba
                         "nixl_progress_thread", "tp", "prefill_tp", "decode_tp", "block_size")
 
 
+LAYOUTS = ("contiguous", "paged", "raw")
+# the order a record lays out its spec in (kvbench p2p has written it so since the spec existed)
+WRITTEN_ORDER = ("transport", "pattern", "granularity", "layout", "device", "world", "hosts",
+                 "transport_options", "variant", "block_size", "dtype", "pack_kernel", "model",
+                 "compute", "layer_poll", "cut")
+
+
 class World(Open):
     size: Annotated[int, Field(ge=1, le=2**20)]
     prefill_ranks: list[Rank]
@@ -58,7 +65,23 @@ class World(Open):
 
 
 class HandoffSpec(Open):
-    """What was measured, apart from the payload size (kvbench/p2p/spec.py, docs/contracts.md section 1)."""
+    """The frozen description of *what* a p2p record measured, apart from the measurement:
+    the one spec class, which `kvbench p2p` builds (kvbench.p2p.spec) and every reader
+    validates records into (docs/contracts.md section 1).
+
+    Every record carries its spec (as `spec`) and the spec's short hash (`spec_id`). Records
+    with the same spec_id are replicates of one configuration and may be merged (the fit's
+    group key); records with different ones must never be pooled. So every option that
+    changes what is measured belongs here: transport and its options, pattern and variant,
+    granularity, layout, block size, dtype, device, pack kernel, the layerwise compute
+    settings and polling, the world's roles and hosts, and for the page plan the cut (K/V
+    pages, block ids, TP pair: kvbench.kv.cut). The payload size is not in it: it is the x of
+    a fit. Not in it, on purpose: how the samples were taken (`order`, iteration counts,
+    warm-up), which is recorded beside it and does not change the quantity being estimated.
+
+    Reading is lenient where writing is strict (`build`), so files written before a check
+    stay readable. The fields' order is the readers' (a table's spec.* columns); a record
+    lays its spec out in WRITTEN_ORDER, as it always has."""
 
     transport: Text
     transport_options: dict[str, Scalar] = {}
@@ -77,11 +100,44 @@ class HandoffSpec(Open):
     hosts: list[Text]
     cut: dict[str, Scalar] | None = None  # the page plan's cut (absent from older specs)
 
+    @classmethod
+    def build(cls, **fields: Any) -> HandoffSpec:
+        """The spec a writer makes: its own checks first, each one plain line (one host per
+        rank, the world's three keys, scalar transport options), then the contract's."""
+        layout = fields.get("layout")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        for k, v in (fields.get("transport_options") or {}).items():
+            if not isinstance(v, (str, int, float, bool)) and v is not None:
+                raise ValueError(f"transport option {k!r} must be a scalar, got {type(v).__name__}")
+        world = fields["world"]
+        if set(world) != {"size", "prefill_ranks", "decode_ranks"}:
+            raise ValueError(f"world needs size, prefill_ranks, decode_ranks; got {sorted(world)}")
+        if len(fields["hosts"]) != world["size"]:
+            raise ValueError(f"one host per rank: {len(fields['hosts'])} hosts, {world['size']} ranks")
+        return cls(**fields)
+
+    def as_dict(self) -> dict:
+        """The spec as a record carries it: every field, `cut` only where there is one (specs
+        without a cut keep the ids they always had)."""
+        d = self.model_dump()
+        if d["cut"] is None:
+            del d["cut"]
+        return {**{k: d[k] for k in WRITTEN_ORDER if k in d}, **d}
+
+    @property
+    def spec_id(self) -> str:
+        return spec_id_of(self.as_dict())
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, no spaces: the text a spec id hashes (and any other content hash)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
 
 def spec_id_of(spec: dict) -> str:
-    """First 12 hex digits of sha256 over the canonical JSON of the spec (docs/contracts.md section 1)."""
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    """First 12 hex digits of sha256 over the spec's canonical JSON (docs/contracts.md section 1)."""
+    return hashlib.sha256(canonical_json(spec).encode()).hexdigest()[:12]
 
 
 class P2PRecord(Open):
