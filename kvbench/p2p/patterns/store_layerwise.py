@@ -24,9 +24,9 @@ from __future__ import annotations
 from kvbench.p2p.engine import Handoff
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
-from kvbench.p2p.patterns.base import Point, PointRun, make_data
+from kvbench.p2p.patterns.base import Measured, Point, PointRun, make_data
 from kvbench.p2p.patterns.layerwise import layer_granularity
-from kvbench.p2p.patterns.sequential import estimate_bytes, pair_records
+from kvbench.p2p.patterns.sequential import cut_fields, estimate_bytes, pair_records
 from kvbench.p2p.patterns.store import Store
 from kvbench.records.stats import percentile
 
@@ -75,34 +75,35 @@ class StoreLayerwise(Store):
         eng.settle()
         handoff = Handoff(eng, [link], layers=L, name=self.name)
 
-        def records(loops, wrong) -> list[dict]:
-            loop = loops[0] if loops else None
+        def records(loops, wrong) -> list[Measured]:
+            loop, cut = (loops[0] if loops else None), cut_fields(ctx, point)
             rec = pair_records(ctx, [link], {
                 "granularity": gran, "bytes": plan.nbytes, "packed": plan.packed,
-                "stored_tokens": data.spec.tensor_tokens(0), "layers": L, "loop": loop,
+                "stored_tokens": data.spec.tensor_tokens(0), "layers": L, **cut,
                 "fit_as_link": True, "not_link_reason": None}, loops, wrong)
-            return [self._overlap(rec, loop)] if rec else []
+            if not rec:
+                return []
+            spec = self.entries(gran, packed=plan.packed, block_size=cut.get("block_size"),
+                                cut=cut.get("cut"))
+            return [Measured(loop, rec, spec, self._overlap(rec, loop))]
 
         return self._with_store_fields(PointRun(point, [handoff], handoff, [link], records))
 
-    def _overlap(self, rec: dict, loop) -> dict:
-        """The timed handoffs' overlap (see the module doc) and a table note."""
+    def _overlap(self, rec: dict, loop) -> str | None:
+        """The timed handoffs' overlap (see the module doc) into `rec`; the table's note."""
         L, w = rec["layers"], self.ctx.settings.warmup
         n = len(loop.samples.samples_ms) if loop is not None else 0
         bd = rec["breakdown_ms"]
         over = overlap_ms(bd, L, 1 + w, n)  # after the cold handoff and the warm-up
         rec["store_overlap_ms"] = over
-        if over:
-            p50 = percentile(over, 50)
-            rec["store_overlap_p50_ms"] = p50
-            put = percentile(bd.get("store_layer_put_ms") or [0.0], 50)
-            get = percentile(bd.get("store_layer_get_ms") or [0.0], 50)
-            rec["table_note"] = (f"{L} layers: put {put:.2f} ms, get {get:.2f} ms per layer "
-                                 f"(p50); decode's first get began {p50:.2f} ms before prefill's "
-                                 "last put ended" if p50 > 0 else
-                                 f"{L} layers: put {put:.2f} ms, get {get:.2f} ms per layer "
-                                 f"(p50); no overlap (first get {-p50:.2f} ms after the last put)")
-        return rec
+        if not over:
+            return None
+        p50 = rec["store_overlap_p50_ms"] = percentile(over, 50)
+        put = percentile(bd.get("store_layer_put_ms") or [0.0], 50)
+        get = percentile(bd.get("store_layer_get_ms") or [0.0], 50)
+        head = f"{L} layers: put {put:.2f} ms, get {get:.2f} ms per layer (p50); "
+        return head + (f"decode's first get began {p50:.2f} ms before prefill's last put ended"
+                       if p50 > 0 else f"no overlap (first get {-p50:.2f} ms after the last put)")
 
-    def _parts(self, rec: dict) -> list[dict]:
+    def _parts(self, rec: Measured) -> list[Measured]:
         return []
