@@ -8,6 +8,7 @@
     sim.py       simulated runs with known truth (coverage checks and benchmarks)
     cli.py       flags and the command
 
-May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names).
+May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names),
+kvbench.p2p.transports (each transport's torch-free link rule: classify_record).
 Never plan, slo, lab or report.
 """

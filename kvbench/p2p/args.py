@@ -28,7 +28,7 @@ from kvbench.cli import (
 from kvbench.kv.cut import Cut, block_table, count_pieces, declared_cuts, layer_blocks, page_layout
 from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
-from kvbench.p2p import engine_shape, patterns, transports
+from kvbench.p2p import patterns, transports
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.read import path_kind
@@ -296,9 +296,8 @@ def validate(args, world_size: int):
             KVSizing(model, dtype, t, block_size=bs if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
-    shape_error = engine_shape.usage_error(args)
-    if shape_error:
-        raise UsageError(shape_error)
+    for tc in transports.available().values():  # each transport's own cross-checks
+        tc.check_arguments(args, world_size)
     cuts = cuts_of(args, block_sizes, model, dtype, tokens)
     device = resolve_device(args.device)
     if args.pack_kernel == "cuda":
@@ -345,7 +344,7 @@ def check_distinct(points: list[Point]) -> None:
 
 def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
     """The declared cuts (kvbench.kv.cut), each checked against the model and the flags."""
-    engine = getattr(args, "nixl_shape", "link") == "engine"
+    engine = any(tc.page_plan(args) for tc in transports.available().values())
     try:
         cuts = declared_cuts(block_sizes, args.kv_pages, args.block_ids, args.tp_pair, engine)
     except ValueError as exc:
@@ -373,9 +372,8 @@ def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None
     if cuts[0].pages and (args.layout != "paged" or args.granularity != "block"):
         raise UsageError("--kv-pages, --block-ids and --tp-pair cut a paged KV into pages: add "
                          "--layout paged --granularity block")
-    if engine and any(c.merged for c in cuts):
-        raise UsageError("--block-ids merged: NIXL joins adjacent descriptors itself; measure "
-                         "--block-ids contiguous (its descriptors_merged counts what NIXL posted)")
+    for tc in transports.available().values():  # cuts a transport's flags cannot measure
+        tc.check_cuts(args, cuts)
     return cuts
 
 

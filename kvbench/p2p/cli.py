@@ -17,6 +17,7 @@ from kvbench.cli import (
 )
 from kvbench.links import linkpath
 from kvbench.model import PRESETS
+from kvbench.p2p import transports
 from kvbench.p2p import world as mpi_world
 from kvbench.p2p.args import PROG, build_parser, prescan, validate
 from kvbench.p2p.baseline import LABELS, baseline_gbps, baseline_kinds
@@ -465,7 +466,7 @@ def peak_memory_line(records: list[dict]) -> str | None:
 def emulation_line(records: list[dict]) -> str | None:
     """One line when a record's KV went over UCX's software emulation, with its causes and
     fixes (kvbench.links.linkcauses); None otherwise."""
-    return linkpath.emulation_note(linkpath.classify_record(r) for r in records)
+    return linkpath.emulation_note(transports.classify_record(r) for r in records)
 
 
 def report(args, records: list[dict], info: dict, envs: list[dict], notice: float,
