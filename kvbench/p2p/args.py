@@ -29,6 +29,7 @@ from kvbench.kv.cut import Cut, block_table, count_pieces, declared_cuts, layer_
 from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import patterns, transports
+from kvbench.p2p.helpview import ChosenHelp, add_owned, summary
 from kvbench.p2p.patterns.base import Point
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.read import path_kind
@@ -69,8 +70,12 @@ examples:
 """
 
 
+USAGE = ("mpirun -n 2 python -m kvbench.p2p [--sizes TOKENS | --bytes SIZES] [--model NAME] "
+         "[--transport NAME] [--pattern NAME] [options]")
+
+
 def build_parser(rank: int = 0) -> ArgumentParser:
-    class _Parser(ArgumentParser):
+    class _Parser(ArgumentParser, ChosenHelp):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
                 print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
@@ -81,7 +86,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
                 super().print_help(file)
 
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2].rsplit("\n\nThis module:", 1)[0],
-                epilog=_EPILOG)
+                epilog=_EPILOG, usage=USAGE)
     what = p.add_argument_group("what moves")
     what.add_argument("--sizes", default=None, metavar="TOKENS",
                       help="prompt lengths in tokens, comma-separated (default 300,2000,8192)")
@@ -169,10 +174,13 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     p.add_argument("--debug-stall-rank", type=arg_int(0, 1 << 20), default=None, help=argparse.SUPPRESS)
     # SIGSTOP one rank as it enters a phase (RANK:PHASE, phases as in kvbench.watchdog.PHASES)
     p.add_argument("--debug-stop", type=stop_spec, default=None, help=argparse.SUPPRESS)
-    for cls in transports.available().values():
-        cls.add_arguments(p)
-    for cls in patterns.available().values():
-        cls.add_arguments(p)
+    # each transport's and pattern's own flags: parsed always, listed once chosen (helpview)
+    groups = len(p._action_groups)
+    p.owned = {**add_owned(p, "transport", transports.available()),
+               **add_owned(p, "pattern", patterns.available())}
+    p.add_argument_group("each transport's and pattern's own flags (listed once it is chosen)",
+                         summary(p.owned, PROG))
+    p._action_groups.insert(groups, p._action_groups.pop())
     return p
 
 
