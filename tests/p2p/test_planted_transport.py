@@ -27,10 +27,12 @@ from kvbench.model import get_dtype, resolve_model
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path
 
 TOY = Path(__file__).parent / "planted" / "toy.py"
+# 4 layers of 16 KiB of KV per token: few pieces, and sizes far enough apart (1 MiB, 16 MiB)
+# that the fitted rate is a rate on a busy host (the plan refuses a fit without one)
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
-        "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512, "head_dim": 64,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 1024, "head_dim": 128,
         "intermediate_size": 1024, "vocab_size": 1000, "torch_dtype": "bfloat16"}
-RUN = ("--transport", "toy", "--device", "cpu", "--sizes", "64,256", "--layout", "paged",
+RUN = ("--transport", "toy", "--device", "cpu", "--sizes", "64,1024", "--layout", "paged",
        "--granularity", "block", "--block-size", "4,16", "--block-ids", "scattered,contiguous",
        "--iters", "10", "--warmup", "1", "--quiet")
 PLANNED = (256, 16, "contiguous")  # the plan's prompt, block size and block ids
