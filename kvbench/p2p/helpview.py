@@ -56,7 +56,7 @@ def summary(owned: Mapping[tuple[str, str], list[argparse.Action]], prog: str) -
         n = len(visible(actions))
         how = (f"{n} flag{'s' * (n != 1)}: {prog} {CHOOSERS[kind]} {name} --help" if n
                else "no flags of its own")
-        lines.append(f"{CHOOSERS[kind] + ' ' + name:<24}{how}")
+        lines.append(f"{kind + ' ' + name:<22}{how}")  # (not an option line: no dash)
     return "\n".join(lines)
 
 
