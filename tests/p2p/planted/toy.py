@@ -138,7 +138,7 @@ class ToyTransport(Transport):
 
     @classmethod
     def check_arguments(cls, args, world_size: int) -> None:
-        if args.transport == "toy" and args.granularity == "whole" and args.layout == "paged":
+        if args.transport == "toy" and args.layout == "paged" and args.granularity != "block":
             raise UsageError("--transport toy moves a paged KV block by block: add "
                              "--granularity block")
 
