@@ -15,7 +15,7 @@ The verdict's rules (every setting is written into the document):
                 pair of that kind is named by this rule.
   expect_link   a pair whose path cannot be shown to be the kind of link expected
                 (`--expect-link`, `--expect-local-link` for pairs within one host), by
-                kvbench.links.linkpath's classification of the transport's own words.
+                the transport's own link rule (kvbench.p2p.transports.classify_record).
   wrong_data    the pair's receiver counted wrong elements in the data check.
   no_fit        no rate could be fitted (the fit's warning says why).
 """
@@ -35,6 +35,7 @@ from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, draw_rows, fit_group
 from kvbench.links import linkpath
+from kvbench.p2p import transports
 from kvbench.records.schema.matrix import (
     DRAW_COLUMNS,
     DRAWS_SUFFIX,
@@ -129,7 +130,7 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> No
     d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[str(info.get("path") or "no path recorded")] += 1
-    d.kinds[linkpath.classify_record({
+    d.kinds[transports.classify_record({
         "transport": rec.transport, "transport_info": info, "device": rec.device,
         "hosts": list(rec.hosts), "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1

@@ -31,6 +31,8 @@ from functools import partial
 
 import numpy as np
 
+from kvbench.links import linkcauses
+from kvbench.links.linkpath import LinkPath, PairFacts
 from kvbench.p2p.hostcopy import METHOD as HOST_COPY
 from kvbench.p2p.hostcopy import memcpy
 from kvbench.p2p.transports import register
@@ -339,3 +341,24 @@ class IPCTransport(Transport):
         if self.comm is not None:
             self.comm.Free()
             self.comm = None
+
+    # -- the declaration (kvbench.p2p.transports.base) ---------------------------------------
+
+    joins_adjacent = True  # one copy per run of messages adjacent on both sides
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """shm on host memory; cuda_ipc: one GPU shared by both ranks (the record's UUIDs, or
+        weaker evidence said as such), else NVLink or PCIe (the record names no topology)."""
+        path = str(info.get("path") or "")
+        if path == "shm":
+            return LinkPath(frozenset({"shm"}), "ipc: shared memory between processes of one host")
+        if path == "cuda_ipc":
+            if pair.same_gpu:
+                ev = linkcauses.Evidence("ipc", "cuda", frozenset({"same-device"}),
+                                         same_gpu=pair.same_gpu)
+                return LinkPath(frozenset({"same-device"}), f"ipc: cuda_ipc, both ranks on one "
+                                f"GPU: {pair.same_gpu}", causes=linkcauses.diagnose(ev))
+            return LinkPath(frozenset({"nvlink", "pcie"}), "ipc: cuda_ipc between two GPUs (the "
+                            "record names no topology: NVLink or PCIe)")
+        return LinkPath(frozenset({"unknown"}), f"ipc: {path or 'no path recorded'}")

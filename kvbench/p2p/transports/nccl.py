@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from kvbench.links import nccl_log
+from kvbench.links.linkpath import LinkPath, PairFacts, classify_nccl
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports._torchdist import TorchDistTransport
 
@@ -85,3 +86,8 @@ class NCCLTransport(TorchDistTransport):
         merged = getattr(self, "merged", None)
         return {(s, d): {**info, **self._path_fields(merged.for_pair(s, d) if merged else None)}
                 for s, d in pairs}
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """The channel transports NCCL logged (older records: the joined path string)."""
+        return classify_nccl(info)
