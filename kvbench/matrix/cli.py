@@ -32,7 +32,7 @@ from kvbench.matrix.analyze import (
     analyze,
 )
 from kvbench.p2p.watchdog import env_rank
-from kvbench.records.schema.matrix import DRAWS_SUFFIX, MatrixDocument
+from kvbench.records.schema.matrix import DRAWS_SUFFIX, PAIRS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
@@ -124,7 +124,10 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
     from kvbench.matrix import report
 
     require_matplotlib()
-    out = [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
+    whole = doc.model_dump(by_alias=True)
+    if doc.pairs_file is not None:  # every pair on its line beside; the named ones here
+        whole["pairs"] = [p for p in whole["pairs"] if p["findings"]]
+    out = [(".json", dumps(whole) + "\n"),
            (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
            (".csv", report.csv_table(doc))]
     if draws is not None:
@@ -135,16 +138,29 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
         buf = io.BytesIO()
         np.save(buf, draws, allow_pickle=False)
         out.append((DRAWS_SUFFIX, buf.getvalue()))
+    if doc.pairs_file is not None:
+        out.append((PAIRS_SUFFIX, pair_lines(doc)))
     return out
+
+
+def pair_lines(doc: MatrixDocument):
+    """The pairs file, streamed: each pair's entry on one line, "pair" first (the start
+    records.schema.matrix.read_pairs finds a pair by)."""
+    import json
+
+    for p in doc.pairs:
+        yield json.dumps(p.model_dump(by_alias=True), separators=(",", ":")) + "\n"
 
 
 def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
     """The files together or none, under a fresh name (never overwriting); the document
     names its draws file (`draws`: the array analyze gave) by that name."""
-    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX))
-    if doc.draws_file is not None:  # (typed models are frozen: a copy with the name)
-        doc = doc.model_copy(update={"draws_file": doc.draws_file.model_copy(
-            update={"file": stem.name + DRAWS_SUFFIX})})
+    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX, PAIRS_SUFFIX))
+    for key, suffix in (("draws_file", DRAWS_SUFFIX), ("pairs_file", PAIRS_SUFFIX)):
+        side = getattr(doc, key)
+        if side is not None:  # (typed models are frozen: a copy with the name)
+            doc = doc.model_copy(update={key: side.model_copy(
+                update={"file": stem.name + suffix})})
     rendered = render(doc, draws)
     return write_files([(stem.with_name(stem.name + s), c) for s, c in rendered])
 

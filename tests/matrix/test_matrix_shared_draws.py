@@ -31,7 +31,7 @@ def _doc(path: Path, draws: list):
     return analyze([str(path)], n_boot=200, seed=3, draws="file", draws_out=draws)
 
 
-@pytest.mark.parametrize("n", [8, 16])
+@pytest.mark.parametrize("n", [8, pytest.param(16, marks=pytest.mark.slow)])
 def test_shared_counts_give_the_document_drawing_each_pair_gives(tmp_path, monkeypatch, n):
     bench = _bench()
     src, _ = write_records(tmp_path, list(bench.records(n, 8, 12, seed=n)), "kvbench-p2p")
