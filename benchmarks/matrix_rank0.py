@@ -12,8 +12,8 @@ would carry them; then, timed, rank 0 does what a job's rank 0 does with them:
   assemble kvbench.p2p.cli.assemble: each record's spec and p2p record (make_spec,
            make_record)
   write    kvbench.p2p.cli.report: the environment once per job, the table (to a file),
-           the .jsonl and .csv streamed to --out (left out with --no-write: only the
-           reduction and the records in memory)
+           the .jsonl and .csv streamed to --out (without --out: neither assemble nor
+           write, only the reduction and the records' fields in memory)
 
 What it does not prove: the wire (MPI's gather of the parts, the alltoall between pairs, the
 Allreduce of the rounds' starts) and the other ranks' own work; the receivers' reduction is
@@ -165,16 +165,18 @@ def run(n: int, sizes: list[int], iters: int, out: Path | None) -> dict:
     t = {"reduce_s": 0.0, "records_s": 0.0, "assemble_s": 0.0, "write_s": 0.0}
     m = matrix_of(n, Rank0Comm(n))
     measured = [one_size(m, b, iters, k, t) for k, b in enumerate(sizes)]
+    if out is None:  # the reduction and the records' fields only
+        return {**t, "n": n, "pairs": n * (n - 1),
+                "records": sum(len(f) for _m, _p, f in measured), "jsonl_mb": 0.0}
     spec, base, info = common(n, iters)
-    args = SimpleNamespace(baseline=False, no_write=out is None, out=str(out or "."))
+    args = SimpleNamespace(baseline=False, no_write=False, out=str(out))
     t0 = time.perf_counter()
     records = p2p.assemble(args, m.ctx.comm, "cpu", measured, spec, base, 0.005)
     del measured
     t["assemble_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     written: dict = {}
-    with open(Path(out or "/tmp") / "table.txt" if out else "/dev/null", "w") as table, \
-            contextlib.redirect_stdout(table):
+    with open(out / "table.txt", "w") as table, contextlib.redirect_stdout(table):
         p2p.report(args, records, info, [environment()] * n, 0.005, written)
     t["write_s"] = time.perf_counter() - t0
     path = written.get("records")
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, required=True)
     p.add_argument("--sizes", default="1048576,8388608,67108864")
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--out", help="folder for the records (default: not written)")
+    p.add_argument("--out", help="folder for the records (default: not assembled, not written)")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else None
     if out:

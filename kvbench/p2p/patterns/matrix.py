@@ -367,6 +367,7 @@ class Matrix(Pattern):
         at = {p: k for k, p in enumerate(order)}  # a pair's place, by index (not list.index)
         out = []
         for k, rnd in enumerate(self.rounds):
+            in_round = [list(p) for p in rnd]  # one list per round, shared by its records
             for s, r in rnd:
                 key = f"{s}->{r}"
                 breakdown = {n: v for rank in (s, r) for n, v in parts[rank].get(key, {}).items()}
@@ -382,7 +383,7 @@ class Matrix(Pattern):
                     "fit_as_link": True, "not_link_reason": None,
                     "wrong": None if checks[r] is None else checks[r][k],
                     "schedule": {"name": self.kind, "round": k, "rounds": len(self.rounds),
-                                 "pairs_in_round": [list(p) for p in rnd]},
+                                 "pairs_in_round": in_round},
                     "wireup_ms": self.wireup_ms.get((s, r)),
                     "breakdown_ms": breakdown,  # every rank's peaks: the point's first record
                     "peak_rss_bytes": rss if not out else None,
