@@ -125,8 +125,9 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
 
     require_matplotlib()
     whole = doc.model_dump(by_alias=True)
+    every = whole["pairs"]
     if doc.pairs_file is not None:  # every pair on its line beside; the named ones here
-        whole["pairs"] = [p for p in whole["pairs"] if p["findings"]]
+        whole["pairs"] = [p for p in every if p["findings"]]
     out = [(".json", dumps(whole) + "\n"),
            (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
            (".csv", report.csv_table(doc))]
@@ -139,17 +140,17 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
         np.save(buf, draws, allow_pickle=False)
         out.append((DRAWS_SUFFIX, buf.getvalue()))
     if doc.pairs_file is not None:
-        out.append((PAIRS_SUFFIX, pair_lines(doc)))
+        out.append((PAIRS_SUFFIX, pair_lines(every)))
     return out
 
 
-def pair_lines(doc: MatrixDocument):
-    """The pairs file, streamed: each pair's entry on one line, "pair" first (the start
-    records.schema.matrix.read_pairs finds a pair by)."""
-    import json
+def pair_lines(pairs: list[dict]):
+    """The pairs file, streamed: each pair's entry (as dumped) on one line, "pair" first
+    (the start records.schema.matrix.read_pairs finds a pair by)."""
+    from kvbench.records.write import dumps_json  # compact: ',' and ':' without spaces
 
-    for p in doc.pairs:
-        yield json.dumps(p.model_dump(by_alias=True), separators=(",", ":")) + "\n"
+    for p in pairs:
+        yield dumps_json(p, indent=None) + "\n"
 
 
 def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:

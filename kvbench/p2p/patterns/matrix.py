@@ -118,7 +118,9 @@ class FromPeer:
 def pair_loop(loop: LoopResult, src: int, dst: int, alone: bool) -> LoopResult:
     """One pair's measurement out of its round's: the round's own when the pair ran alone;
     otherwise, per sample, the later of the two ends minus the sender's start (every stamp is
-    already on rank 0's clock, relative to the round's first start)."""
+    already on rank 0's clock, relative to the round's first start). The rule as rank 0
+    applied it to critical_paths' loops before reduce_pairs; kept as the reference that
+    reduce_pairs is held to (tests/matrix/test_matrix_reduce.py)."""
     if alone:
         return loop
     start, end_s, end_r = loop.rank_start_ms[src], loop.rank_ms[src], loop.rank_ms[dst]
