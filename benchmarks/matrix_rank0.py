@@ -113,17 +113,18 @@ def hosts_of(n: int, per_node: int = 8) -> list[str]:
 
 
 def queue_gathers(comm: Rank0Comm, n: int, rounds, parts: list[bytes], handoffs: int) -> None:
-    """The gathers rank 0 takes part in, in order: the reduced pairs, then _records' four."""
-    comm.replies = [
-        lambda: [pickle.loads(p) for p in parts],
-        lambda: [[(k, [1] * handoffs) for k, (s, _r) in enumerate(ordered_pairs(n)) if s == rank]
-                 for rank in range(n)],
-        lambda: [{} for _ in range(n)],
-        lambda: [[0 if any(r == rank for _s, r in rnd) else None for rnd in rounds]
-                 for rank in range(n)],
-        lambda: [1 << 30] * n,
-        lambda: [None] * n,
-    ]
+    """The gathers rank 0 takes part in, in order: the reduced pairs (unpickled when
+    gathered: rank 0's work), then _records' five (made here, before the timing)."""
+    posted: list[list] = [[] for _ in range(n)]
+    for k, (s, _r) in enumerate(ordered_pairs(n)):
+        posted[s].append((k, [1] * handoffs))
+    checks: list[list] = [[None] * len(rounds) for _ in range(n)]
+    for k, rnd in enumerate(rounds):
+        for _s, r in rnd:
+            checks[r][k] = 0
+    ready = [posted, [{} for _ in range(n)], checks, [1 << 30] * n, [None] * n]
+    comm.replies = [lambda: [pickle.loads(p) for p in parts],
+                    *((lambda v=v: v) for v in ready)]
 
 
 def one_size(m: Matrix, nbytes: int, iters: int, seed: int, t: dict) -> tuple:
