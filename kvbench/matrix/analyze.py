@@ -39,6 +39,7 @@ from kvbench.p2p import transports
 from kvbench.records.schema.matrix import (
     DRAW_COLUMNS,
     DRAWS_SUFFIX,
+    PAIRS_SUFFIX,
     SCHEMA_MATRIX,
     MatrixDocument,
 )
@@ -365,6 +366,15 @@ def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:
                  "columns": DRAW_COLUMNS, "dtype": "float64"}
 
 
+def pairs_file_of(entries: list[dict]) -> dict:
+    """The pairs file's entry in the document (records.schema.matrix.PairsFile): how many
+    pairs, how many fitted, and the slowest fitted one (what plan --pair slowest reads)."""
+    fitted = [e for e in entries if e["fit"] is not None and e["effective_gb_s"] is not None]
+    slowest = min(fitted, key=lambda e: e["effective_gb_s"])["pair"] if fitted else None
+    return {"file": "kvbench-matrix" + PAIRS_SUFFIX, "count": len(entries),
+            "n_fitted": len(fitted), "slowest_fitted": slowest}
+
+
 DRAWS_CHOICES = ("auto", "inline", "file")
 MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB of text)
 
@@ -389,6 +399,8 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
         draws_out.append(arr)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size
+    pairs_file = pairs_file_of(entries) if apart and len(entries) > MAX_INLINE_DRAW_PAIRS \
+        else None
     doc = {
         "schema": SCHEMA_MATRIX, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "inputs": [str(p) for p in paths],
         "transport": run.transport, "world_size": n, "hosts": run.hosts,
@@ -406,5 +418,6 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
         "pairs": entries,
         "verdict": verdict_line(entries, n * (n - 1)),
         "draws_file": draws_file,
+        "pairs_file": pairs_file,
     }
     return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")
