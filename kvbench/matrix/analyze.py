@@ -175,7 +175,7 @@ def fit_pairs(run: Run, n_boot: int, seed: int, raw_draws: bool = False
 # the verdict's rules, each on plain per-pair entries (dicts shaped like PairEntry)
 
 
-def _fmt_ci(ci) -> str:
+def fmt_ci(ci) -> str:
     return "no interval" if not ci else (f"[{ci[0]:.4g}, "
                                          f"{'unbounded' if ci[1] is None else format(ci[1], '.4g')}]")
 
@@ -201,7 +201,7 @@ def slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
         ref = rates.median_without(rate)
         if ci[1] < ref_lo and rate < fraction * ref:
             out[tuple(e["pair"])] = (
-                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(rated) - 1} pairs beyond "
+                f"{rate:.4g} GB/s {fmt_ci(ci)} is below the other {len(rated) - 1} pairs beyond "
                 f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
                 f"{rate / ref:.0%} of their median")
     return out

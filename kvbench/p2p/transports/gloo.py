@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports._torchdist import TorchDistTransport
 from kvbench.p2p.transports.staging import HostStaging
+from kvbench.p2p.transports.torchdist import TorchDistTransport
 
 
 @register
