@@ -176,6 +176,67 @@ def one(n: int, args, work: Path) -> dict:
             "stdout_lines": len(text.splitlines())}
 
 
+def simulate_rank0(n: int, args, work: Path) -> dict:
+    """benchmarks/matrix_rank0.py in a child (rank 0's work in a real n-rank job): its phases'
+    seconds, wall time and peak RSS (wait4)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "matrix_rank0.py"), "--ranks", str(n),
+           "--iters", str(args.rounds), "--sizes", args.sim_sizes]
+    if not args.sim_no_write:
+        cmd += ["--out", str(work / f"rank0-n{n}")]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    text = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        return {"n": n, "pairs": n * (n - 1), "failed": text[-2000:]}
+    r = json.loads(text.strip().splitlines()[-1])
+    work = r["reduce_s"] + r["records_s"] + r["assemble_s"] + r["write_s"]
+    return {**r, "work_s": work, "wall_s": wall, "peak_mib": usage.ru_maxrss / 1024}
+
+
+def print_rank0(ns: list[int], args, work: Path) -> int:
+    sizes = len(args.sim_sizes.split(","))
+    print(f"rank 0 of a real job, simulated (benchmarks/matrix_rank0.py): {sizes} sizes, "
+          f"{args.rounds} samples per pair and size; "
+          + ("records' fields only, not assembled nor written (--sim-no-write)"
+             if args.sim_no_write else
+             "records written (.jsonl, .csv, the table)"))
+    print(f"{'N':>5} {'pairs':>8} {'records':>8} {'reduce s':>9} {'records s':>9} "
+          f"{'assemble s':>10} {'write s':>8} {'work s':>7} {'wall s':>7} {'peak MiB':>9} "
+          f"{'exp':>5} "
+          f"{'jsonl MB':>9}")
+    prev, bad = None, 0
+    for n in ns:
+        r = simulate_rank0(n, args, work)
+        if "failed" in r:
+            print(f"{n:>5} FAILED: {r['failed']}")
+            bad += 1
+            continue
+        exp = (math.log(r["work_s"] / prev["work_s"]) / math.log(r["pairs"] / prev["pairs"])
+               if prev else float("nan"))
+        print(f"{n:>5} {r['pairs']:>8} {r['records']:>8} {r['reduce_s']:>9.1f} "
+              f"{r['records_s']:>9.1f} {r['assemble_s']:>10.1f} {r['write_s']:>8.1f} "
+              f"{r['work_s']:>7.1f} {r['wall_s']:>7.1f} {r['peak_mib']:>9.0f} {exp:>5.2f} "
+              f"{r['jsonl_mb']:>9.1f}", flush=True)
+        prev = r
+        subprocess.run(["rm", "-rf", str(work / f"rank0-n{n}")], check=False)
+    return bad
+
+
+def rank0_main(args) -> int:
+    work = Path(args.dir or tempfile.mkdtemp(prefix="kvbench-matrix-rank0-", dir="/tmp"))
+    bad = print_rank0(sorted(int(x) for x in args.simulate_rank0.split(",")), args, work)
+    if not args.dir:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(f"uptime after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print("work s: rank 0's four phases (reduce + records + assemble + write); wall s adds the "
+          "child's start (imports) and the making of the receivers' parts; peak MiB: the "
+          "child's peak RSS, parts included; exp: growth exponent of work s against pairs "
+          "since the previous N (1.0 = linear in pairs)")
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)),
@@ -187,12 +248,22 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", help="work folder (kept); default a temporary one, removed")
     p.add_argument("--note", default="", help="printed with the results (e.g. 'busy machine')")
+    p.add_argument("--simulate-rank0", metavar="N,...",
+                   help="instead: rank 0's work in a real job of each N (reduction, records, "
+                        "writing; benchmarks/matrix_rank0.py), e.g. 128,256,512,1024")
+    p.add_argument("--sim-sizes", default="1048576,8388608,67108864",
+                   help="payload sizes of the simulated job (default three: 1, 8, 64 MiB)")
+    p.add_argument("--sim-no-write", action="store_true",
+                   help="simulate the reduction and the records' fields only (no assemble, "
+                        "no writing)")
     args = p.parse_args(argv)
     ns = sorted({int(x) for x in args.ranks.split(",")} | (set(BIG_RANKS) if args.big else set()))
     print(f"uptime before: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus; "
           f"{args.ranks_per_node} ranks per node, sizes 1 MiB and 8 MiB, {args.rounds} rounds, "
           f"{args.bootstrap} bootstrap resamples per pair. {args.note}")
+    if args.simulate_rank0:
+        return rank0_main(args)
     print(f"{'N':>5} {'pairs':>8} {'records':>8} {'file MB':>9} {'write s':>8} {'report s':>9} "
           f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'draws MB':>8} {'plan s':>6}  named")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kvbench-matrix-scale-"))

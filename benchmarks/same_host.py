@@ -115,7 +115,7 @@ def mapping_ab(nbytes: int, rounds: int = 16) -> dict:
 
     from kvbench.p2p.hostcopy import memcpy
     from kvbench.p2p.layout import empty
-    from kvbench.p2p.transports._ipc_mem import HostMapping, export_host
+    from kvbench.p2p.transports.ipc_mem import HostMapping, export_host
 
     torch.set_num_threads(1)  # as in a rank bound to one core
     src = empty(nbytes, torch.uint8, "cpu").fill_(5)

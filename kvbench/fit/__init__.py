@@ -9,6 +9,7 @@
     cli.py       flags and the command
 
 May import: kvbench.units, kvbench.errors, kvbench.records, kvbench.links.linkpath (link names),
-kvbench.kv.geometry (tokens -> bytes).
+kvbench.kv.geometry (tokens -> bytes), kvbench.p2p.transports (each transport's torch-free link rule:
+classify_record).
 Never plan, slo, lab or report.
 """

@@ -37,6 +37,7 @@ import numpy as np
 from kvbench.errors import UsageError
 from kvbench.fit.stats import GroupSamples
 from kvbench.links import linkpath
+from kvbench.p2p import transports
 from kvbench.records.schema.p2p import (
     LEGACY_GROUP_KEYS,
     LEGACY_OPTIONAL_KEYS,
@@ -203,7 +204,7 @@ class Group:
         if why and self.not_link is None:
             self.not_link = why
         if keep_paths:
-            self.paths[linkpath.classify_record(rec)] += 1
+            self.paths[transports.classify_record(rec)] += 1
         if why or self.error:
             return  # a group with a record that is not a link is skipped whole
         try:

@@ -205,8 +205,39 @@ def _positions(c: np.ndarray, local: np.ndarray, rows: np.ndarray,
     return np.minimum(pos, len(local) - 1)
 
 
+UNIT_COUNTS_KEPT = 8  # resampling layouts remembered (kvbench matrix: one for every pair)
+UNIT_COUNTS_KEPT_BYTES = 16 << 20  # a larger draw is not kept (a big group's, drawn once)
+_KEPT_COUNTS: dict = {}
+
+
+def _rng_key(rng: np.random.Generator) -> str:
+    return repr(rng.bit_generator.state)
+
+
 def unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.ndarray:
-    """(B, U) how often each unit appears in each resample (stratified); int32 (counts <= U)."""
+    """(B, U) how often each unit appears in each resample (stratified); int32 (counts <= U).
+
+    The draws depend only on the strata and the generator's state: a group with the same
+    strata drawn from the same state (every pair of a matrix is fitted from one seed) gets
+    the very same array, read-only, and the generator is left where drawing would have left
+    it, so every later draw of the fit is the same as well (identical results, drawn once)."""
+    key = (n_draws, str(g.stratum.dtype), g.stratum.tobytes(), tuple(g.stratum_kind),
+           _rng_key(rng))
+    kept = _KEPT_COUNTS.get(key)
+    if kept is not None:
+        rng.bit_generator.state = kept[1]
+        return kept[0]
+    counts = draw_unit_counts(g, n_draws, rng)
+    if counts.nbytes > UNIT_COUNTS_KEPT_BYTES:
+        return counts
+    counts.flags.writeable = False
+    if len(_KEPT_COUNTS) >= UNIT_COUNTS_KEPT:
+        _KEPT_COUNTS.pop(next(iter(_KEPT_COUNTS)))
+    _KEPT_COUNTS[key] = (counts, rng.bit_generator.state)
+    return counts
+
+
+def draw_unit_counts(g: GroupSamples, n_draws: int, rng: np.random.Generator) -> np.ndarray:
     counts = np.zeros((n_draws, len(g.stratum)), dtype=np.int32)
     for s in range(len(g.stratum_kind)):
         idx = np.flatnonzero(g.stratum == s)

@@ -22,6 +22,15 @@ with the causes the record's evidence names (kvbench.links.linkcauses).
 
 It also names the links a job can declare (`KVBENCH_LINK=ib-ndr`): the kind to expect and
 the line rate in decimal GB/s that arms the fit's "rate above the line rate" check.
+
+Which rules read which record is each transport's own choice, not this module's: a transport
+maps its `transport_info` onto these kinds in its `link_path` hook (kvbench.p2p.transports.
+base.Transport), with the readers here (classify_nccl, classify_ucx_info, ...), and
+kvbench.p2p.transports.classify_record picks the hook by the record's transport. This
+module keeps the vocabulary (kinds, LinkPath, causes, pair facts) and the rules for records
+no installed transport declares (`by_path`: the path's own words). It never branches on a
+transport's name: the ipc transport was once added without a branch here, and every ipc
+record read `unknown`.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvbench.links import linkcauses, ucx_rows
@@ -91,7 +100,7 @@ class LinkPath:
 
 
 @dataclass(frozen=True)
-class _Pair:
+class PairFacts:
     """A record's facts about its two ranks that the path and its causes depend on."""
 
     device: str | None = None
@@ -105,6 +114,9 @@ class _Pair:
     def memory(self) -> str | None:
         """Where the KV lived: 'cuda' (VRAM) or 'host'; None when the record does not say."""
         return None if self.device is None else "cuda" if self.device == "cuda" else "host"
+
+
+_Pair = PairFacts  # (its name before transports read it)
 
 
 def _ranks(rec) -> tuple[int, int]:
@@ -144,7 +156,7 @@ def _same_gpu(a: dict, b: dict, ea: dict, eb: dict) -> str | None:
     return None
 
 
-def pair_facts(rec) -> _Pair:
+def pair_facts(rec) -> PairFacts:
     """The facts of a record's prefill/decode pair: device, hosts, GPUs, PIDs, variables."""
     i, j = _ranks(rec)
     device = rec.get("device")
@@ -156,7 +168,7 @@ def pair_facts(rec) -> _Pair:
     same_gpu = (_same_gpu(_at(rec.get("gpus"), i), _at(rec.get("gpus"), j), ea, eb)
                 if device == "cuda" else None)
     rank_vars = tuple(e.get("variables") for e in (ea, eb) if isinstance(e.get("variables"), dict))
-    return _Pair(str(device) if device else None, same_host, same_gpu,
+    return PairFacts(str(device) if device else None, same_host, same_gpu,
                  (ea.get("pid"), eb.get("pid")), (ea.get("pid_namespace"), eb.get("pid_namespace")),
                  rank_vars)
 
@@ -256,7 +268,7 @@ def _row_parts(row: dict, memory: str | None, same_gpu: str | None) -> list[froz
     return out or [frozenset({"unknown"})]
 
 
-def _ucx_from_rows(info: dict, rows: list[dict], memory: str | None, ctx: _Pair) -> LinkPath:
+def _ucx_from_rows(info: dict, rows: list[dict], memory: str | None, ctx: PairFacts) -> LinkPath:
     op = str(info.get("nixl_op") or ("read" if "RMA read" in str(info.get("path")) else "write"))
     split = ucx_rows.split_rows(rows, op, memory)
     if not split.kv:
@@ -291,55 +303,46 @@ def _ucx_from_rows(info: dict, rows: list[dict], memory: str | None, ctx: _Pair)
     return LinkPath(kinds, evidence, parts, emulated, linkcauses.diagnose(ev), tls)
 
 
-def _classify_ipc(path: str, ctx: _Pair) -> LinkPath:
-    if path == "shm":
-        return LinkPath(frozenset({"shm"}), "ipc: shared memory between processes of one host")
-    if path == "cuda_ipc":
-        if ctx.same_gpu:
-            ev = Evidence("ipc", "cuda", frozenset({"same-device"}), same_gpu=ctx.same_gpu)
-            return LinkPath(frozenset({"same-device"}), f"ipc: cuda_ipc, both ranks on one GPU: "
-                            f"{ctx.same_gpu}", causes=linkcauses.diagnose(ev))
-        return LinkPath(frozenset({"nvlink", "pcie"}), "ipc: cuda_ipc between two GPUs (the "
-                        "record names no topology: NVLink or PCIe)")
-    return LinkPath(frozenset({"unknown"}), f"ipc: {path or 'no path recorded'}")
+def classify_ucx_info(info: dict, ctx: PairFacts | None = None) -> LinkPath:
+    """UCX's path (NIXL's records): from UCX's own protocol rows where the record has them
+    (the KV's rows between its memory on both sides), else from the path string alone."""
+    ctx = ctx or PairFacts()
+    rows = info.get("ucx_protocols")
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        return _ucx_from_rows(info, rows, ctx.memory, ctx)
+    return classify_ucx(str(info.get("path") or ""))
 
 
-def classify(transport: str, info: dict | None, ctx: _Pair | None = None) -> LinkPath:
-    """The link a record's bytes took, from its transport name and `transport_info` (and,
-    through classify_record, where its KV lived and which GPUs its ranks used)."""
+def by_path(info: dict | None, ctx: PairFacts | None = None) -> LinkPath:
+    """The rules for a record whose transport declares no link of its own (a transport this
+    install does not have, or one that says nothing more): its path's own words, UCX's
+    protocols or TCP sockets, else unknown."""
     info = info or {}
-    ctx = ctx or _Pair()
     path = str(info.get("path") or "")
-    if transport == "nccl":
-        return classify_nccl(info)
-    if transport == "ipc":
-        return _classify_ipc(path, ctx)
-    if transport == "nixl" or path.startswith("UCX"):
-        rows = info.get("ucx_protocols")
-        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-            return _ucx_from_rows(info, rows, ctx.memory, ctx)
-        return classify_ucx(path)
-    if transport == "gloo" or path.startswith("TCP"):
-        return LinkPath(frozenset({"tcp"}), path or "Gloo TCP")
-    if transport == "mpi":
-        # On host memory (or staged through it) the MPI library picks shared memory or the
-        # network itself and does not say which: 'host'. Device-direct: the library's choice.
-        if path in ("host", "host-staged"):
-            return LinkPath(frozenset({"host"}), f"MPI {path}")
-        return LinkPath(frozenset({"unknown"}), f"MPI {path or 'path not recorded'}")
+    if path.startswith("UCX"):
+        return classify_ucx_info(info, ctx)
+    if path.startswith("TCP"):
+        return LinkPath(frozenset({"tcp"}), path)
     return LinkPath(frozenset({"unknown"}), path or "no path recorded")
 
 
-def classify_record(rec) -> LinkPath:
-    """classify() with the record's own facts: where the KV lived, the pair's hosts, GPUs,
-    processes and variables (`rec` is a record dict or anything with the same `get`)."""
-    return classify(str(rec.get("transport") or ""), rec.get("transport_info"), pair_facts(rec))
+LinkRule = Callable[[dict, PairFacts], LinkPath]
 
 
-def mismatch(records: Iterable[dict], expect: str) -> str | None:
+def classify_record(rec, rules: Mapping[str, LinkRule] | None = None) -> LinkPath:
+    """The link a record's bytes took: the rule its transport declares (`rules`: transport
+    name -> its link_path; kvbench.p2p.transports.classify_record passes every installed
+    transport's), else `by_path`, with the record's own facts (where the KV lived, the pair's
+    hosts, GPUs, processes and variables; `rec` is a record dict or anything with `get`)."""
+    rule = (rules or {}).get(str(rec.get("transport") or ""), by_path)
+    return rule(rec.get("transport_info") or {}, pair_facts(rec))
+
+
+def mismatch(records: Iterable[dict], expect: str,
+             rules: Mapping[str, LinkRule] | None = None) -> str | None:
     """One line for the fit's `link_mismatch` warning when some records' bytes did not (or
     cannot be shown to) go over the expected kind of link; None when all agree."""
-    return mismatch_of(Counter(classify_record(rec) for rec in records), expect)
+    return mismatch_of(Counter(classify_record(rec, rules) for rec in records), expect)
 
 
 def mismatch_of(paths: Mapping[LinkPath, int], expect: str) -> str | None:

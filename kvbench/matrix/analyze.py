@@ -15,7 +15,7 @@ The verdict's rules (every setting is written into the document):
                 pair of that kind is named by this rule.
   expect_link   a pair whose path cannot be shown to be the kind of link expected
                 (`--expect-link`, `--expect-local-link` for pairs within one host), by
-                kvbench.links.linkpath's classification of the transport's own words.
+                the transport's own link rule (kvbench.p2p.transports.classify_record).
   wrong_data    the pair's receiver counted wrong elements in the data check.
   no_fit        no rate could be fitted (the fit's warning says why).
 """
@@ -35,9 +35,11 @@ from kvbench.errors import UsageError
 from kvbench.fit.data import Group, read_groups
 from kvbench.fit.fitting import METHOD, draw_rows, fit_group
 from kvbench.links import linkpath
+from kvbench.p2p import transports
 from kvbench.records.schema.matrix import (
     DRAW_COLUMNS,
     DRAWS_SUFFIX,
+    PAIRS_SUFFIX,
     SCHEMA_MATRIX,
     MatrixDocument,
 )
@@ -129,7 +131,7 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> No
     d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[str(info.get("path") or "no path recorded")] += 1
-    d.kinds[linkpath.classify_record({
+    d.kinds[transports.classify_record({
         "transport": rec.transport, "transport_info": info, "device": rec.device,
         "hosts": list(rec.hosts), "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
@@ -173,7 +175,7 @@ def fit_pairs(run: Run, n_boot: int, seed: int, raw_draws: bool = False
 # the verdict's rules, each on plain per-pair entries (dicts shaped like PairEntry)
 
 
-def _fmt_ci(ci) -> str:
+def fmt_ci(ci) -> str:
     return "no interval" if not ci else (f"[{ci[0]:.4g}, "
                                          f"{'unbounded' if ci[1] is None else format(ci[1], '.4g')}]")
 
@@ -199,7 +201,7 @@ def slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
         ref = rates.median_without(rate)
         if ci[1] < ref_lo and rate < fraction * ref:
             out[tuple(e["pair"])] = (
-                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(rated) - 1} pairs beyond "
+                f"{rate:.4g} GB/s {fmt_ci(ci)} is below the other {len(rated) - 1} pairs beyond "
                 f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
                 f"{rate / ref:.0%} of their median")
     return out
@@ -364,6 +366,15 @@ def take_draws(entries: list[dict]) -> tuple[np.ndarray | None, dict | None]:
                  "columns": DRAW_COLUMNS, "dtype": "float64"}
 
 
+def pairs_file_of(entries: list[dict]) -> dict:
+    """The pairs file's entry in the document (records.schema.matrix.PairsFile): how many
+    pairs, how many fitted, and the slowest fitted one (what plan --pair slowest reads)."""
+    fitted = [e for e in entries if e["fit"] is not None and e["effective_gb_s"] is not None]
+    slowest = min(fitted, key=lambda e: e["effective_gb_s"])["pair"] if fitted else None
+    return {"file": "kvbench-matrix" + PAIRS_SUFFIX, "count": len(entries),
+            "n_fitted": len(fitted), "slowest_fitted": slowest}
+
+
 DRAWS_CHOICES = ("auto", "inline", "file")
 MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB of text)
 
@@ -388,6 +399,8 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
         draws_out.append(arr)
     majority = _findings(entries, run, slow_fraction, expect_link, expect_local_link)
     n = run.world_size
+    pairs_file = pairs_file_of(entries) if apart and len(entries) > MAX_INLINE_DRAW_PAIRS \
+        else None
     doc = {
         "schema": SCHEMA_MATRIX, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "inputs": [str(p) for p in paths],
         "transport": run.transport, "world_size": n, "hosts": run.hosts,
@@ -405,5 +418,6 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
         "pairs": entries,
         "verdict": verdict_line(entries, n * (n - 1)),
         "draws_file": draws_file,
+        "pairs_file": pairs_file,
     }
     return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")

@@ -8,6 +8,8 @@ engine, data check and records as `kvbench p2p`; kvbench.p2p.patterns.matrix), t
     kvbench-matrix-<stamp>.png    the heatmap of GB/s, named pairs framed in red
     kvbench-matrix-<stamp>.md     verdict, GB/s grid, every pair's fit and path
     kvbench-matrix-<stamp>.csv    one row per pair
+    kvbench-matrix-<stamp>.draws.npy, .pairs.jsonl   beyond 240 pairs: the pairs' draws, and
+                                  every pair's entry a line (the .json keeps the named ones)
 
 `kvbench matrix report RECORDS.jsonl...` does the second half again on records already
 written (other rules, another --expect-link), without MPI.
@@ -32,7 +34,7 @@ from kvbench.matrix.analyze import (
     analyze,
 )
 from kvbench.p2p.watchdog import env_rank
-from kvbench.records.schema.matrix import DRAWS_SUFFIX, MatrixDocument
+from kvbench.records.schema.matrix import DRAWS_SUFFIX, PAIRS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
@@ -124,7 +126,11 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
     from kvbench.matrix import report
 
     require_matplotlib()
-    out = [(".json", dumps(doc.model_dump(by_alias=True)) + "\n"),
+    whole = doc.model_dump(by_alias=True)
+    every = whole["pairs"]
+    if doc.pairs_file is not None:  # every pair on its line beside; the named ones here
+        whole["pairs"] = [p for p in every if p["findings"]]
+    out = [(".json", dumps(whole) + "\n"),
            (".png", report.heatmap_png(doc)), (".md", report.markdown(doc)),
            (".csv", report.csv_table(doc))]
     if draws is not None:
@@ -135,16 +141,29 @@ def render(doc: MatrixDocument, draws=None) -> list[tuple[str, str | bytes]]:
         buf = io.BytesIO()
         np.save(buf, draws, allow_pickle=False)
         out.append((DRAWS_SUFFIX, buf.getvalue()))
+    if doc.pairs_file is not None:
+        out.append((PAIRS_SUFFIX, pair_lines(every)))
     return out
+
+
+def pair_lines(pairs: list[dict]):
+    """The pairs file, streamed: each pair's entry (as dumped) on one line, "pair" first
+    (the start records.schema.matrix.read_pairs finds a pair by)."""
+    from kvbench.records.write import dumps_json  # compact: ',' and ':' without spaces
+
+    for p in pairs:
+        yield dumps_json(p, indent=None) + "\n"
 
 
 def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
     """The files together or none, under a fresh name (never overwriting); the document
     names its draws file (`draws`: the array analyze gave) by that name."""
-    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX))
-    if doc.draws_file is not None:  # (typed models are frozen: a copy with the name)
-        doc = doc.model_copy(update={"draws_file": doc.draws_file.model_copy(
-            update={"file": stem.name + DRAWS_SUFFIX})})
+    stem = fresh_stem(out_dir, "kvbench-matrix", (*SUFFIXES, DRAWS_SUFFIX, PAIRS_SUFFIX))
+    for key, suffix in (("draws_file", DRAWS_SUFFIX), ("pairs_file", PAIRS_SUFFIX)):
+        side = getattr(doc, key)
+        if side is not None:  # (typed models are frozen: a copy with the name)
+            doc = doc.model_copy(update={key: side.model_copy(
+                update={"file": stem.name + suffix})})
     rendered = render(doc, draws)
     return write_files([(stem.with_name(stem.name + s), c) for s, c in rendered])
 

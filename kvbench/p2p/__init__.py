@@ -6,7 +6,8 @@ devices.py, messages.py, compute.py), the MPI world and its watchdog (world.py,
 watchdog.py), GPU facts (gpu_select.py, cuda_kernels.py; the torch-free link vocabulary lives in
 kvbench.links, the KV cut and shard plan in kvbench.kv), the bare-transport
 yardstick (baseline.py), the handoff patterns (patterns/) and the transports (transports/).
-args.py parses the flags, cli.py runs the job.
+args.py parses the flags (helpview.py: which of them --help lists), cli.py runs the job.
+Each transport declares what the rest of kvbench knows of it (transports/base.py).
 
 May import: kvbench.units, kvbench.cli, kvbench.model, kvbench.records, kvbench.kv,
 kvbench.links. Never fit, plan, slo, lab or report (tests/test_layout.py keeps it so).

@@ -31,8 +31,8 @@ from kvbench.kv.cut import (
 from kvbench.kv.shards import ShardError
 from kvbench.model import DEFAULT_MODEL, PRESETS, KVSizing, get_dtype, resolve_model
 from kvbench.p2p import patterns, transports
+from kvbench.p2p.helpview import ChosenHelp, add_owned, summary
 from kvbench.p2p.patterns.base import Point
-from kvbench.p2p.transports.nixl import engine_shape
 from kvbench.p2p.watchdog import PHASES, slug
 from kvbench.records.schema.read import path_kind
 from kvbench.records.schema.types import MAX_BYTES, MAX_TOKENS
@@ -109,8 +109,13 @@ def add_job_flags(p: ArgumentParser) -> None:
         p.add_argument(old, nargs="?", action=Renamed, new=new, help=argparse.SUPPRESS)
 
 
+USAGE = ("mpirun -n 2 python -m kvbench.p2p [--sizes TOKENS | --bytes SIZES] [--model NAME] "
+         "[--transport NAME] [--pattern NAME] [options]\n"
+         "       mpirun -n 2 python -m kvbench.p2p [--cases FILE]")
+
+
 def build_parser(rank: int = 0) -> ArgumentParser:
-    class _Parser(ArgumentParser):
+    class _Parser(ArgumentParser, ChosenHelp):
         def error(self, message):  # only rank 0 speaks; every rank exits the same way
             if rank == 0:
                 print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
@@ -120,7 +125,7 @@ def build_parser(rank: int = 0) -> ArgumentParser:
             if rank == 0:
                 super().print_help(file)
 
-    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=_EPILOG)
+    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=_EPILOG, usage=USAGE)
     what = p.add_argument_group("what moves")
     what.add_argument("--sizes", default=None, metavar="TOKENS",
                       help=f"prompt lengths in tokens, comma-separated (default {DEFAULT_SIZES})")
@@ -215,10 +220,13 @@ def build_parser(rank: int = 0) -> ArgumentParser:
     p.add_argument("--debug-stall-rank", type=arg_int(0, 1 << 20), default=None, help=argparse.SUPPRESS)
     # SIGSTOP one rank as it enters a phase (RANK:PHASE, phases as in kvbench.watchdog.PHASES)
     p.add_argument("--debug-stop", type=stop_spec, default=None, help=argparse.SUPPRESS)
-    for cls in transports.available().values():
-        cls.add_arguments(p)
-    for cls in patterns.available().values():
-        cls.add_arguments(p)
+    # each transport's and pattern's own flags: parsed always, listed once chosen (helpview)
+    groups = len(p._action_groups)
+    p.owned = {**add_owned(p, "transport", transports.available()),
+               **add_owned(p, "pattern", patterns.available())}
+    p.add_argument_group("each transport's and pattern's own flags (listed once it is chosen)",
+                         summary(p.owned, PROG))
+    p._action_groups.insert(groups, p._action_groups.pop())
     return p
 
 
@@ -382,9 +390,8 @@ def validate(args, world_size: int):
             KVSizing(model, dtype, t, block_size=bs if args.layout == "paged" else None)
     if raw and args.granularity != "whole":
         raise UsageError("--bytes sweeps move one message per handoff: use --granularity whole")
-    shape_error = engine_shape.usage_error(args)
-    if shape_error:
-        raise UsageError(shape_error)
+    for tc in transports.available().values():  # each transport's own cross-checks
+        tc.check_arguments(args, world_size)
     cuts = cuts_of(args, block_sizes, model, dtype, tokens)
     device = resolve_device(args.device)
     if args.pack_kernel == "cuda":
@@ -431,7 +438,7 @@ def check_distinct(points: list[Point]) -> None:
 
 def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None) -> list[Cut]:
     """The declared cuts (kvbench.kv.cut), each checked against the model and the flags."""
-    engine = getattr(args, "nixl_shape", "link") == "engine"
+    engine = any(tc.page_plan(args) for tc in transports.available().values())
     try:
         cuts = declared_cuts(block_sizes, args.kv_pages, args.block_ids, args.tp_pair, engine)
     except ValueError as exc:
@@ -459,9 +466,8 @@ def cuts_of(args, block_sizes: list[int], model, dtype, tokens: list[int] | None
     if cuts[0].pages and (args.layout != "paged" or args.granularity != "block"):
         raise UsageError("--kv-pages, --block-ids and --tp-pair cut a paged KV into pages: add "
                          "--layout paged --granularity block")
-    if engine and any(c.merged for c in cuts):
-        raise UsageError("--block-ids merged: NIXL joins adjacent descriptors itself; measure "
-                         "--block-ids contiguous (its descriptors_merged counts what NIXL posted)")
+    for tc in transports.available().values():  # cuts a transport's flags cannot measure
+        tc.check_cuts(args, cuts)
     return cuts
 
 

@@ -219,7 +219,7 @@ def pinned_host(nbytes: int) -> torch.Tensor:
     return torch.from_numpy(raw)[:nbytes]
 
 
-class _AsyncEvent(Event):
+class AsyncEvent(Event):
     def __init__(self, device: AsyncCPUDevice, seq: int):
         self.device, self.seq, self.done = device, seq, False
 
@@ -265,7 +265,7 @@ class AsyncCPUDevice(Device):
             self._copy = AsyncCPUDevice()
             self._copy.log = self.log  # one log: the order across both streams
         with self._cv:
-            dep = ready.seq if isinstance(ready, _AsyncEvent) else self._queued
+            dep = ready.seq if isinstance(ready, AsyncEvent) else self._queued
 
         def copies():
             self._release(dep)
@@ -285,7 +285,7 @@ class AsyncCPUDevice(Device):
 
     def record(self) -> Event:
         with self._cv:
-            return _AsyncEvent(self, self._queued)
+            return AsyncEvent(self, self._queued)
 
     def synchronize(self) -> None:
         with self._cv:

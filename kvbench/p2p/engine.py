@@ -21,7 +21,7 @@ Each rank returns a `Stamp` (t0 on senders, t1 everywhere); the harness turns th
 all ranks into the handoff's critical path, max(t1) - min(t0) on one clock.
 
 Connections are not made here: a lazily connecting transport (NCCL) connected every pair in
-`open()`, before the first handoff (see transports/_torchdist.preconnect).
+`open()`, before the first handoff (see transports/torchdist.preconnect).
 """
 
 from __future__ import annotations

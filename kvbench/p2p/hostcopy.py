@@ -15,7 +15,12 @@ import ctypes
 from collections.abc import Callable
 
 import numpy as np
-import torch
+
+from kvbench.p2p.registry import LazyModule
+
+# imported on first use: the ipc transport imports this module, and the registry imports it
+# without torch (kvbench.p2p.registry)
+torch = LazyModule("torch")
 
 METHOD = "ctypes.memmove"  # what `memcpy` runs, as records name it
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Iterable
+from types import ModuleType
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -42,3 +43,23 @@ class Registry(Generic[T]):
         except KeyError:
             choices = ", ".join([self.also] * bool(self.also) + sorted(self._classes))
             raise KeyError(f"unknown {self.kind} {name!r}; choose from {choices}") from None
+
+
+class LazyModule:
+    """A module imported on first attribute access (`torch = LazyModule("torch")`).
+
+    The transport registry imports every transport module to read its declaration (name,
+    link kind, descriptor count, record fields), and the fit, the matrix, the plan and the
+    report read those declarations on installs without torch or mpi4py (the `p2p` extra):
+    a transport module, and the helpers it imports at module level, must therefore import
+    neither at module level. Their runtime names such a module through this proxy; tests
+    may still replace the module-level name (monkeypatch.setattr(mod, "dist", fake))."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attr: str):
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)

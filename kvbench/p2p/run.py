@@ -20,13 +20,12 @@ from kvbench.p2p.gpu_select import select_local_gpu
 from kvbench.p2p.harness import (
     LoopSettings,
     Progress,
-    critical_paths,
     estimate_clock,
     measure,
     notice_latency_ms,
 )
 from kvbench.p2p.memory import choose_order
-from kvbench.p2p.patterns.base import PatternContext
+from kvbench.p2p.patterns.base import PatternContext, reduce_runs
 from kvbench.p2p.report import report
 from kvbench.p2p.transports.base import TransportContext
 from kvbench.p2p.watchdog import WATCHDOG
@@ -164,11 +163,8 @@ def measure_group(ctx: PatternContext, group: list[tuple]) -> list[tuple]:
         local = measure(comm, ctx.settings, [h for r in runs for h in r.handoffs],
                         points=sum(r.points for r in runs), on_round=on_round)
         WATCHDOG.phase("gathering samples")
-        loops = critical_paths(comm, local, clock.offset_s)
-        k = 0
-        for (p, pt), run in zip(group, runs, strict=True):
-            mine = loops[k:k + len(run.handoffs)] if loops else None
-            k += len(run.handoffs)
+        loops = reduce_runs(comm, runs, local, clock.offset_s)
+        for (p, pt), run, mine in zip(group, runs, loops, strict=True):
             WATCHDOG.phase("data check")
             wrong = check_run(ctx, run.checked) if ctx.args.check and run.checked else None
             WATCHDOG.phase("gathering records")

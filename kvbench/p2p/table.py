@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvbench.links import linkpath
+from kvbench.p2p import transports
 from kvbench.records.stats import percentile_cell
 from kvbench.units import GiB, MiB
 
@@ -77,4 +78,4 @@ def peak_memory_line(records: list[dict]) -> str | None:
 def emulation_line(records: list[dict]) -> str | None:
     """One line when a record's KV went over UCX's software emulation, with its causes and
     fixes (kvbench.links.linkcauses); None otherwise."""
-    return linkpath.emulation_note(linkpath.classify_record(r) for r in records)
+    return linkpath.emulation_note(transports.classify_record(r) for r in records)

@@ -10,6 +10,7 @@
 May import: kvbench.units, kvbench.errors, kvbench.cli (cli.py only), kvbench.model,
 kvbench.records (a fit is read through its contract and the selectors of records.select, not
 through kvbench.fit), and the pure KV vocabulary: kvbench.kv.geometry (tokens -> bytes),
-kvbench.kv.cut / kvbench.kv.shards (counting; no torch, no MPI).
+kvbench.kv.cut / kvbench.kv.shards (counting; no torch, no MPI),
+and the transports' torch-free declarations (kvbench.p2p.transports: how each counts descriptors).
 Never slo, lab or report.
 """

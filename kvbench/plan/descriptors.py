@@ -6,8 +6,10 @@ smallest block size (or the merge) that keeps the handoff within a budget.
 The count comes from the same code that cut the KV when it was measured
 (kvbench.kv.cut.count_pieces): per layer, pools x pieces per page x blocks, where a TP pair
 (P, D) cuts every page into one piece per serving prefill rank and part, and consecutive
-whole pages join into one piece when the block ids are merged (or contiguous, for ipc, which
-copies adjacent messages as one). A fit with a second term (NIXL joins adjacent descriptors
+whole pages join into one piece when the block ids are merged. How the fitted transport
+itself posts them is its own declaration (kvbench.p2p.transports: `descriptors`; ipc copies
+adjacent messages as one, so contiguous ids post one piece per run), read here without
+naming any transport. A fit with a second term (NIXL joins adjacent descriptors
 itself: us_per_merged_desc) adds the count left after that join. With a TP pair the bytes
 are one decode rank's share of the KV, the handoff each decode rank waits for.
 """
@@ -29,9 +31,9 @@ from kvbench.kv.cut import (
 )
 from kvbench.kv.geometry import DType, KVSizing, ModelSpec
 from kvbench.kv.shards import ShardError
+from kvbench.p2p import transports
 from kvbench.units import handoff_ms
 
-JOINING_TRANSPORTS = ("ipc",)  # copy adjacent messages as one: their `descriptors` count that
 CANDIDATE_BLOCK_SIZES = tuple(2 ** k for k in range(11))  # 1 .. 1024 tokens
 
 
@@ -59,16 +61,20 @@ class PlannedCut:
         return Cut(bs, c.kv, c.blocks, c.tp)
 
 
-def posts_joined(link) -> bool:
-    """Does the transport's own `descriptors` count pages it joined (ipc copies adjacent
-    messages as one), so contiguous ids post fewer pieces than blocks?"""
-    return (link.group or {}).get("transport") in JOINING_TRANSPORTS
+def posted_count(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut) -> int:
+    """The descriptors the fitted link's transport posts for one prompt under one cut: its
+    own declaration (kvbench.p2p.transports.base.Transport.descriptors); a transport this
+    install does not have (or a link given as numbers) posts one per piece."""
+    cls = transports.declared(str((link.group or {}).get("transport") or ""))
+    if cls is None:
+        return count_pieces(model, dtype, tokens, cut)
+    return cls.descriptors(model, dtype, tokens, cut)
 
 
 def counts_at(link, model: ModelSpec, dtype: DType, tokens: int, cut: Cut) -> tuple[int, int | None]:
     """(descriptors posted, descriptors left after the transport joined adjacent ones; None
     when the fit has no such term) for one prompt under one cut."""
-    posted = count_pieces(model, dtype, tokens, cut, posts_joined(link))
+    posted = posted_count(link, model, dtype, tokens, cut)
     if link.us_per_merged_desc is None:
         return posted, None
     return posted, count_pieces(model, dtype, tokens, cut, merge_adjacent=True)

@@ -21,7 +21,7 @@ def _cost(link) -> dict:
     return {"label": link.label, "setup_ms": link.setup_ms, "effective_gb_s": link.effective_gb_s}
 
 
-def _series(put: dict, get: dict) -> dict:
+def in_series(put: dict, get: dict) -> dict:
     """The two hops one after the other: setups add, and so do the ms per GB."""
     ms_per_gb = 1000.0 / put["effective_gb_s"] + 1000.0 / get["effective_gb_s"]
     return {"setup_ms": (put["setup_ms"] or 0.0) + (get["setup_ms"] or 0.0),
@@ -46,7 +46,7 @@ def store_handoff(links: list) -> tuple[list, dict | None]:
     if len(whole) != 1 or any(len(by.get(h, [])) > 1 for h in HOPS) or set(by) - {None, *HOPS}:
         return links, None
     hops = {h: _cost(by[h][0]) if h in by else None for h in HOPS}
-    series = _series(hops["put"], hops["get"]) if all(hops.values()) else None
+    series = in_series(hops["put"], hops["get"]) if all(hops.values()) else None
     return whole, {**hops, "series": series, "store_pool_bytes": whole[0].store_pool_bytes}
 
 

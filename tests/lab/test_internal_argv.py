@@ -21,7 +21,7 @@ from kvbench.lab.planfile import load_lab_section
 from kvbench.lab.stack import deploy
 from kvbench.lab.stack import env as labenv
 from kvbench.lab.sweep.main import Point, convert_cmd, scrape_cmd
-from kvbench.lab.sweep.report import _analyze_cmd
+from kvbench.lab.sweep.report import analyze_cmd
 from kvbench.lab.venv import tinymodel
 from kvbench.lab.venv.tinymodel import TinyModelSpec
 from kvbench.p2p.args import build_parser as p2p_parser
@@ -87,7 +87,7 @@ def test_the_labs_slo_calls_parse_as_kvbench_slo(tmp_path):
     calls = [scrape_cmd(metrics, tmp_path, 60.0, point),
              *(convert_cmd(c, point, tmp_path / "r.json", tmp_path / "o.jsonl")
                for c in ("vllm", "aiperf", "guidellm")),
-             _analyze_cmd(plan, runs, tmp_path / "f.json", tmp_path / "report")]
+             analyze_cmd(plan, runs, tmp_path / "f.json", tmp_path / "report")]
     for cmd in calls:
         argv = _after(cmd, "kvbench")
         assert argv[0] == "slo" and slo_parser().parse_args(argv[1:]).command == argv[1]

@@ -86,7 +86,7 @@ def old_slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
     as the reference the new one is held to."""
     import statistics
 
-    from kvbench.matrix.analyze import _fmt_ci
+    from kvbench.matrix.analyze import fmt_ci
 
     rated = [e for e in entries if e.get("effective_gb_s") is not None]
     out = {}
@@ -102,7 +102,7 @@ def old_slow_pairs(entries: list[dict], fraction: float) -> dict[tuple, str]:
         rate = e["effective_gb_s"]
         if ci[1] < ref_lo and rate < fraction * ref:
             out[tuple(e["pair"])] = (
-                f"{rate:.4g} GB/s {_fmt_ci(ci)} is below the other {len(others)} pairs beyond "
+                f"{rate:.4g} GB/s {fmt_ci(ci)} is below the other {len(others)} pairs beyond "
                 f"the intervals (their median {ref:.4g} GB/s, median lower end {ref_lo:.4g}): "
                 f"{rate / ref:.0%} of their median")
     return out

@@ -135,9 +135,9 @@ def test_engine_waits_between_looks(monkeypatch, waits):
     thread that spins without yielding keeps the core from NIXL's progress thread, and posts
     then lose a 4 ms scheduler tick (docs/nixl.md). Prefill looks once per engine step, decode
     waiting for a request pauses once per test, decode with a READ in flight waits in check()."""
-    from kvbench.p2p.transports.nixl.channel import _IDLE, _PROC
+    from kvbench.p2p.transports.nixl.channel import IDLE, PROC
 
-    ch, clock = _waiting_channel(monkeypatch, False, "fixed:2", _IDLE, waits)
+    ch, clock = _waiting_channel(monkeypatch, False, "fixed:2", IDLE, waits)
     for _ in range(3):
         ch.idle(0)
     assert clock.t == pytest.approx(100.004, abs=3e-4)  # two steps of 2 ms: the first is due now
@@ -146,11 +146,11 @@ def test_engine_waits_between_looks(monkeypatch, waits):
     if waits == "sleep":
         assert [k for k, _ in clock.waited] == ["sleep", "sleep"]
         assert all(v == pytest.approx(2e-3, abs=1e-4) for _, v in clock.waited)
-    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", _IDLE, waits)
+    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", IDLE, waits)
     ch.idle(0)
     assert clock.waited == {"yield": [("yield", None)], "sleep": [("sleep", es.REQUEST_WAIT_S)],
                             "spin": []}[waits]
-    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", _PROC, waits)
+    ch, clock = _waiting_channel(monkeypatch, True, "fixed:2", PROC, waits)
     ch.idle(0)
     assert clock.waited == []
 

@@ -25,9 +25,9 @@ import torch
 
 from kvbench.p2p.baseline import baseline_kinds, same_gpu
 from kvbench.p2p.transports import get
-from kvbench.p2p.transports._ipc_mem import HostMapping, export_host
 from kvbench.p2p.transports.base import TransportError
 from kvbench.p2p.transports.ipc import cross_host_refusal, runs
+from kvbench.p2p.transports.ipc_mem import HostMapping, export_host
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_mpi
 from tests.p2p.helpers import LAYOUTS, TINY, run_job
 
@@ -75,7 +75,7 @@ def test_readiness_runs():
 
 
 def test_adjacent_messages_go_as_one_copy():
-    from kvbench.p2p.transports.ipc import _span, adjacent
+    from kvbench.p2p.transports.ipc import adjacent, span
 
     a = torch.arange(64, dtype=torch.uint8)
     b = torch.zeros(64, dtype=torch.uint8)
@@ -83,9 +83,9 @@ def test_adjacent_messages_go_as_one_copy():
     dst = [b[0:16], b[16:32], b[32:48]]
     assert adjacent(src, dst) == [False, True, False]
     assert adjacent(dst, dst) == [False, True, True]
-    whole = _span(dst, 0, 3)
+    whole = span(dst, 0, 3)
     assert whole.numel() == 48 and whole.data_ptr() == b.data_ptr()
-    _span(dst, 0, 2).copy_(_span(src, 0, 2))
+    span(dst, 0, 2).copy_(span(src, 0, 2))
     assert torch.equal(b[:32], a[:32]) and not b[32:].any()
 
 
@@ -125,7 +125,7 @@ def test_a_forged_or_foreign_descriptor_is_refused():
 
 EXPORT_AND_EXIT = """
 import json, sys, torch
-from kvbench.p2p.transports._ipc_mem import export_host
+from kvbench.p2p.transports.ipc_mem import export_host
 h = export_host([torch.zeros(4096, dtype=torch.uint8)])
 print(json.dumps(h, default=lambda p: p.__dict__), flush=True)
 """
@@ -149,9 +149,9 @@ def test_a_producer_that_exited_is_named_not_blamed_on_the_namespace():
 
 
 def test_more_than_the_host_holds_is_refused_before_the_move(monkeypatch):
-    from kvbench.p2p.transports import _ipc_mem
+    from kvbench.p2p.transports import ipc_mem
 
-    monkeypatch.setattr(_ipc_mem, "mem_available_bytes", lambda: 1000)
+    monkeypatch.setattr(ipc_mem, "mem_available_bytes", lambda: 1000)
     buf = torch.zeros(4096, dtype=torch.uint8)
     with pytest.raises(TransportError, match="the host has 1000 B available"):
         export_host([buf])
@@ -160,7 +160,7 @@ def test_more_than_the_host_holds_is_refused_before_the_move(monkeypatch):
 
 EXPORT_WATCHED = """
 import sys, torch
-from kvbench.p2p.transports._ipc_mem import export_host
+from kvbench.p2p.transports.ipc_mem import export_host
 t = torch.ones(256 * 2**20, dtype=torch.uint8)
 print("ready", flush=True)
 sys.stdin.readline()
@@ -201,7 +201,7 @@ def test_no_shared_memory_name_exists_at_any_moment_of_the_export():
 
 
 def test_a_gpu_this_rank_cannot_see_is_refused_in_one_line():
-    from kvbench.p2p.transports._ipc_mem import CudaMapping
+    from kvbench.p2p.transports.ipc_mem import CudaMapping
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine where GPU-nonexistent is not visible (any CPU host)")
@@ -223,7 +223,7 @@ def test_gpu_ipc_two_ranks_one_gpu(tmp_path):
     rec = json.loads(next(tmp_path.glob("*.jsonl")).read_text().splitlines()[0])
     assert rec["wrong"] == 0 and rec["transport_info"]["path"] == "cuda_ipc"
     # issue 40 item 4: the handles opened on the consumer's own GPU, the parts timed by events
-    from kvbench.p2p.transports._ipc_mem import OWN_GPU
+    from kvbench.p2p.transports.ipc_mem import OWN_GPU
 
     assert rec["transport_info"]["opened_on"] == OWN_GPU
     parts = rec["breakdown_ms"]

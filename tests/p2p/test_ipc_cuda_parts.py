@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.p2p.transports import _ipc_cuda, _ipc_mem
+from kvbench.p2p.transports import ipc_cuda, ipc_mem
 from kvbench.p2p.transports.base import TransportError
 
 
@@ -31,26 +31,26 @@ def opened(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(_ipc_mem, "local_gpu", lambda uuid: state["producer"])
-    monkeypatch.setattr(_ipc_mem, "_open_regions", fake_open)
+    monkeypatch.setattr(ipc_mem, "local_gpu", lambda uuid: state["producer"])
+    monkeypatch.setattr(ipc_mem, "_open_regions", fake_open)
     return calls, state
 
 
-HANDLE = {"uuid": "GPU-p", "regions": [("r",)], "pieces": [_ipc_mem.Piece(0, 8, 16)]}
+HANDLE = {"uuid": "GPU-p", "regions": [("r",)], "pieces": [ipc_mem.Piece(0, 8, 16)]}
 
 
 def test_handles_open_on_the_copying_ranks_own_gpu(opened):
     calls, _ = opened
-    m = _ipc_mem.CudaMapping(HANDLE)
-    assert calls == [0] and m.opened_on == _ipc_mem.OWN_GPU and m.device == torch.device("cuda", 0)
+    m = ipc_mem.CudaMapping(HANDLE)
+    assert calls == [0] and m.opened_on == ipc_mem.OWN_GPU and m.device == torch.device("cuda", 0)
     assert [v.numel() for v in m.views] == [16]
 
 
 def test_without_peer_access_they_open_on_the_producers_gpu(opened):
     calls, state = opened
     state["fail_on"] = {0}
-    m = _ipc_mem.CudaMapping(HANDLE)
-    assert calls == [0, 1] and m.opened_on == _ipc_mem.PRODUCER_GPU
+    m = ipc_mem.CudaMapping(HANDLE)
+    assert calls == [0, 1] and m.opened_on == ipc_mem.PRODUCER_GPU
 
 
 @pytest.mark.parametrize("producer", [None, 0])
@@ -59,7 +59,7 @@ def test_no_fallback_is_one_line(opened, producer):
     _, state = opened
     state["fail_on"], state["producer"] = {0, 1}, producer
     with pytest.raises(TransportError, match="cannot open the producer's CUDA IPC handles on GPU 0") as e:
-        _ipc_mem.CudaMapping(HANDLE)
+        ipc_mem.CudaMapping(HANDLE)
     assert "\n" not in str(e.value)
 
 
@@ -104,7 +104,7 @@ def _copy(ms: float):
 
 
 def test_read_mode_times_the_wait_and_the_copies(fake_cuda):
-    parts = _ipc_cuda.HandoffParts(waits=True)
+    parts = ipc_cuda.HandoffParts(waits=True)
     for _ in range(2):  # two handoffs, the second with two steps (layer by layer)
         parts.begin()
         parts.step("ipc-event", _copy(3.0))
@@ -121,7 +121,7 @@ def test_read_mode_times_the_wait_and_the_copies(fake_cuda):
 
 
 def test_write_mode_has_no_wait_and_an_idle_handoff_adds_nothing(fake_cuda):
-    parts = _ipc_cuda.HandoffParts(waits=False)
+    parts = ipc_cuda.HandoffParts(waits=False)
     parts.begin()
     parts.end()  # nothing copied: no entry
     parts.begin()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kvbench.p2p.compute import LayerWork
-from kvbench.p2p.devices import AsyncCPUDevice, _AsyncEvent
+from kvbench.p2p.devices import AsyncCPUDevice, AsyncEvent
 from kvbench.p2p.transports import mpi
 from kvbench.p2p.transports.base import Request, wait_all
 
@@ -66,7 +66,7 @@ def _run(monkeypatch, wait: bool, plant_no_order: bool = False):
         for layer in range(L):  # what Engine.run does on the sender: hook, readiness, post
             works[layer].run(None, dev, wait=wait)
             seen.append((dev.host_waits, dev.pending, len(comm.sent)))
-            ready = _AsyncEvent(dev, 0) if plant_no_order else dev.record()
+            ready = AsyncEvent(dev, 0) if plant_no_order else dev.record()
             reqs += ch.post_many([layer], ready)
         wait_all(reqs, time.perf_counter() + 30)
         ch.end_handoff()

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from kvbench.links import linkcauses, linkpath, nccl_log, ucx_rows
+from kvbench.p2p import transports
 from kvbench.p2p.transports.nixl.transport import CUDA_IPC_GET, kvbench_ucx_env
 from tests.conftest import ROOT, run_cli
 
@@ -45,7 +46,7 @@ def kv_is_cuda_ipc_alone(lp: linkpath.LinkPath) -> bool:
 
 def test_the_write_kv_row_is_cuda_ipc_alone():
     for rec in WRITE:
-        lp = linkpath.classify_record(rec)
+        lp = transports.classify_record(rec)
         assert kv_is_cuda_ipc_alone(lp), lp
         assert lp.evidence.startswith("UCX RMA write (cuda->cuda, the KV's memory): "
                                       "cuda_ipc/cuda (zero-copy)")
@@ -68,13 +69,13 @@ def test_planted_merged_path_is_not_cuda_ipc_alone_and_fails_nvlink():
     # a planted host-memory record of the same rows: its KV row is cma, not cuda_ipc
     host = copy.deepcopy(WRITE[0])
     host["device"] = "cpu"
-    assert not kv_is_cuda_ipc_alone(linkpath.classify_record(host))
+    assert not kv_is_cuda_ipc_alone(transports.classify_record(host))
 
 
 def test_a_cuda_ipc_row_between_two_gpus_is_nvlink_or_pcie_not_same_device():
     rec = copy.deepcopy(WRITE[0])
     rec["gpus"][1]["uuid"] = "GPU-00000000-0000-0000-0000-000000000001"  # planted: another GPU
-    lp = linkpath.classify_record(rec)
+    lp = transports.classify_record(rec)
     assert lp.kinds == {"nvlink", "pcie"} and not lp.fails("nvlink") and lp.fails("tcp")
 
 
@@ -82,7 +83,7 @@ def test_a_cuda_ipc_row_between_two_gpus_is_nvlink_or_pcie_not_same_device():
 
 def test_ipc_records_name_one_gpu_shared_by_both_ranks():
     for rec in IPC:
-        lp = linkpath.classify_record(rec)
+        lp = transports.classify_record(rec)
         assert lp.label == "same-device" and "unknown" not in lp.kinds
         assert "GPU UUID GPU-de3a7f2b-70e3-57a9-d058-a8c38f9a1622 on both ranks" in lp.evidence
         assert [c.code for c in lp.causes] == ["shared-gpu"]
@@ -92,35 +93,35 @@ def test_ipc_without_uuids_rests_on_weaker_evidence_and_says_so():
     rec = copy.deepcopy(IPC[0])
     for g in rec["gpus"]:
         g["uuid"] = None
-    lp = linkpath.classify_record(rec)
+    lp = transports.classify_record(rec)
     assert lp.label == "same-device" and "weaker evidence" in lp.evidence
     assert "device index 0" in lp.evidence
     del rec["gpus"]  # older still: only the ranks' environment
-    lp = linkpath.classify_record(rec)
+    lp = transports.classify_record(rec)
     assert lp.label == "same-device" and "weaker evidence" in lp.evidence
     rec["env"]["ranks"][1]["gpu_index"] = 1  # planted: another device index
-    assert linkpath.classify_record(rec).label == "nvlink|pcie"
+    assert transports.classify_record(rec).label == "nvlink|pcie"
 
 
 def test_planted_other_gpu_is_not_same_device_and_cpu_ipc_is_shm():
     rec = copy.deepcopy(IPC[0])
     rec["gpus"][1]["uuid"] = "GPU-00000000-0000-0000-0000-000000000001"
-    assert linkpath.classify_record(rec).label == "nvlink|pcie"
+    assert transports.classify_record(rec).label == "nvlink|pcie"
     cpu = {"transport": "ipc", "device": "cpu", "hosts": ["a", "a"],
            "transport_info": {"path": "shm", "mode": "read"}}
-    assert linkpath.classify_record(cpu).label == "shm"
-    assert linkpath.classify("ipc", {}).label == "unknown"
+    assert transports.classify_record(cpu).label == "shm"
+    assert transports.classify("ipc", {}).label == "unknown"
 
 
 # --------------------------------------------------------------------------- the READ
 
 def test_the_read_is_software_emulation_with_its_cause_and_fix():
     for rec in READ:
-        lp = linkpath.classify_record(rec)
+        lp = transports.classify_record(rec)
         assert lp.emulated and lp.kinds == {"tcp"} and lp.fails("nvlink") and lp.fails("tcp")
         assert [c.code for c in lp.causes] == ["cuda-ipc-get-off"]
         assert lp.causes[0].fix == "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y"
-    note = linkpath.emulation_note(linkpath.classify_record(r) for r in READ)
+    note = linkpath.emulation_note(transports.classify_record(r) for r in READ)
     assert note.count("cuda-ipc-get-off") == 1 and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in note
 
 
@@ -132,11 +133,11 @@ def read_with(**ucx_env) -> dict:
 
 def test_planted_settings_change_the_cause():
     # the user had set GET on: then it is not that cause
-    lp = linkpath.classify_record(read_with(UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y"))
+    lp = transports.classify_record(read_with(UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y"))
     assert lp.emulated and "cuda-ipc-get-off" not in [c.code for c in lp.causes]
     assert "not recognised" in lp.explain()
     # a UCX_TLS without cuda_ipc: that is the cause, and GET is not blamed
-    lp = linkpath.classify_record(read_with(UCX_TLS="tcp,sm,self"))
+    lp = transports.classify_record(read_with(UCX_TLS="tcp,sm,self"))
     assert [c.code for c in lp.causes] == ["ucx-tls"] and "cuda_ipc" in lp.causes[0].fix
     assert linkcauses.tls_allows("^tcp", "cuda_ipc") and not linkcauses.tls_allows("^cuda", "cuda_ipc")
     assert linkcauses.tls_allows("cuda,tcp", "cuda_ipc") and linkcauses.tls_allows("all", "rc_mlx5")
@@ -146,29 +147,29 @@ def test_planted_settings_change_the_cause():
 def test_pid_namespaces_expandable_segments_and_one_process_are_named_from_the_record():
     base = read_with(UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y")  # so only the planted cause remains
     ranks = base["env"]["ranks"]
-    assert linkpath.classify_record(base).causes == ()
+    assert transports.classify_record(base).causes == ()
     rec = copy.deepcopy(base)
     rec["env"]["ranks"][0]["pid_namespace"] = "pid:[4026531836]"
     rec["env"]["ranks"][1]["pid_namespace"] = "pid:[4026532999]"
-    assert [c.code for c in linkpath.classify_record(rec).causes] == ["pid-namespace"]
+    assert [c.code for c in transports.classify_record(rec).causes] == ["pid-namespace"]
     rec["env"]["ranks"][1]["pid_namespace"] = "pid:[4026531836]"  # planted: the same one
-    assert linkpath.classify_record(rec).causes == ()
+    assert transports.classify_record(rec).causes == ()
     rec = copy.deepcopy(base)
     rec["env"]["ranks"][1]["variables"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    assert [c.code for c in linkpath.classify_record(rec).causes] == ["not-ipc-capable"]
+    assert [c.code for c in transports.classify_record(rec).causes] == ["not-ipc-capable"]
     rec["env"]["ranks"][1]["variables"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
-    assert linkpath.classify_record(rec).causes == ()
+    assert transports.classify_record(rec).causes == ()
     rec = copy.deepcopy(base)
     rec["env"]["ranks"][0]["pid"] = rec["env"]["ranks"][1]["pid"] = 4242
-    assert [c.code for c in linkpath.classify_record(rec).causes] == ["one-process"]
+    assert [c.code for c in transports.classify_record(rec).causes] == ["one-process"]
     rec["env"]["ranks"][1]["pid"] = 4243
-    assert linkpath.classify_record(rec).causes == ()
+    assert transports.classify_record(rec).causes == ()
     rec = copy.deepcopy(base)
     for r in rec["transport_info"]["ucx_protocols"]:
         r["endpoint"] = r["endpoint"].replace("intra-node", "self")
-    lp = linkpath.classify_record(rec)  # UCX's loopback rows: no peer's path at all
+    lp = transports.classify_record(rec)  # UCX's loopback rows: no peer's path at all
     assert lp.kinds == {"unknown"} and [c.code for c in lp.causes] == ["one-process"]
-    assert linkpath.classify_record(base).kinds == {"tcp"}  # the same rows to a peer
+    assert transports.classify_record(base).kinds == {"tcp"}  # the same rows to a peer
     assert len(ranks) == 2
 
 
@@ -177,14 +178,14 @@ def test_pid_namespaces_expandable_segments_and_one_process_are_named_from_the_r
 def test_a_gdrdma_less_nccl_log_is_host_staged_not_gpudirect():
     text = (NCCL / "nccl-2.21-net-ib-gdrdma.log").read_text()
     good = nccl_log.parse(text)
-    assert linkpath.classify("nccl", {"nccl": good.as_dict()}).label == "rdma"
+    assert transports.classify("nccl", {"nccl": good.as_dict()}).label == "rdma"
     planted = nccl_log.parse(text.replace("/GDRDMA", ""))
-    lp = linkpath.classify("nccl", {"nccl": planted.as_dict()})
+    lp = transports.classify("nccl", {"nccl": planted.as_dict()})
     assert lp.label == "rdma-host-staged" and lp.fails("rdma")
     assert [c.code for c in lp.causes] == ["no-gpudirect"]
     msg = linkpath.mismatch_of({lp: 3}, "rdma")
     assert "rdma-host-staged" in msg and "nvidia_peermem" in msg
-    assert linkpath.mismatch_of({linkpath.classify("nccl", {"nccl": good.as_dict()}): 3},
+    assert linkpath.mismatch_of({transports.classify("nccl", {"nccl": good.as_dict()}): 3},
                                 "rdma") is None
 
 
@@ -201,17 +202,17 @@ def nixl_record(row: dict, device: str = "cuda") -> dict:
 
 
 def test_a_cuda_copy_staged_ucx_rdma_row_is_not_gpudirect():
-    lp = linkpath.classify_record(nixl_record(STAGED_ROW))
+    lp = transports.classify_record(nixl_record(STAGED_ROW))
     assert lp.label == "rdma-host-staged" and lp.fails("rdma")
     assert "no-gpudirect" in lp.explain("rdma")
     copy_in = dict(STAGED_ROW, transport="rc_mlx5/mlx5_0:1")  # copy-in alone stages too
-    assert linkpath.classify_record(nixl_record(copy_in)).label == "rdma-host-staged"
+    assert transports.classify_record(nixl_record(copy_in)).label == "rdma-host-staged"
     # the fault it must catch, planted the other way: a zero-copy row from VRAM is GPUDirect
     direct = dict(STAGED_ROW, protocol="zero-copy", transport="rc_mlx5/mlx5_0:1")
-    assert linkpath.classify_record(nixl_record(direct)).label == "rdma"
-    assert not linkpath.classify_record(nixl_record(direct)).fails("rdma")
+    assert transports.classify_record(nixl_record(direct)).label == "rdma"
+    assert not transports.classify_record(nixl_record(direct)).fails("rdma")
     host = dict(STAGED_ROW, operation="remote memory write by ucp_put* from host memory to host")
-    assert linkpath.classify_record(nixl_record(host, "cpu")).label == "rdma"  # DRAM: no GPU
+    assert transports.classify_record(nixl_record(host, "cpu")).label == "rdma"  # DRAM: no GPU
 
 
 # --------------------------------------------------------------------------- the CLI

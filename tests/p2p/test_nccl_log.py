@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.links import linkpath, nccl_log
+from kvbench.p2p import transports
 from tests.conftest import run_cli
 
 DATA = Path(__file__).parents[1] / "data" / "nccl"
@@ -49,7 +50,7 @@ def test_sample_parses_to_the_path_nccl_logged(name):
     log = nccl_log.parse((DATA / name).read_text())
     assert (log.version, log.network, log.gpu_link, log.path()) == (version, network, gpu_link, path)
     info = {"path": log.path(), "nccl": log.as_dict()}
-    assert linkpath.classify("nccl", info).label == kinds
+    assert transports.classify("nccl", info).label == kinds
 
 
 def test_channel_lines_in_every_format():
@@ -85,7 +86,7 @@ def test_merge_joins_both_sides_of_a_connection():
     assert both.version == "2.21.5+cuda12.4"
     assert both.transports() == ["NET/IB/0/GDRDMA", "NET/Socket/0", "NET/Socket/1"]
     assert len(both.connections) == len(send.connections) + len(recv.connections)
-    assert linkpath.classify("nccl", {"nccl": both.as_dict()}).kinds == {"rdma", "tcp"}
+    assert transports.classify("nccl", {"nccl": both.as_dict()}).kinds == {"rdma", "tcp"}
 
 
 # --------------------------------------------------------------------------- linkpath
@@ -108,7 +109,7 @@ def test_merge_joins_both_sides_of_a_connection():
     ("nccl", None, "unknown"),
 ])
 def test_classify_every_transport(transport, info, kinds):
-    assert linkpath.classify(transport, info).label == kinds
+    assert transports.classify(transport, info).label == kinds
 
 
 def rec(transport: str, path: str, nbytes: int, samples: list[float]) -> dict:

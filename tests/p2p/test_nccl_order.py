@@ -34,7 +34,7 @@ from kvbench.p2p.engine import Engine, Handoff
 from kvbench.p2p.layout import RawBuffer
 from kvbench.p2p.messages import MessagePlan, plan_messages
 from kvbench.p2p.patterns.sharded import shard_plan
-from kvbench.p2p.transports import _torchdist
+from kvbench.p2p.transports import torchdist
 from kvbench.p2p.transports.base import TransportContext
 from kvbench.p2p.transports.nccl import NCCLTransport
 
@@ -147,7 +147,7 @@ def record(rank: int, size: int, edges, monkeypatch, preconnect=None, batch=None
     over `edges`, `messages` messages per edge."""
     log: list[tuple] = []
     fake = FakeDist(log, rank)
-    monkeypatch.setattr(_torchdist, "dist", fake)
+    monkeypatch.setattr(torchdist, "dist", fake)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # open() must not point NCCL at a log file here
     comm = FakeComm(rank, size, log)
     ctx = TransportContext(comm, "cpu", 5.0, Namespace(), ["h"] * size, CPUDevice(), list(edges))
@@ -157,7 +157,7 @@ def record(rank: int, size: int, edges, monkeypatch, preconnect=None, batch=None
     if preconnect is not None:
         t.lazy_connect = preconnect
     if order is not None:
-        monkeypatch.setattr(_torchdist, "preconnect_order", order)
+        monkeypatch.setattr(torchdist, "preconnect_order", order)
     t.open()
     t.waiter.stop()
     log.append(("connected",))  # marker: what follows is the handoff
@@ -373,7 +373,7 @@ def test_a_single_op_post_uses_the_preconnected_communicator(monkeypatch):
 def test_every_group_carries_every_peers_share(layout, rank, monkeypatch):
     """Issue 20, defect 9: a rank with two peers and more operations than one group holds
     interleaves them before cutting groups, so no peer waits for the other's blocks."""
-    monkeypatch.setattr(_torchdist, "GROUP_MAX", 4)
+    monkeypatch.setattr(torchdist, "GROUP_MAX", 4)
     size, edges = LAYOUTS[layout]
     groups = _handoff_groups(record(rank, size, edges, monkeypatch, messages=8))
     peers = sorted({d if s == rank else s for s, d in edges if rank in (s, d)})
@@ -384,7 +384,7 @@ def test_every_group_carries_every_peers_share(layout, rank, monkeypatch):
 
 def test_interleaving_keeps_each_peers_order_and_the_fault_shows():
     ops = [("send", f"a{i}", 1) for i in range(3)] + [("send", f"b{i}", 2) for i in range(5)]
-    got = _torchdist.interleave_by_peer(ops)
+    got = torchdist.interleave_by_peer(ops)
     assert [t for _, t, _ in got] == ["a0", "b0", "a1", "b1", "a2", "b2", "b3", "b4"]
     assert sorted(got) == sorted(ops)
     # link order cut into groups of 4: the first two groups name one peer each
@@ -396,7 +396,7 @@ def test_interleaving_keeps_each_peers_order_and_the_fault_shows():
 def test_chunked_groups_cannot_deadlock(layout, monkeypatch):
     """Many messages cut into groups of 3 (each rank's groups run one after another on its
     stream): every layout still completes."""
-    monkeypatch.setattr(_torchdist, "GROUP_MAX", 3)
+    monkeypatch.setattr(torchdist, "GROUP_MAX", 3)
     size, edges = LAYOUTS[layout]
     assert simulate(run_all(size, edges, monkeypatch, messages=8)) is None
 
@@ -416,9 +416,9 @@ def test_a_failed_work_is_not_timed_as_done():
     calls wait() once completion shows, and that raises a one-line TransportError."""
     from kvbench.p2p.transports.base import TransportError
 
-    req = _torchdist._PolledRequest([FakeWork([], 1), _FailedWork()])
+    req = torchdist._PolledRequest([FakeWork([], 1), _FailedWork()])
     with pytest.raises(TransportError, match="^torch.distributed transfer failed: NCCL "
                                              "communicator was aborted on rank 1$"):
         req.test()
-    ok = _torchdist._PolledRequest([FakeWork([], 2)])
+    ok = torchdist._PolledRequest([FakeWork([], 2)])
     assert ok.test() is True

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvbench.fit.data import spec_id
-from kvbench.plan.twohop import _series
+from kvbench.plan.twohop import in_series
 from tests.conftest import run_cli
 from tests.plan.helpers import POOL, bad, kv_records, make_fit
 
@@ -49,7 +49,7 @@ def test_the_json_model_is_the_handoff_with_both_hops_beside_it(store_fit):
     th = doc["context"]["two_hop"]
     assert th["put"]["setup_ms"] == groups["put"]["setup_ms"]
     assert th["get"]["effective_gb_s"] == groups["get"]["effective_gb_s"]
-    s = _series(th["put"], th["get"])
+    s = in_series(th["put"], th["get"])
     assert th["series"] == pytest.approx(s)
     assert s["effective_gb_s"] == pytest.approx(1 / (1 / PUT[1] + 1 / GET[1]), rel=0.1)
     assert th["capacity_requests_at_fold"] == POOL // (2000 * 131_072)

@@ -23,7 +23,7 @@ from kvbench.records.schema.lab import SCHEMA_SWEEP_REPORT, SweepReport
 from kvbench.records.write import as_contract, utc_stamp
 
 
-def _analyze_cmd(plan, runs: list[dict], fit: Path | None, stem: Path) -> list[str]:
+def analyze_cmd(plan, runs: list[dict], fit: Path | None, stem: Path) -> list[str]:
     records = [str(r["folder"] / "records.jsonl") for r in runs if r["status"] == "done"]
     scrapes = [str(r["folder"] / "scrape.jsonl") for r in runs if (r["folder"] / "scrape.jsonl").exists()]
     cmd = [sys.executable, "-m", "kvbench", "slo", "analyze", *records, "--plan", plan.path,
@@ -50,7 +50,7 @@ def run_analyze(out: Path, plan, rep: int, runs: list[dict], fit: Path | None) -
         return None
     stem = out / "analysis" / f"rep{rep}"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    cmd = _analyze_cmd(plan, runs, fit, stem)
+    cmd = analyze_cmd(plan, runs, fit, stem)
     made = stem.with_suffix(".json")
     if made.exists() and _inputs(json.loads(made.read_text())["command"]) != _inputs(cmd):
         stamp = utc_stamp()

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from kvbench.kv.cut import Cut
 from kvbench.model import DType, ModelSpec
 from kvbench.p2p.engine import Engine, Handoff, Link
-from kvbench.p2p.harness import LoopResult, LoopSettings, Progress
+from kvbench.p2p.harness import LoopResult, LoopSettings, Progress, critical_paths
 from kvbench.p2p.layout import KVCache, KVSpec, RawBuffer
 from kvbench.p2p.transports.base import Transport
 
@@ -170,6 +170,8 @@ class Measured:
 # (loops on rank 0 or None elsewhere, this rank's wrong count (a list when `checked` is one) or
 # None) -> what was measured (rank 0; [] elsewhere)
 RecordsFn = Callable[[list[LoopResult] | None, int | list[int] | None], list[Measured]]
+# (comm, this rank's LocalLoops of the run's handoffs, clock offsets) -> `records`' loops (collective)
+ReduceFn = Callable[[Any, list, list[float] | None], Any]
 
 
 @dataclass
@@ -189,6 +191,25 @@ class PointRun:
     links: list[Link | None]
     records: RecordsFn
     points: int = 1
+    reduce: ReduceFn | None = None  # how its stamps become `records`' loops (critical_paths)
+
+
+def reduce_runs(comm, runs: list[PointRun], local: list, offsets: list[float] | None) -> list:
+    """Each run's loops for its `records` (collective): every rank's stamps gathered on rank 0
+    and merged per handoff (critical_paths), or the run's own `reduce` (the matrix reduces
+    each pair on its receiver, so rank 0 never holds the whole job's stamps)."""
+    out, k = [], 0
+    if not any(run.reduce for run in runs):
+        loops = critical_paths(comm, local, offsets)
+        for run in runs:
+            out.append(loops[k:k + len(run.handoffs)] if loops else None)
+            k += len(run.handoffs)
+        return out
+    for run in runs:
+        part = local[k:k + len(run.handoffs)]
+        k += len(run.handoffs)
+        out.append((run.reduce or critical_paths)(comm, part, offsets))
+    return out
 
 
 NOT_LINK_COMPUTE = "includes the sender's compute: not a transfer"

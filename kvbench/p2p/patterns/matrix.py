@@ -24,8 +24,10 @@ pair's path (Transport.info_by_pair).
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvbench.p2p.engine import Handoff
-from kvbench.p2p.harness import LoopResult
+from kvbench.p2p.harness import LocalLoop, LoopResult
 from kvbench.p2p.layout import KVCache, RawBuffer
 from kvbench.p2p.messages import plan_messages
 from kvbench.p2p.patterns import register
@@ -117,7 +119,9 @@ class FromPeer:
 def pair_loop(loop: LoopResult, src: int, dst: int, alone: bool) -> LoopResult:
     """One pair's measurement out of its round's: the round's own when the pair ran alone;
     otherwise, per sample, the later of the two ends minus the sender's start (every stamp is
-    already on rank 0's clock, relative to the round's first start)."""
+    already on rank 0's clock, relative to the round's first start). The rule as rank 0
+    applied it to critical_paths' loops before reduce_pairs; kept as the reference that
+    reduce_pairs is held to (tests/matrix/test_matrix_reduce.py)."""
     if alone:
         return loop
     start, end_s, end_r = loop.rank_start_ms[src], loop.rank_ms[src], loop.rank_ms[dst]
@@ -132,6 +136,97 @@ def pair_loop(loop: LoopResult, src: int, dst: int, alone: bool) -> LoopResult:
                       rank_ms=[col if r in (src, dst) else None for r, col in enumerate(loop.rank_ms)],
                       rank_start_ms=[col if r == src else None
                                      for r, col in enumerate(loop.rank_start_ms)])
+
+
+# ---------------------------------------------------------------------------
+# stamps reduced where they are made: rank 0 gets each pair's result, not every rank's stamps
+
+
+def _columns(lp: LocalLoop) -> list:
+    """A handoff's stamps in one row: the cold run, the warm-ups, then the timed samples."""
+    return [lp.cold, *lp.warm, *lp.samples]
+
+
+def round_starts(loops: list[LocalLoop], offset: float) -> np.ndarray:
+    """(handoffs, columns) this rank's starts on rank 0's clock (t0 - offset), inf where it
+    started nothing: the minimum over ranks (one Allreduce) is each round's first start,
+    the value critical_paths measures every stamp from."""
+    width = max((len(_columns(lp)) for lp in loops), default=0)
+    out = np.full((len(loops), width), np.inf)
+    for j, lp in enumerate(loops):
+        for c, st in enumerate(_columns(lp)):
+            if st is not None and st[0] is not None:
+                out[j, c] = st[0] - offset
+    return out
+
+
+def _relative(st, offset: float, start: float) -> tuple:
+    """(end, start) of one stamp in ms after the round's first start, as critical_paths
+    computes them (the same operations: the same values)."""
+    if st is None or not np.isfinite(start):
+        return None, None
+    end = None if st[1] is None else (st[1] - offset - start) * 1e3
+    return end, None if st[0] is None else (st[0] - offset - start) * 1e3
+
+
+def relative_stamps(lp: LocalLoop, offset: float, starts: np.ndarray) -> list[tuple]:
+    """Each column's (end, start) in ms after its round's first start (None: not taken)."""
+    return [_relative(st, offset, float(starts[c])) for c, st in enumerate(_columns(lp))]
+
+
+def pair_result(sender: list[tuple], receiver: list[tuple], n_warm: int, rounds: list[int],
+                alone: bool) -> LoopResult:
+    """One pair's LoopResult from its two ranks' relative stamps: per column the later of the
+    two ends minus the sender's start (pair_loop's rule on critical_paths' numbers; alone in
+    its round, the pair's is the round's, warm-ups included)."""
+    crit = [None if st_s[1] is None or st_r[0] is None else max(st_s[0], st_r[0]) - st_s[1]
+            for st_s, st_r in zip(sender, receiver, strict=True)]
+    timed = crit[1 + n_warm:]
+    return LoopResult(cold_ms=crit[0], warmup_ms=[w for w in crit[1:1 + n_warm] if w is not None]
+                      if alone else [],
+                      samples=Measurement([c for c in timed if c is not None]),
+                      iters=len(timed),
+                      rounds=[rd for rd, c in zip(rounds, timed, strict=True) if c is not None])
+
+
+def reduce_pairs(comm, rounds: list[list[Pair]], loops: list[LocalLoop],
+                 offsets: list[float] | None) -> dict[Pair, LoopResult] | None:
+    """Each pair's result computed on its receiver from its own and its sender's stamps
+    (one Allreduce of the rounds' first starts, one exchange between the two ranks of each
+    pair), then gathered: rank 0 holds pairs x samples, never ranks x rounds x samples.
+    Collective; {pair: LoopResult} on rank 0, None elsewhere. The values are critical_paths'
+    then pair_loop's, to the bit (tests/matrix/test_matrix_reduce.py)."""
+    from mpi4py import MPI
+
+    rank, n = comm.Get_rank(), comm.Get_size()
+    offset = (offsets or [0.0] * n)[rank]
+    mine = round_starts(loops, offset)
+    starts = np.empty_like(mine)
+    comm.Allreduce(mine, starts, op=MPI.MIN)
+    return gather_pairs(comm, rounds, loops, relative_pairs(comm, rounds, loops, offset, starts))
+
+
+def relative_pairs(comm, rounds, loops, offset, starts) -> list[tuple]:
+    """This rank's pairs as receiver: (round, pair, sender's and own relative stamps)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    rel = [relative_stamps(lp, offset, starts[j]) for j, lp in enumerate(loops)]
+    out_to: list[list] = [[] for _ in range(n)]
+    for k, rnd in enumerate(rounds):
+        for s, r in rnd:
+            if s == rank:
+                out_to[r].append((k, rel[k]))
+    got = {(s, k): stamps for s, part in enumerate(comm.alltoall(out_to)) for k, stamps in part}
+    return [(k, (s, r), got[(s, k)], rel[k]) for k, rnd in enumerate(rounds)
+            for s, r in rnd if r == rank]
+
+
+def gather_pairs(comm, rounds, loops, mine: list[tuple]) -> dict[Pair, LoopResult] | None:
+    results = [(pair, pair_result(snd, rcv, len(loops[k].warm), loops[k].rounds,
+                                  len(rounds[k]) == 1)) for k, pair, snd, rcv in mine]
+    every = comm.gather(results, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    return {pair: res for part in every for pair, res in part}
 
 
 @register
@@ -211,7 +306,6 @@ class Matrix(Pattern):
         """One small handoff per round before anything is timed: every connection made, each
         round's UCX (or other) log noted against its peer, each pair's first handoff kept."""
         from kvbench.p2p.engine import close_links
-        from kvbench.p2p.harness import critical_paths
 
         ctx = self.ctx
         pt = Point(raw_bytes=WIREUP_BYTES)
@@ -227,14 +321,12 @@ class Matrix(Pattern):
                 peer = self._peer_in(rnd)
                 if peer is not None:
                     ctx.transport.note_peer(peer)
-            loops = critical_paths(ctx.comm, [s.local for s in stamps], ctx.clock.offset_s
-                                   if ctx.clock else None)
+            pairs = reduce_pairs(ctx.comm, self.rounds, [s.local for s in stamps],
+                                 ctx.clock.offset_s if ctx.clock else None)
         finally:
             close_links(list(links.values()))
-        if loops is not None:
-            for loop, rnd in zip(loops, self.rounds, strict=True):
-                for s, r in rnd:
-                    self.wireup_ms[(s, r)] = pair_loop(loop, s, r, len(rnd) == 1).cold_ms
+        for pair, loop in (pairs or {}).items():
+            self.wireup_ms[pair] = loop.cold_ms
         self._wired = True
 
     def setup(self, point: Point) -> PointRun:
@@ -252,13 +344,17 @@ class Matrix(Pattern):
         def records(loops, wrong) -> list[Measured]:
             return self._records(point, links, send_plan, send, loops, wrong)
 
+        def reduce(comm, loops, offsets) -> dict[Pair, LoopResult] | None:
+            return reduce_pairs(comm, self.rounds, loops, offsets)
+
         return PointRun(point, handoffs, handoffs, list(links.values()), records,
-                        points=len(handoffs))
+                        points=len(handoffs), reduce=reduce)
 
     # -- records -----------------------------------------------------------------
 
     def _records(self, point, links, plan, data, loops, wrong) -> list[Measured]:
-        """One record per pair (collective; rank 0 gets them): its own samples, its data check
+        """One record per pair (collective; rank 0 gets them; `loops`: reduce_pairs' result
+        on rank 0): its own samples, its data check
         (the wrong elements its receiver counted in its round), its channels' breakdown, the
         pieces one of its handoffs posted (`descriptors`)."""
         comm, order = self.ctx.comm, ordered_pairs(self.n)
@@ -273,11 +369,12 @@ class Matrix(Pattern):
         hosts = self._hosts()
         at = {p: k for k, p in enumerate(order)}  # a pair's place, by index (not list.index)
         out = []
-        for k, (rnd, loop) in enumerate(zip(self.rounds, loops, strict=True)):
+        for k, rnd in enumerate(self.rounds):
+            in_round = [list(p) for p in rnd]  # one list per round, shared by its records
             for s, r in rnd:
                 key = f"{s}->{r}"
                 breakdown = {n: v for rank in (s, r) for n, v in parts[rank].get(key, {}).items()}
-                out.append(Measured(pair_loop(loop, s, r, len(rnd) == 1), {
+                out.append(Measured(loops[(s, r)], {  # reduced on its receiver (reduce_pairs)
                     "variant": key, "pair": [s, r],
                     "sender": {"rank": s, "host": hosts[s]},
                     "receiver": {"rank": r, "host": hosts[r]},
@@ -288,7 +385,7 @@ class Matrix(Pattern):
                     "fit_as_link": True, "not_link_reason": None,
                     "wrong": None if checks[r] is None else checks[r][k],
                     "schedule": {"name": self.kind, "round": k, "rounds": len(self.rounds),
-                                 "pairs_in_round": [list(p) for p in rnd]},
+                                 "pairs_in_round": in_round},
                     "wireup_ms": self.wireup_ms.get((s, r)),
                     "breakdown_ms": breakdown,  # every rank's peaks: the point's first record
                     "peak_rss_bytes": rss if not out else None,

@@ -48,8 +48,7 @@ def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
     link posted (`descriptors`). Rank 0 gets `fields` with them added."""
     total = None if wrong is None else ctx.comm.allreduce(wrong)
     parts = ctx.comm.gather([lk.channel.breakdown() for lk in links if lk is not None], root=0)
-    tel = ctx.comm.gather([lk.channel.telemetry() for lk in links
-                           if lk is not None and hasattr(lk.channel, "telemetry")], root=0)
+    tel = ctx.comm.gather([lk.channel.telemetry() for lk in links if lk is not None], root=0)
     counts = posted_counts(ctx, links)
     rss = ctx.comm.gather(peak_rss_bytes(), root=0)
     gpu = ctx.comm.gather(peak_device_bytes(), root=0)
@@ -60,31 +59,12 @@ def pair_records(ctx, links, fields: dict, loops, wrong) -> dict | None:
            "peak_device_bytes": per_rank_or_none(gpu)}
     got = next((t for rank in tel for t in rank if t), None)
     loop = loops[0] if loops else None
-    if got is not None:
-        out.update(telemetry_fields(got, loop, ctx.settings.warmup))
+    if got is not None and loop is not None:  # the transport's own fields from its telemetry
+        out.update(ctx.transport.telemetry_fields(got, len(loop.samples.samples_ms),
+                                                  ctx.settings.warmup))
     if counts is not None:
         out.update(descriptors_of(counts[0]))
     return out
-
-
-def telemetry_fields(tel: dict, loop, warmup: int) -> dict:
-    """NIXL's per-transfer telemetry of the engine-shaped handoff, split like the samples:
-    `nixl_telemetry` holds the timed handoffs' values in samples_ms order (the cold one and
-    the data check's apart), and the means the engine's Prometheus histograms average."""
-    if loop is None or not tel.get("post_ms"):
-        return {}
-    n = len(loop.samples.samples_ms)
-    timed = {k: v[1 + warmup:1 + warmup + n] for k, v in tel.items()}
-    if len(timed["post_ms"]) != n:  # every handoff reads its telemetry: this is a bug
-        raise RuntimeError(f"telemetry for {len(timed['post_ms'])} of {n} timed handoffs")
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    return {"nixl_telemetry": {**timed, "cold": {k: v[0] for k, v in tel.items()}},
-            "nixl_post_mean_ms": mean(timed["post_ms"]),
-            "nixl_xfer_mean_ms": mean(timed["xfer_ms"]),
-            # NIXL's own count after it joined adjacent entries (vLLM's nixl_num_descriptors),
-            # and kvbench's prediction of that join
-            "descriptors_merged": timed["desc_count"][-1],
-            "descriptors_merged_expected": timed["expected_desc_count"][-1]}
 
 
 def cut_fields(ctx, point: Point) -> dict:

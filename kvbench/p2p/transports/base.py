@@ -5,6 +5,22 @@ peer. The harness never knows how: it asks for a `Channel` between two ranks ove
 fixed set of buffers, posts messages, and polls `Request`s until they complete. Each
 backend keeps its quirks (rendezvous, staging, registration, notifications) inside
 its own module.
+
+A transport also owns what the rest of kvbench knows of it (its *declaration*, the hooks at
+the end of `Transport`): its flags and their cross-checks (`add_arguments`,
+`check_arguments`, `page_plan`, `check_cuts`), the fields it adds to a record
+(`record_fields`, `record_field_names`, `telemetry_fields`), how many descriptors a handoff
+posts (`descriptors`, what `kvbench plan` counts) and which kind of link its
+`transport_info` names (`link_path`, what `kvbench fit --expect-link`, the matrix and the
+report read). So a new backend is one module under transports/: nothing outside it names it
+(tests/p2p/test_planted_transport.py plants one to keep it so).
+
+Why the declaration must import without torch: the fit, the matrix, the plan and the report
+read it (through kvbench.p2p.transports: classify_record, descriptors) on installs without
+torch and mpi4py (the `p2p` extra). The registry imports every transport module to find the
+declarations, so a transport module, and what it imports at module level, imports neither:
+the runtime reaches them inside methods or through kvbench.p2p.registry.LazyModule. This
+module is torch-free for the same reason.
 """
 
 from __future__ import annotations
@@ -15,6 +31,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 
 
 class TransportError(RuntimeError):
@@ -151,6 +169,12 @@ class Channel(ABC):
         """Optional per-handoff component times in ms (e.g. staging, registration)."""
         return {}
 
+    def telemetry(self) -> dict[str, list]:
+        """The backend's own per-handoff figures ({name: one value per handoff, cold and
+        warm-up included}), which the transport's `telemetry_fields` turns into record
+        fields; {} when it keeps none."""
+        return {}
+
     def close(self) -> None:
         """Release registrations and handles. Must be safe to call on every path."""
 
@@ -280,8 +304,64 @@ class Transport(ABC):
 
     def record_fields(self) -> dict:
         """Top-level fields this transport adds to every record (e.g. the operation measured,
-        so that fits group by it)."""
+        so that fits group by it). Every key is one of `record_field_names`."""
         return {}
 
     def close(self) -> None:
         """Collective tear-down."""
+
+    # -- the declaration: what the rest of kvbench knows of this transport ---------------
+    # Class-level and torch-free (the module docstring says why): the flags' checks run
+    # before any rank allocates, the rest is read by the fit, the matrix, the plan and the
+    # report without the runtime. Defaults suit a transport with no flags of its own that
+    # posts one descriptor per piece and writes its path in words the link module knows.
+
+    # Every top-level record field `record_fields` and `telemetry_fields` may write, so a
+    # reader knows whose they are without running the transport.
+    record_field_names: ClassVar[tuple[str, ...]] = ()
+    # True: the transport moves pieces adjacent in memory on both sides as one (ipc's one
+    # copy per run): a handoff's `descriptors` counts the runs, and `descriptors` says so.
+    joins_adjacent: ClassVar[bool] = False
+
+    @classmethod
+    def check_arguments(cls, args: argparse.Namespace, world_size: int) -> None:
+        """Cross-checks of this transport's own flags, on every rank alike before anything is
+        allocated. Called for every registered transport, chosen or not (its flags given
+        with another transport may be refused here). Raises kvbench.errors.UsageError with
+        one line; the default checks nothing."""
+
+    @classmethod
+    def page_plan(cls, args: argparse.Namespace) -> bool:
+        """True when these flags make this transport address the KV by the page plan
+        (kvbench.kv.cut) although no page option was given (NIXL's engine shape)."""
+        return False
+
+    @classmethod
+    def check_cuts(cls, args: argparse.Namespace, cuts: Sequence) -> None:
+        """Refuse declared cuts (kvbench.kv.cut.Cut) these flags cannot measure, after the
+        cuts themselves were checked; UsageError with one line. Default: all are fine."""
+
+    @classmethod
+    def telemetry_fields(cls, telemetry: dict[str, list], timed: int, warmup: int) -> dict:
+        """Record fields from a channel's `telemetry()` (one value per handoff: the cold
+        one, `warmup` more, then `timed` timed ones and the data check's). Default: none."""
+        return {}
+
+    @classmethod
+    def descriptors(cls, model, dtype, tokens: int, cut) -> int:
+        """Descriptors one handoff of `tokens` posts under the page plan's `cut` (what its
+        channels `count_posted`, and what `kvbench plan` counts for a fit of this
+        transport's records): kvbench.kv.cut.count_pieces, runs of adjacent pieces when the
+        transport `joins_adjacent`."""
+        from kvbench.kv.cut import count_pieces  # (pydantic-backed model types: on use)
+
+        return count_pieces(model, dtype, tokens, cut, cls.joins_adjacent)
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """The kind of link a record of this transport took, from its `transport_info` (what
+        `info()` wrote, older records' forms included) and its pair's facts (where the KV
+        lived, hosts, GPUs: kvbench.links.linkpath.pair_facts), in the link module's
+        vocabulary (kinds, LinkPath, causes). Default: the link module's rules for a path in
+        words it knows (UCX's, TCP), else unknown."""
+        return by_path(info, pair)

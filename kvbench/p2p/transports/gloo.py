@@ -7,9 +7,10 @@ producer's readiness event.
 
 from __future__ import annotations
 
+from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports._torchdist import TorchDistTransport
 from kvbench.p2p.transports.staging import HostStaging
+from kvbench.p2p.transports.torchdist import TorchDistTransport
 
 
 @register
@@ -55,3 +56,11 @@ class GlooTransport(TorchDistTransport):
 
     def info(self) -> dict:
         return {**super().info(), "path": "TCP sockets (Gloo)"}
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """Gloo's TCP sockets (a path in UCX's words, never written by Gloo, read as UCX's)."""
+        path = str(info.get("path") or "")
+        if path.startswith("UCX"):
+            return by_path(info, pair)
+        return LinkPath(frozenset({"tcp"}), path or "Gloo TCP")

@@ -1,6 +1,6 @@
 """Same-host handoff in one copy: the peer's buffers mapped into this process (--transport ipc).
 
-At channel set-up one side exports its message buffers (kvbench/p2p/transports/_ipc_mem.py:
+At channel set-up one side exports its message buffers (kvbench/p2p/transports/ipc_mem.py:
 anonymous shared memory (memfd) on the host, CUDA IPC memory handles on a GPU) and the other maps them
 once, the handles going over MPI. Each handoff is then one copy by the mapping side plus
 small readiness messages over MPI, on the one handoff engine like every other transport:
@@ -20,7 +20,7 @@ Only ranks on one host can map each other's memory: a run whose pairs span hosts
 before anything is set up (one line, exit status 2). A producer that dies leaves the
 consumer's mapping valid (the memory lives until the last mapping goes) and the consumer
 waits for a readiness message against --timeout like every other receive. No segment name
-ever exists (an anonymous memfd, see _ipc_mem), so nothing can be left in /dev/shm. A set-up
+ever exists (an anonymous memfd, see ipc_mem), so nothing can be left in /dev/shm. A set-up
 failure is printed by the rank that hit it; its peer ends without a line of its own.
 """
 
@@ -31,17 +31,11 @@ from functools import partial
 
 import numpy as np
 
+from kvbench.links import linkcauses
+from kvbench.links.linkpath import LinkPath, PairFacts
 from kvbench.p2p.hostcopy import METHOD as HOST_COPY
 from kvbench.p2p.hostcopy import memcpy
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports._ipc_cuda import HandoffParts
-from kvbench.p2p.transports._ipc_mem import (
-    CudaMapping,
-    HostMapping,
-    can_move_in_place,
-    export_cuda,
-    export_host,
-)
 from kvbench.p2p.transports.base import (
     Channel,
     PeerReported,
@@ -49,6 +43,14 @@ from kvbench.p2p.transports.base import (
     Request,
     Transport,
     TransportError,
+)
+from kvbench.p2p.transports.ipc_cuda import HandoffParts
+from kvbench.p2p.transports.ipc_mem import (
+    CudaMapping,
+    HostMapping,
+    can_move_in_place,
+    export_cuda,
+    export_host,
 )
 from kvbench.p2p.watchdog import WATCHDOG
 
@@ -85,7 +87,7 @@ def adjacent(a: Sequence, b: Sequence) -> list[bool]:
     return [False] + [follows(a, i) and follows(b, i) for i in range(1, len(a))]
 
 
-def _span(views: Sequence, a: int, b: int):
+def span(views: Sequence, a: int, b: int):
     """One byte view over messages a..b-1, adjacent in one storage."""
     if b == a + 1:
         return views[a]
@@ -143,7 +145,7 @@ class IPCChannel(Channel):
         self.remote: list | None = None
         self.joins: list[bool] = []  # the copying side: message i continues i-1 on both sides
         self.event = None  # CUDA: the IPC event the sender records and the receiver waits on
-        self.parts = None  # CUDA, the copying side: its handoff's parts timed (_ipc_cuda)
+        self.parts = None  # CUDA, the copying side: its handoff's parts timed (ipc_cuda)
         with WATCHDOG.bounded(f"the ipc handle exchange with rank {peer}"):
             self._exchange(exporter=is_sender == self.reading)
 
@@ -209,9 +211,9 @@ class IPCChannel(Channel):
         for b in range(lo + 1, hi + 1):
             if b == hi or not self.joins[b]:
                 if self.cuda:
-                    _span(dst, a, b).copy_(_span(src, a, b), non_blocking=True)
+                    span(dst, a, b).copy_(span(src, a, b), non_blocking=True)
                 else:
-                    memcpy(_span(dst, a, b), _span(src, a, b))
+                    memcpy(span(dst, a, b), span(src, a, b))
                 self.count_posted()
                 a = b
 
@@ -339,3 +341,24 @@ class IPCTransport(Transport):
         if self.comm is not None:
             self.comm.Free()
             self.comm = None
+
+    # -- the declaration (kvbench.p2p.transports.base) ---------------------------------------
+
+    joins_adjacent = True  # one copy per run of messages adjacent on both sides
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """shm on host memory; cuda_ipc: one GPU shared by both ranks (the record's UUIDs, or
+        weaker evidence said as such), else NVLink or PCIe (the record names no topology)."""
+        path = str(info.get("path") or "")
+        if path == "shm":
+            return LinkPath(frozenset({"shm"}), "ipc: shared memory between processes of one host")
+        if path == "cuda_ipc":
+            if pair.same_gpu:
+                ev = linkcauses.Evidence("ipc", "cuda", frozenset({"same-device"}),
+                                         same_gpu=pair.same_gpu)
+                return LinkPath(frozenset({"same-device"}), f"ipc: cuda_ipc, both ranks on one "
+                                f"GPU: {pair.same_gpu}", causes=linkcauses.diagnose(ev))
+            return LinkPath(frozenset({"nvlink", "pcie"}), "ipc: cuda_ipc between two GPUs (the "
+                            "record names no topology: NVLink or PCIe)")
+        return LinkPath(frozenset({"unknown"}), f"ipc: {path or 'no path recorded'}")

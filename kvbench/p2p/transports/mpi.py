@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
+from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
 from kvbench.p2p.transports.mpi_cuda import cuda_support
@@ -178,3 +179,15 @@ class MPITransport(Transport):
 
     def close(self) -> None:
         self.comm.Free()
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """On host memory (or staged through it) the MPI library picks shared memory or the
+        network itself and does not say which: 'host'. Device-direct: the library's choice,
+        unknown."""
+        path = str(info.get("path") or "")
+        if path in ("host", "host-staged"):
+            return LinkPath(frozenset({"host"}), f"MPI {path}")
+        if path.startswith(("UCX", "TCP")):
+            return by_path(info, pair)
+        return LinkPath(frozenset({"unknown"}), f"MPI {path or 'path not recorded'}")

@@ -5,11 +5,11 @@ from its own debug log (kvbench.links.nccl_log), not assumed from a label.
 
 NCCL connects a peer lazily, and the first call on a pair blocks the host thread until the
 peer posts its matching call. So `open()` connects every (src, dst) pair the run will use,
-with a grouped both-sides exchange in one global order (`_torchdist.preconnect`), before
+with a grouped both-sides exchange in one global order (`torchdist.preconnect`), before
 anything is timed; and a rank's posts of one step (several peers included) go out through
 `batch_isend_irecv`, a single one too, interleaved across peers in groups of up to
-`_torchdist.GROUP_MAX`, so they do not queue one after another on one stream (see
-`_torchdist` for why a lone `isend` would hang).
+`torchdist.GROUP_MAX`, so they do not queue one after another on one stream (see
+`torchdist` for why a lone `isend` would hang).
 NCCL is stream-ordered: its operations wait for earlier work on the current stream, so the
 readiness event needs no host wait.
 """
@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 from kvbench.links import nccl_log
+from kvbench.links.linkpath import LinkPath, PairFacts, classify_nccl
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports._torchdist import TorchDistTransport
+from kvbench.p2p.transports.torchdist import TorchDistTransport
 
 
 @register
@@ -85,3 +86,8 @@ class NCCLTransport(TorchDistTransport):
         merged = getattr(self, "merged", None)
         return {(s, d): {**info, **self._path_fields(merged.for_pair(s, d) if merged else None)}
                 for s, d in pairs}
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """The channel transports NCCL logged (older records: the joined path string)."""
+        return classify_nccl(info)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the registry imports this module without torch
+    import torch
 
 SLAB_ALIGN = 256  # bytes: every message's slice of the slab starts at a multiple of this
 

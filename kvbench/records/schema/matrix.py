@@ -122,6 +122,22 @@ class DrawsFile(Strict):
     dtype: Literal["float64"] = "float64"
 
 
+PAIRS_SUFFIX = ".pairs.jsonl"
+MAX_PAIR_LINE = 4 * MiB  # one pair's entry on its line (a fit of a few sizes is ~5 KB)
+
+
+class PairsFile(Strict):
+    """Where every pair's entry is when the matrix is big: one JSON object a line, "pair"
+    first, beside the document (a plain file name); the document's `pairs` then holds the
+    named pairs only, and says which fitted pair is the slowest, so `plan --pair` reads the
+    one line it needs at any N (the document alone grew past its read bound near 250 ranks)."""
+
+    file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
+    count: Count
+    n_fitted: Count
+    slowest_fitted: Annotated[list[Rank], Field(min_length=2, max_length=2)] | None = None
+
+
 class MatrixDocument(Open):
     schema_: Literal["kvbench.matrix/1"] = Field(alias="schema")
     created: UtcStamp
@@ -133,15 +149,18 @@ class MatrixDocument(Open):
     rules: Rules
     majority_path: dict[str, AnyText | None] = {}  # "across hosts" / "same host" -> path
     fit_method: dict[str, Any] = {}
-    pairs: list[PairEntry] = Field(min_length=1)
+    pairs: list[PairEntry] = []  # every pair; with pairs_file, the named ones
     verdict: AnyText
     draws_file: DrawsFile | None = None  # the pairs' draws, beside the document
+    pairs_file: PairsFile | None = None  # every pair's entry, beside the document
     _by_pair: dict = PrivateAttr(default_factory=dict)  # (sender, receiver) -> entry
 
     @model_validator(mode="after")
     def _pairs_fit_world(self):
         if len(self.hosts) != self.world_size:
             raise refuse(f"{len(self.hosts)} hosts for world_size {self.world_size}")
+        if not self.pairs and self.pairs_file is None:
+            raise refuse("no pairs: a matrix lists at least one pair (or names its pairs_file)")
         seen: dict[tuple[int, int], PairEntry] = {}
         for p in self.pairs:
             key = (p.pair[0], p.pair[1])
@@ -162,14 +181,66 @@ def is_matrix(raw: object) -> bool:
     return isinstance(raw, dict) and raw.get("schema") == SCHEMA_MATRIX
 
 
-def load_matrix_document(path: str | Path, raw: object | None = None) -> MatrixDocument:
-    """A matrix file, bounded and typed; any problem is one line naming the key path."""
+def load_matrix_document(path: str | Path, raw: object | None = None,
+                         pairs: str | tuple[int, int] | None = "all") -> MatrixDocument:
+    """A matrix file, bounded and typed; any problem is one line naming the key path. With a
+    pairs file, `pairs` says which of its lines are read: "all", one pair (I, J), or None
+    (the slowest fitted pair, which the document names): the document's `pairs` become those."""
     if raw is None:
         raw = load_json(path, MAX_MATRIX_BYTES, "matrix file", missing="no such file")
     if not is_matrix(raw):
         raise UsageError(f"{path}: expected a {SCHEMA_MATRIX} document written by kvbench matrix, "
                          f"got schema {show(raw.get('schema') if isinstance(raw, dict) else raw)}")
+    if raw.get("pairs_file") is not None:
+        raw = {**raw, "pairs": read_pairs(path, parse(PairsFile, raw["pairs_file"],
+                                                      f"{path}: pairs_file"), pairs)}
     return parse(MatrixDocument, raw, str(path))
+
+
+def read_pairs(path: str | Path, pf: PairsFile, want: str | tuple[int, int] | None) -> list:
+    """The entries (raw) of the pairs file that `want` names (load_matrix_document): one pair
+    is found by its line's start ('{"pair":[I,J],', as kvbench matrix writes it) and only
+    that line is parsed, so a million-pair file is read once, in lines, never whole."""
+    where = Path(path).parent / pf.file
+    if want == "all":
+        out = [_pair_line(where, k, line) for k, line in _lines(where)]
+        if len(out) != pf.count:
+            raise UsageError(f"{path}: its pairs file {where} holds {len(out)} pairs, the "
+                             f"document says {pf.count}: not this matrix's")
+        return out
+    target = want if want is not None else pf.slowest_fitted
+    if target is None:
+        return []
+    prefix = f'{{"pair":[{target[0]},{target[1]}],'
+    return next(([_pair_line(where, k, line)] for k, line in _lines(where)
+                 if line.startswith(prefix)), [])
+
+
+def _lines(where: Path):
+    try:
+        with open(where, encoding="utf-8") as f:
+            for k, line in enumerate(iter(lambda: f.readline(MAX_PAIR_LINE + 1), ""), 1):
+                if len(line) > MAX_PAIR_LINE:
+                    raise UsageError(f"{where}: line {k} is over {MAX_PAIR_LINE // MiB} MiB: not "
+                                     "a matrix's pairs file")
+                yield k, line
+    except FileNotFoundError:
+        raise UsageError(f"its pairs file {where} is missing (keep the matrix's {PAIRS_SUFFIX} "
+                         "beside its .json)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"its pairs file {where} cannot be read: {exc}") from None
+
+
+def _pair_line(where: Path, k: int, line: str) -> dict:
+    import json
+
+    try:
+        entry = json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{where}: line {k} is not JSON ({exc})") from None
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where}: line {k} is not a pair's entry (a JSON object)")
+    return entry
 
 
 # ---------------------------------------------------------------------------
@@ -249,8 +320,9 @@ def as_fit_document(doc: MatrixDocument, path: str, choice: tuple[int, int] | No
     group["label"] = f"{pair_label(p)}: {group['label']}"
     group["group"] = {**group["group"], "pair": list(p.pair), "sender_host": p.sender.host,
                       "receiver_host": p.receiver.host}
-    how = "named" if choice is not None else (
-        f"the slowest of {sum(1 for q in doc.pairs if q.effective_gb_s is not None)} fitted pairs")
+    n_fitted = (doc.pairs_file.n_fitted if doc.pairs_file is not None
+                else sum(1 for q in doc.pairs if q.effective_gb_s is not None))
+    how = "named" if choice is not None else f"the slowest of {n_fitted} fitted pairs"
     note = (f"{pair_label(p)}, {p.effective_gb_s:.4g} GB/s: {how} in matrix {path}")
     fit = {"schema": SCHEMA_FIT, "line_rate_gb_s": None, "inputs": list(doc.inputs),
            "groups": [group], "skipped": [], "matrix": {"file": path, "pair": list(p.pair),
@@ -268,6 +340,7 @@ def load_fit_or_matrix(path: str | Path, pair: str | None = None
             raise UsageError(f"--pair picks a pair of a kvbench matrix file; {path} is not one "
                              f"(schema {show(raw.get('schema') if isinstance(raw, dict) else raw)})")
         return load_fit_document(path, raw), None
-    fit, note = as_fit_document(load_matrix_document(path, raw), str(path),
-                                parse_pair_choice(pair))
+    choice = parse_pair_choice(pair)
+    fit, note = as_fit_document(load_matrix_document(path, raw, pairs=choice), str(path),
+                                choice)
     return parse(FitDocument, fit, f"{path} (the chosen pair's fit)"), note

@@ -507,6 +507,9 @@ class MooncakeTransport(Transport):
             print(f"kvbench mooncake: no {bench.KIND} figure: {why}", file=sys.stderr, flush=True)
         return {bench.KIND: gbps}
 
+    record_field_names = ("mooncake_op", "mooncake_protocol", "mooncake_batch",
+                          "mooncake_max_batch", "mooncake_inflight")
+
     def record_fields(self) -> dict:
         return {"mooncake_op": self.op, "mooncake_protocol": self.protocol,
                 "mooncake_batch": self.batch, "mooncake_max_batch": self.max_batch,

@@ -27,7 +27,9 @@ Modules: binding (finding NIXL's Python package, its limits, an agent with a pro
 delay), channel (one prefill/decode pair: registration, metadata exchange over MPI, posts,
 notifications), transport (the flags, the agent, what the record says about the path),
 engine (--nixl-engine-profile: vLLM's pull connector's shape). Importing this package
-registers the transport and the engine shape. May import kvbench.cli and kvbench.p2p.
+registers the transport; the engine shape (which needs torch) registers its channel when a
+run asks for it (NIXLTransport.channel), so the registry reads NIXL's declaration without
+torch (kvbench.p2p.registry.LazyModule). May import kvbench.cli and kvbench.p2p.
 """
 
-from kvbench.p2p.transports.nixl import engine, transport  # noqa: F401  (they register)
+from kvbench.p2p.transports.nixl import transport  # noqa: F401  (it registers)

@@ -28,7 +28,7 @@ _SETUP, _SYNC, _MD = 0, 1, 2
 _ANNOUNCE = 3  # the engine shape's request announcement (the profile key announce=mpi)
 
 # unit states on the initiator
-_IDLE, _PROC, _DONE = 0, 1, 2
+IDLE, PROC, _DONE = 0, 1, 2
 
 
 def now() -> float:
@@ -114,7 +114,7 @@ class _Req(Request):
         if ch.done[self.u]:
             return True
         ch.pump(from_test=True)
-        if ch.initiator and ch.state[self.u] == _PROC:
+        if ch.initiator and ch.state[self.u] == PROC:
             ch.check(self.u)
         if not ch.done[self.u]:
             ch.idle(self.u)
@@ -180,7 +180,7 @@ class NIXLChannel(TimedParts, Channel):
         self.h = 0
         self.in_handoff = False
         self.done = [False] * U
-        self.state = [_IDLE] * U
+        self.state = [IDLE] * U
         self.posted = [0] * U
         self.queue: deque[int] = deque()  # initiator: units to issue; read target: to announce
         self.got: set[tuple[str, int, int]] = set()
@@ -299,7 +299,7 @@ class NIXLChannel(TimedParts, Channel):
         self.in_handoff = True
         self.cur = {}
         U = len(self.units)
-        self.done, self.state, self.posted = [False] * U, [_IDLE] * U, [0] * U
+        self.done, self.state, self.posted = [False] * U, [IDLE] * U, [0] * U
         self.queue = deque()
         self.n_done, self.t_first = 0, None
         self.hs_ready = self.mode != "reregister"
@@ -372,7 +372,7 @@ class NIXLChannel(TimedParts, Channel):
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         if self.t_first is None:
             self.t_first = t0
-        self.state[u] = _PROC
+        self.state[u] = PROC
         if st == "DONE":
             self._unit_done(u, t1)
         elif st != "PROC":
@@ -462,7 +462,7 @@ class NIXLChannel(TimedParts, Channel):
             return
         self.closed = True
         aborted = self.in_handoff
-        in_flight = sum(1 for s in self.state if s == _PROC) if aborted else 0
+        in_flight = sum(1 for s in self.state if s == PROC) if aborted else 0
         handles = sum(1 for h in self.xfers if h is not None)
         failed = self._release_xfers()
         self._release_dlists()

@@ -31,10 +31,10 @@ import numpy as np
 from kvbench.p2p.transports.base import TransportError, seen_by_both
 from kvbench.p2p.transports.nixl.channel import (
     _ANNOUNCE,
-    _PROC,
     _SETUP,
     _SYNC,
     CHANNELS,
+    PROC,
     NIXLChannel,
     _notif,
     now,
@@ -179,7 +179,7 @@ class EngineChannel(NIXLChannel):
         self._add("nixl_post_ms", (t1 - t0) * 1e3)
         self.t_first = t0
         self.looks, self.post_done = 0, int(st == "DONE")
-        self.state[u] = _PROC
+        self.state[u] = PROC
         if st == "ERR":
             self._failed(u, "post returned ERR")
         self.next_poll = t1  # the engine looks once more in the step that posted
@@ -215,7 +215,7 @@ class EngineChannel(NIXLChannel):
         decode waiting for a request it has not been told of pauses once; prefill waits for
         its next step before it looks for the READ's notification again; decode with a READ
         in flight waits in check()."""
-        if self.initiator and self.state[u] == _PROC:
+        if self.initiator and self.state[u] == PROC:
             return
         if self.initiator or self.poll.busy:
             self.waits.pause()

@@ -10,6 +10,8 @@ import os
 import socket
 from collections.abc import Mapping, Sequence, Set
 
+from kvbench.cli import UsageError
+from kvbench.links.linkpath import LinkPath, PairFacts, classify_ucx_info
 from kvbench.p2p.transports import register
 from kvbench.p2p.transports.base import (
     Channel,
@@ -201,6 +203,8 @@ class NIXLTransport(Transport):
     def channel(self, peer: int, buffers: Sequence, is_sender: bool, layer_of=None,
                 regions=None, blocks=None) -> Channel:
         if self.shape == "engine":  # kvbench.p2p.transports.nixl.engine adds itself here
+            from kvbench.p2p.transports.nixl import engine  # noqa: F401  (needs torch)
+
             return CHANNELS["engine"](self, peer, buffers, is_sender, layer_of, regions, blocks)
         return NIXLChannel(self, peer, buffers, is_sender, layer_of)
 
@@ -368,3 +372,63 @@ class NIXLTransport(Transport):
         self._channels.clear()
         self.agent = None  # the agent's destructor tears down UCX
         self.comm.Free()
+
+    # -- the declaration (kvbench.p2p.transports.base: torch-free, read without the runtime) --
+
+    record_field_names = (
+        "nixl_op", "nixl_mode", "nixl_prep", "nixl_batch", "nixl_progress_thread",
+        "nixl_threads", "nixl_telemetry", "nixl_poll", "nixl_progress_delay_us", "nixl_gap_ms",
+        "nixl_gaps", "nixl_gap_seed", "nixl_busy_ms", "nixl_shape", "nixl_per_request",
+        "nixl_announce", "nixl_waits", "nixl_spin_window_ms", "nixl_region_order",
+        # telemetry_fields (the engine shape's per-transfer telemetry)
+        "nixl_post_mean_ms", "nixl_xfer_mean_ms", "descriptors_merged",
+        "descriptors_merged_expected")
+
+    @classmethod
+    def check_arguments(cls, args, world_size: int) -> None:
+        """The engine shape's flags and its pacing knobs (--nixl-poll, --nixl-waits,
+        --nixl-gaps, --nixl-announce, --nixl-spin-window-ms, --nixl-gap-ms, --nixl-busy-ms)
+        together (kvbench.p2p.transports.nixl.engine_shape.usage_error), whichever transport was chosen: an
+        engine-shape flag given with another transport is refused, not ignored."""
+        from kvbench.p2p.transports.nixl import engine_shape
+
+        shape_error = engine_shape.usage_error(args)
+        if shape_error:
+            raise UsageError(shape_error)
+
+    @classmethod
+    def page_plan(cls, args) -> bool:
+        """The engine shape addresses the KV by the page plan even with no page option."""
+        return getattr(args, "nixl_shape", "link") == "engine"
+
+    @classmethod
+    def check_cuts(cls, args, cuts) -> None:
+        engine = cls.page_plan(args)
+        if engine and any(c.merged for c in cuts):
+            raise UsageError("--block-ids merged: NIXL joins adjacent descriptors itself; measure "
+                             "--block-ids contiguous (its descriptors_merged counts what NIXL posted)")
+
+    @classmethod
+    def telemetry_fields(cls, tel: dict, timed: int, warmup: int) -> dict:
+        """NIXL's per-transfer telemetry of the engine-shaped handoff, split like the samples:
+        `nixl_telemetry` holds the timed handoffs' values in samples_ms order (the cold one and
+        the data check's apart), and the means the engine's Prometheus histograms average."""
+        if not tel.get("post_ms"):
+            return {}
+        n = timed
+        timed_values = {k: v[1 + warmup:1 + warmup + n] for k, v in tel.items()}
+        if len(timed_values["post_ms"]) != n:  # every handoff reads its telemetry: this is a bug
+            raise RuntimeError(f"telemetry for {len(timed_values['post_ms'])} of {n} timed handoffs")
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        return {"nixl_telemetry": {**timed_values, "cold": {k: v[0] for k, v in tel.items()}},
+                "nixl_post_mean_ms": mean(timed_values["post_ms"]),
+                "nixl_xfer_mean_ms": mean(timed_values["xfer_ms"]),
+                # NIXL's own count after it joined adjacent entries (vLLM's nixl_num_descriptors),
+                # and kvbench's prediction of that join
+                "descriptors_merged": timed_values["desc_count"][-1],
+                "descriptors_merged_expected": timed_values["expected_desc_count"][-1]}
+
+    @classmethod
+    def link_path(cls, info: dict, pair: PairFacts) -> LinkPath:
+        """UCX's own protocol rows for the KV's memory (older records: the path string)."""
+        return classify_ucx_info(info, pair)

@@ -32,11 +32,20 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from kvbench.p2p.devices import mem_available_bytes
+from kvbench.p2p.registry import LazyModule
 from kvbench.p2p.transports.base import TransportError
 from kvbench.units import fmt_bytes
+
+# imported on first use: the registry imports the ipc transport without torch
+# (kvbench.p2p.registry)
+torch = LazyModule("torch")
+
+
+def mem_available_bytes() -> int | None:
+    """kvbench.p2p.devices's figure, imported when asked (devices imports torch)."""
+    from kvbench.p2p.devices import mem_available_bytes as available
+
+    return available()
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-import torch
-import torch.distributed as dist
-
+from kvbench.p2p.registry import LazyModule
 from kvbench.p2p.transports.base import (
     Channel,
     PeerReported,
@@ -32,6 +30,10 @@ from kvbench.p2p.transports.base import (
     TransportError,
 )
 from kvbench.p2p.transports.rendezvous import rendezvous_address
+
+# imported on first use: the registry imports this module without torch (kvbench.p2p.registry)
+torch = LazyModule("torch")
+dist = LazyModule("torch.distributed")
 
 GROUP_MAX = 1024  # P2P operations per batch_isend_irecv group
 
