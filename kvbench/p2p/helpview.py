@@ -52,11 +52,12 @@ def visible(actions: Iterable[argparse.Action]) -> list[argparse.Action]:
 def summary(owned: Mapping[tuple[str, str], list[argparse.Action]], prog: str) -> str:
     """One line per transport and pattern: how many flags of its own, and how to see them."""
     lines = []
+    width = max([22] + [len(f"{kind} {name}  ") for kind, name in owned])  # store-layerwise
     for (kind, name), actions in owned.items():
         n = len(visible(actions))
         how = (f"{n} flag{'s' * (n != 1)}: {prog} {CHOOSERS[kind]} {name} --help" if n
                else "no flags of its own")
-        lines.append(f"{kind + ' ' + name:<22}{how}")  # (not an option line: no dash)
+        lines.append(f"{kind + ' ' + name:<{width}}{how}")  # (not an option line: no dash)
     return "\n".join(lines)
 
 
