@@ -76,7 +76,7 @@ examples:
   mpirun -n 2 python -m kvbench.p2p                               # {DEFAULT_SIZES} tokens
   mpirun -n 2 python -m kvbench.p2p --transport gloo --granularity layer
   mpirun -n 2 python -m kvbench.p2p --layout paged --block-size 16 --granularity block --sizes 512
-  mpirun -n 2 python -m kvbench.p2p --layout paged --granularity block --sizes 256,1024 \
+  mpirun -n 2 python -m kvbench.p2p --layout paged --granularity block --sizes 256,1024 \\
       --block-size 1,2,4,8,16,32,64 --block-ids scattered,contiguous   # descriptor sweep
   mpirun -n 2 python -m kvbench.p2p --bytes 4K,1M,64M             # raw link sweep
   mpirun -n 2 python -m kvbench.p2p -b 1M -e 256M -f 4 --baseline # vs bare mpi4py Send/Recv
