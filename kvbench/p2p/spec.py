@@ -9,11 +9,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from kvbench.model import PRESETS
-from kvbench.records.schema.p2p import HandoffSpec, canonical_json, spec_id_of
-
-# HandoffSpec and spec_id_of are the records layer's one definition, named here too for the
-# code that has always imported them from kvbench.p2p.spec
-__all__ = ["HandoffSpec", "make_spec", "model_key", "run_entries", "spec_id_of"]
+from kvbench.records.schema.p2p import HandoffSpec, canonical_json
 
 if TYPE_CHECKING:  # (the patterns pull in torch; the spec's builder does not need it)
     from kvbench.p2p.patterns.base import SpecEntries
