@@ -212,6 +212,19 @@ def arg_int(lo: int | None = 1, hi: int | None = 10**12):
     return parse
 
 
+class OldSpelling(argparse.Action):
+    """A flag that is gone: given (with or without a value), the parse ends in one usage line,
+    `hint(flag, value)`, naming the new spelling, through the parser's own error (so under
+    MPI rank 0 speaks and every rank exits 2, and a --cases line names itself)."""
+
+    def __init__(self, option_strings, dest, hint: Callable[[str, object], str], **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.hint = hint
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.hint(option_string, values))
+
+
 FORMAT_HELP = "table or json (default: table on a terminal, JSON when piped or redirected)"
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from kvbench.cli import (
     EXIT_USAGE,
     ArgumentParser,
+    OldSpelling,
     UsageError,
     arg_float,
     arg_int,
@@ -84,19 +85,6 @@ examples:
 """
 
 
-class Renamed(argparse.Action):
-    """An old spelling: given (with or without a value), the parse ends in one usage line
-    naming the new spelling, through the parser's own error (rank 0 speaks, every rank exits
-    2, a --cases line names itself)."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is now {self.new}")
-
-
 def add_job_flags(p: ArgumentParser) -> None:
     """--cases (kvbench.p2p.cases runs it), and the old spellings, hidden, each a hint."""
     jobs = p.add_argument_group("many runs in one job")
@@ -106,7 +94,8 @@ def add_job_flags(p: ArgumentParser) -> None:
                            "comments skipped); nothing else goes on the command line "
                            "(docs/p2p.md)")
     for old, new in RENAMED.items():
-        p.add_argument(old, nargs="?", action=Renamed, new=new, help=argparse.SUPPRESS)
+        p.add_argument(old, nargs="?", action=OldSpelling, help=argparse.SUPPRESS,
+                       hint=lambda flag, _value, new=new: f"{flag} is now {new}")
 
 
 USAGE = ("mpirun -n 2 python -m kvbench.p2p [--sizes TOKENS | --bytes SIZES] [--model NAME] "

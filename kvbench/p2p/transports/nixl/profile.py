@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from kvbench.cli import OldSpelling
 from kvbench.errors import UsageError, bounded_float, bounded_int
 from kvbench.p2p.transports.nixl.binding import MAX_NIXL_THREADS, MAX_PROGRESS_DELAY_US
 from kvbench.records.schema.read import load_json
@@ -229,11 +230,6 @@ def hint(flag: str, value: str | None) -> str:
     return f"{flag} is now part of an engine profile: {FLAG} {BASE}:{key}={v}"
 
 
-class _OldFlag(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(hint(option_string, values))
-
-
 def add_arguments(group) -> None:
     """The profile flag, and the old flags as hidden ones that answer with a hint."""
     names = ", ".join(sorted(shipped()))
@@ -244,9 +240,9 @@ def add_arguments(group) -> None:
                             f"paged --granularity block): a shipped profile ({names}) or a "
                             "JSON file, then key=value overrides; given again, it stacks "
                             f"(docs/nixl.md, \"Engine profiles\"). Default: the link shape")
-    group.add_argument("--nixl-shape", action=_OldFlag, dest="_old_nixl_shape",
+    group.add_argument("--nixl-shape", action=OldSpelling, hint=hint, dest="_old_nixl_shape",
                        help=argparse.SUPPRESS)
     for flag, (_key, fixed) in OLD_FLAGS.items():
-        group.add_argument(flag, action=_OldFlag, nargs=0 if fixed else None,
+        group.add_argument(flag, action=OldSpelling, hint=hint, nargs=0 if fixed else None,
                            dest=f"_old_{flag.lstrip('-').replace('-', '_')}", help=argparse.SUPPRESS)
     group.set_defaults(**LINK_DEFAULTS)
