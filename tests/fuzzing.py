@@ -5,8 +5,8 @@ A mutation swaps a value for NaN, an infinity, a 10^400 or 5,000-digit integer, 
 negative, a string or bool where a number was, 500-deep nesting, deletes a key or adds an unknown
 one, gives a key twice, or cuts the text short. `check` is the property: the command either
 succeeds with a finite output file, or exits 2 with exactly one line on stderr, no traceback and no
-output file. `derandomize=True` (FUZZ) makes every CI run try the same examples. A module using
-`workdir()` imports the autouse fixture `fuzz_root` too (one temp folder per module).
+output file. `derandomize=True` (FUZZ) makes every CI run try the same examples. `workdir()`
+gives each example a fresh folder under one temp folder per test process.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -120,22 +119,16 @@ def check(result, out: Path | None, must_refuse: bool, json_out: bool = True) ->
             json.loads(line)
 
 
-_ROOT_DIR: list[Path] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def fuzz_root():
-    """One temp folder for the module's examples, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="kvbench-fuzz-") as d:
-        _ROOT_DIR.append(Path(d))
-        yield
-        _ROOT_DIR.pop()
+_ROOT: tempfile.TemporaryDirectory | None = None  # workdir()'s folder, one per process
 
 
 def workdir() -> Path:
-    """A fresh folder in the module's temp folder (the test module must import fuzz_root)."""
-    assert _ROOT_DIR, "import the autouse fixture: from tests.fuzzing import fuzz_root  # noqa: F401"
-    return Path(tempfile.mkdtemp(dir=_ROOT_DIR[-1]))
+    """A fresh folder for one example, under this test process's fuzz folder (made on first
+    use, removed when the process exits)."""
+    global _ROOT
+    if _ROOT is None:
+        _ROOT = tempfile.TemporaryDirectory(prefix="kvbench-fuzz-")
+    return Path(tempfile.mkdtemp(dir=_ROOT.name))
 
 
 def mutated_jsonl(data, lines: list[dict], line: int, path: Path) -> bool:

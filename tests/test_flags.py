@@ -38,7 +38,6 @@ from kvbench.cli import UsageError
 from tests.conftest import ROOT
 from tests.fuzzing import (
     check,
-    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
     workdir,
 )
 from tests.helpers import ANALYZE, cohort_lines, refused, run

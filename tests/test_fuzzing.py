@@ -20,7 +20,6 @@ import kvbench.slo.cli
 from kvbench.cli import UsageError
 from tests.conftest import ROOT
 from tests.fuzzing import (
-    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
     workdir,
 )
 from tests.helpers import ANALYZE, LLAMA, cohort_lines, run, vllm_result

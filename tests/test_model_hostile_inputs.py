@@ -19,7 +19,6 @@ from tests.conftest import run_cli
 from tests.fuzzing import (
     FUZZ,
     check,
-    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
     mutate,
     mutation,
     workdir,

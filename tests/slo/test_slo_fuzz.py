@@ -27,7 +27,6 @@ from tests.fuzzing import (
     FUZZ,
     HOSTILE,
     check,
-    fuzz_root,  # noqa: F401 (autouse: the module's temp folder for workdir())
     mutate,
     mutated_jsonl,
     mutation,
