@@ -18,6 +18,7 @@ per-iteration timings", request_stats.py), so the records carry those two only
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvbench.errors import UsageError
@@ -78,6 +79,64 @@ def _all_kept(b: GuidellmBenchmark, p: Path) -> None:
                              "without a sample size so that every request is in the file")
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """Requests GuideLLM's scheduler created that its file holds no record of.
+
+    Why: GuideLLM 0.8.1 can end a benchmark (its max_requests constraint met) while a request
+    is still processing; that request is in none of the file's groups (successful, errored,
+    incomplete), so a run of 12 prompts converts to 11 records. kvbench cannot make a record
+    it was not given, so it names the gap from the scheduler's own counts instead of leaving
+    a reader to notice that the count is short."""
+
+    created: int
+    in_file: int
+    processing: int
+    queued: int  # queued or pending: created, not yet sent
+    cancelled: int
+
+    @property
+    def missing(self) -> int:
+        return self.created - self.in_file
+
+    @property
+    def unplaced(self) -> int:
+        """Missing requests the scheduler's counts do not place anywhere."""
+        return max(0, self.missing - self.processing - self.queued - self.cancelled)
+
+    def line(self) -> str:
+        where = [f"{n} {what}" for n, what in ((self.processing, "still processing"),
+                                              (self.queued, "queued or pending"),
+                                              (self.cancelled, "cancelled"),
+                                              (self.unplaced, "not placed by its counts")) if n]
+        return (f"GuideLLM created {self.created} requests and its file holds {self.in_file}: "
+                f"{self.missing} missing ({', '.join(where)} when it ended the benchmark); "
+                "kvbench has no record of them, so this run's counts and latencies rest on "
+                f"{self.in_file} of {self.created}")
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "missing": self.missing, "line": self.line()}
+
+
+def shortfall(b: GuidellmBenchmark) -> Shortfall | None:
+    """The benchmark's Shortfall from its scheduler_state, or None when every created request
+    is in the file (or the file has no scheduler state to tell)."""
+    st = b.scheduler_state
+    in_file = len(b.requests.successful) + len(b.requests.errored) + len(b.requests.incomplete)
+    if st is None or st.created_requests is None or st.created_requests <= in_file:
+        return None
+    return Shortfall(st.created_requests, in_file, st.processing_requests or 0,
+                     (st.queued_requests or 0) + (st.pending_requests or 0),
+                     st.cancelled_requests or 0)
+
+
+def client_shortfall(path: str | Path, index: int | None = None) -> dict | None:
+    """shortfall() of a benchmarks.json as a dict (kvbench lab sweep's run.json), None if none."""
+    p = Path(path)
+    found = shortfall(pick(load_report(p), index, p)[1])
+    return None if found is None else found.as_dict()
+
+
 def _record(r: GuidellmRequest, group: str, common: dict, origin: float, where: str) -> RequestRecord:
     t = r.info.timings
 
@@ -119,6 +178,9 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
     index, b = pick(load_report(p), index, p)
     _all_kept(b, p)
     notes: list[str] = []
+    gap = shortfall(b)
+    if gap is not None:
+        notes.append(gap.line())
     rate = offered_rate(b, offered_rate_rps, notes)
     groups = [(f"{g}[{k}]", g, r) for g in ("successful", "errored", "incomplete")
               for k, r in enumerate(getattr(b.requests, g))]

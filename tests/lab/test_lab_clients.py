@@ -75,7 +75,13 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
     assert res["status"] == "done", (res, (folder / f"{tool}-bench.log").read_text()[-3000:])
     assert res["client"] == tool and res["num_prompts"] == 12 and res["scrape"]
     recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
-    assert len(recs) == 12 and all(r["cache_state"] == "cold" and r["offered_rate_rps"] == 2.0 for r in recs)
+    # every one of the 12 is a record, or named by the client's own counts as still in flight
+    # when it ended (GuideLLM 0.8.1 can end a max_requests run with one still processing:
+    # kvbench.slo.guidellm.Shortfall); a request lost any other way fails here
+    gap = res["client_shortfall"]
+    assert gap is None or (gap["created"] == 12 and gap["processing"] == gap["missing"]), gap
+    made = 12 - (gap["missing"] if gap else 0)
+    assert len(recs) == made and all(r["cache_state"] == "cold" and r["offered_rate_rps"] == 2.0 for r in recs)
     ok = [r for r in recs if r["status"] == "ok"]
     assert ok and all(r["output_tokens"] == 32 for r in ok)  # ignore_eos reached the server
     assert all(r["scheduled_send_ms"] is not None for r in recs)  # both tools record the schedule
@@ -83,7 +89,7 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
     report = json.loads(kvbench("slo", "analyze", folder / "records.jsonl", "--plan", plan, "--format",
                                 "json").stdout)
     (g,) = report["groups"]
-    assert g["counts"]["records"] == 12 and g["counts"]["warmup_excluded"] == 2
+    assert g["counts"]["records"] == made and g["counts"]["warmup_excluded"] == 2
     assert g["latency_ms"]["ttft"]["n"] == g["counts"]["ok"] > 0
     assert g["client"]["send_lag_ms"] is not None  # the send-lag gate is evaluated for both
 

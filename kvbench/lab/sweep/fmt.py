@@ -105,6 +105,12 @@ def _kv_lines(report: dict) -> list[str]:
                   "transfers for that percentile); cells are medians over repeats [min-max]. " + fit]
 
 
+def _run_name(run: dict) -> str:
+    pt = run.get("point") or {}
+    return (f"run {pt.get('deployment')} {pt.get('cache_state')} at {pt.get('rate_rps', 0):g} rps, "
+            f"repeat {pt.get('repeat')}")
+
+
 def markdown(report: dict, plan) -> str:
     m = report["machine"]
     busy = ("**busy machine**: other jobs shared the cores, so latencies are noisy and high"
@@ -112,12 +118,15 @@ def markdown(report: dict, plan) -> str:
     pv = report.get("provenance") or {"command": None, "started": "?", "vllm": "?", "nixl": "?",
                                       "python": "?", "kvbench_commit": "?"}
     errors = [f"- analysis of repeat {k} failed: {e}" for k, e in report.get("analysis_errors", {}).items()]
+    errors += [f"- {_run_name(r)}: {r['client_shortfall']['line']}" for r in report["runs"]
+               if r.get("client_shortfall")]
     lines = ["# kvbench sweep report", "", f"Plan: `{report['plan']}`. {plan.summary()}", "",
              f"Command: `{' '.join(pv['command'] or [])}` (started {pv['started']}); vLLM {pv['vllm']} "
              f"(CPU build), nixl {pv['nixl']}, Python {pv['python']}, kvbench {pv['kvbench_commit']}; "
              f"load generator {pv.get('client', 'vllm bench serve')}.", "",
              f"Host {m['host']} ({m['cores']} cores); 1-min load average during runs "
-             f"{_num(m['load_1min_min'])}-{_num(m['load_1min_max'])}: {busy}.", "", *errors,
+             f"{_num(m['load_1min_min'])}-{_num(m['load_1min_max'])}: {busy}.", "",
+             *errors, *([""] if errors else []),
              "## Capacity, first failing gate and verdict", "", *_capacity_lines(report),
              "## Per point", "", *_points_lines(report), "",
              "## Scheduler: queues per role", "", *_scheduler_lines(report), "",

@@ -191,9 +191,19 @@ class Sweep:
                   "cache": cache_note, "num_prompts": run.num_prompts, "seed": run.seed,
                   "scrape": (folder / "scrape.jsonl").exists(),
                   "started_unix": t0, "wall_s": round(time.time() - t0, 1), "bound_s": round(bound),
-                  "load_before": load_before, "load_after": os.getloadavg()[0]}
+                  "load_before": load_before, "load_after": os.getloadavg()[0],
+                  "client_shortfall": self.shortfall(cr.result) if records else None}
         write_new_file(folder / "run.json", json.dumps(result, indent=2) + "\n")
         return result
+
+    def shortfall(self, result: Path) -> dict | None:
+        """Requests the load generator created and left out of its result (GuideLLM's own
+        scheduler counts, kvbench.slo.guidellm.Shortfall); None for the other clients."""
+        if self.client != "guidellm":
+            return None
+        from kvbench.slo.guidellm import client_shortfall
+
+        return client_shortfall(result)
 
     def convert(self, point: Point, folder: Path, result: Path) -> Path | None:
         out = folder / "records.jsonl"

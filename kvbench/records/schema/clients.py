@@ -138,10 +138,23 @@ class GuidellmMetrics(Open):
     request_totals: GuidellmTotals
 
 
+class GuidellmSchedulerState(Open):
+    """The scheduler's own counts at the benchmark's end (guidellm/scheduler/schemas.py
+    SchedulerState): what it created, and where each request was when the benchmark ended."""
+
+    created_requests: Count | None = None
+    queued_requests: Count | None = None
+    pending_requests: Count | None = None
+    processing_requests: Count | None = None
+    processed_requests: Count | None = None
+    cancelled_requests: Count | None = None
+
+
 class GuidellmBenchmark(Open):
     config: GuidellmConfig
     requests: GuidellmRequests
     metrics: GuidellmMetrics
+    scheduler_state: GuidellmSchedulerState | None = None
 
 
 class GuidellmMeta(Open):
