@@ -8,6 +8,11 @@ and exports that group as the one transfer. The put and the get alone (variants 
 are one hop each: exporting one would predict a handoff without the other, so it is refused.
 What no planner here can hold: the store's capacity, its evictions and misses (a miss is a
 recompute, not a slower transfer), and one store's bandwidth shared by every request.
+
+`--pattern store-layerwise` moves the same store layer by layer, decode getting layer l while
+prefill puts l+1: its put and get overlap, so they are not two hops in series and it has no
+put/get variants. Its one fitted line is exported as the transfer, and the notes say that the
+hops overlap and what of the store no planner holds (`layered` in `context.two_hop`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from kvbench.errors import UsageError
 
 HOPS = ("put", "get")
+STORE_PATTERNS = ("store", "store-layerwise")
 
 
 def _cost(link) -> dict:
@@ -31,11 +37,16 @@ def in_series(put: dict, get: dict) -> dict:
 def store_handoff(links: list) -> tuple[list, dict | None]:
     """From the links a store fit holds (after --where): the whole handoff and, beside it,
     what is known of its two hops; links of no store pass through unchanged."""
-    store = [link for link in links if (link.group or {}).get("pattern") == "store"]
-    if not store or len(store) != len(links):
+    patterns = {(link.group or {}).get("pattern") for link in links}
+    if not links or not patterns <= set(STORE_PATTERNS) or len(patterns) != 1:
         return links, None
+    if patterns == {"store-layerwise"}:
+        if len(links) != 1:
+            return links, None
+        return links, {"put": None, "get": None, "series": None, "layered": True,
+                       "store_pool_bytes": links[0].store_pool_bytes}
     by = {}
-    for link in store:
+    for link in links:
         by.setdefault(link.group.get("variant"), []).append(link)
     if len(links) == 1 and links[0].group.get("variant") in HOPS:
         hop = links[0].group["variant"]
@@ -66,8 +77,18 @@ def two_hop_notes(two_hop: dict, tool: str, setup_as: str, capacity: int | None,
     held = ("the store's capacity" if capacity is None else
             f"the store's capacity ({capacity:,} requests of {fold_tokens} tokens in "
             f"{two_hop['store_pool_bytes'] / 2**30:.4g} GiB)")
-    return [f"the two hops of a store's handoff apart (prefill puts into the store, decode gets "
-            f"from it): the one transfer is the handoff as decode sees it (put + notice + get, "
-            f"fitted as one line), {how}{hops}",
+    if two_hop.get("layered"):
+        first = ("the two hops of a store's handoff apart, here overlapped layer by layer "
+                 "(decode gets layer l while prefill puts l+1: not two hops in series): the one "
+                 "transfer is the handoff as decode sees it, fitted as one line, "
+                 + ("exact in BLIS's two terms (its setup in the base latency, its rate in the "
+                    "bandwidth)" if tool == "blis" else
+                    f"in one rate: its setup is {'dropped' if setup_as == 'drop' else 'folded'} "
+                    "as any setup is"))
+    else:
+        first = (f"the two hops of a store's handoff apart (prefill puts into the store, decode "
+                 f"gets from it): the one transfer is the handoff as decode sees it (put + notice "
+                 f"+ get, fitted as one line), {how}{hops}")
+    return [first,
             f"{held}, its evictions and misses (a miss is a recompute, not a slower "
             "transfer), and one store's bandwidth shared by every request in flight"]
