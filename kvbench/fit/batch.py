@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.errors import UsageError
+from kvbench.fit import stats
 from kvbench.fit.data import Collected, Group, collect
 from kvbench.fit.fitting import (
     MAX_SIZES,
@@ -55,7 +56,6 @@ from kvbench.fit.stats import (
     design,
     interval_refusal,
     lack_of_fit,
-    unit_counts,
 )
 from kvbench.records.select import min_samples_for
 from kvbench.units import GB, MIN_TIME_MS, round_sig
@@ -149,7 +149,7 @@ class _Layout:
         if interval_refusal(s) is not None:
             return None
         rng = np.random.default_rng(seed)
-        counts = unit_counts(s, n_boot, rng)
+        counts = stats.unit_counts(s, n_boot, rng)  # (looked up when called: tests swap it)
         totals = [counts[:, s.unit[np.flatnonzero(s.size_of == k)]].sum(axis=1)
                   for k in range(len(s.sizes))]
         kept = np.all(np.stack(totals) > 0, axis=0)
@@ -211,7 +211,9 @@ def size_rows_batched(s: GroupSamples, ms: np.ndarray, metas: list[dict]) -> lis
     P = len(ms)
     rows: list[list[dict]] = [[] for _ in range(P)]
     for k, nbytes in enumerate(s.sizes):
-        v = ms[:, np.flatnonzero(s.size_of == k)]
+        # C order: each row summed as one contiguous array is summed as fit_group's (pairwise);
+        # ms[:, idx] alone is Fortran-ordered, and its row sums differ in the last bit
+        v = np.ascontiguousarray(ms[:, np.flatnonzero(s.size_of == k)])
         n, b = v.shape[1], int(nbytes)
         p50 = np.percentile(v, 50, axis=1).tolist()
         tails = [np.percentile(v, q if q >= 1 else 100 * q, axis=1).tolist()
@@ -239,7 +241,7 @@ def _summary(lay: _Layout, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     """size_summary's medians and weights and iid_median_var's variances, (P, K) each."""
     med, w, iid = (np.empty((len(ms), len(lay.scans))) for _ in range(3))
     for k, sc in enumerate(lay.scans):
-        v = ms[:, sc.sel]
+        v = np.ascontiguousarray(ms[:, sc.sel])
         m = np.median(v, axis=1)
         mad = 1.4826 * np.median(np.abs(v - m[:, None]), axis=1)
         scale = np.maximum(np.maximum(mad, MIN_REL_SCALE * np.abs(m)), 1e-9)
@@ -254,7 +256,7 @@ def _boot(lay: _Layout, ms: np.ndarray, med: np.ndarray) -> np.ndarray:
     P = len(ms)
     out = np.empty((P, lay.counts_t.shape[1], len(lay.scans)))
     for k, sc in enumerate(lay.scans):
-        v = ms[:, sc.sel]
+        v = np.ascontiguousarray(ms[:, sc.sel])
         order = np.argsort(v, axis=1, kind="stable")
         vals = np.take_along_axis(v, order, axis=1).ravel()
         i_lo, i_hi = _positions(lay.counts_t, sc.units[order], sc)

@@ -166,3 +166,22 @@ def test_a_perturbed_pair_is_caught(monkeypatch):
     want = reference(groups, True)
     bad = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if diff(g, w)]
     assert bad == [0]
+
+
+@pytest.mark.parametrize("k_sizes", [2, 3])
+def test_many_random_pairs_in_chunks(monkeypatch, k_sizes):
+    """150 pairs of random rates, setups and noise over six decades of time, fitted in chunks
+    of 7 pairs: a last-bit difference anywhere (a sum taken in another order, a square taken
+    as x * x) shows in some pair's draws or rounded fields. Times of 6 significant digits, as
+    records hold them: a mean of such times often ends in a 5 at the 7th digit, where its
+    last bit decides the rounding (this caught the batched means summed in another order)."""
+    rng = np.random.default_rng(k_sizes)
+    sizes = [MB * 8 ** j for j in range(k_sizes)]
+    recs = []
+    for i in range(150):
+        scale = 10 ** rng.uniform(-3, 3)
+        recs += [dict(r, samples_ms=[float(f"{v * scale:.6g}") for v in r["samples_ms"]])
+                 for r in pair_records(
+            i, sizes, seed=i, rate=10 ** rng.uniform(-1, 2), noise=rng.uniform(0.001, 0.2))]
+    monkeypatch.setattr(batch, "CHUNK_ELEMS", BOOT * 7)
+    check(recs)
