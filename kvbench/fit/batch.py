@@ -35,7 +35,6 @@ from kvbench.fit import stats
 from kvbench.fit.data import Collected, Group, collect
 from kvbench.fit.fitting import (
     MAX_SIZES,
-    _add_residuals,
     _base_record,
     _exclusion_warnings,
     _resampling,
@@ -49,6 +48,7 @@ from kvbench.fit.fitting import (
 from kvbench.fit.regimes import MIN_SIZES, _material
 from kvbench.fit.stats import (
     MIN_REL_SCALE,
+    NOISE_ULPS,
     GroupSamples,
     LineFit,
     ResidualSpace,
@@ -252,21 +252,26 @@ def _summary(lay: _Layout, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def _boot(lay: _Layout, ms: np.ndarray, med: np.ndarray) -> np.ndarray:
-    """bootstrap_medians for each row of ms: (P, kept draws, K)."""
+    """bootstrap_medians for each row of ms: (P, kept draws, K).
+
+    A draw's value is med + ((v[i] + v[j]) / 2 - med) x factor for its two middle positions
+    i, j among the pair's sorted times v: those elementwise steps are taken once per (i, j)
+    (a table of n x n per pair, n the size's samples) and each draw gathers its entry."""
     P = len(ms)
     out = np.empty((P, lay.counts_t.shape[1], len(lay.scans)))
     for k, sc in enumerate(lay.scans):
         v = np.ascontiguousarray(ms[:, sc.sel])
+        n = v.shape[1]
         order = np.argsort(v, axis=1, kind="stable")
-        vals = np.take_along_axis(v, order, axis=1).ravel()
-        i_lo, i_hi = _positions(lay.counts_t, sc.units[order], sc)
-        base = (np.arange(P) * len(sc.sel))[:, None]
-        out[:, :, k] = (vals[i_lo + base] + vals[i_hi + base]) / 2
-    return med[:, None, :] + (out - med[:, None, :]) * lay.factor
+        vals = np.take_along_axis(v, order, axis=1)
+        m = med[:, k, None, None]
+        table = m + ((vals[:, :, None] + vals[:, None, :]) / 2 - m) * lay.factor[k]
+        at = _positions(lay.counts_t, sc.units[order], sc)
+        out[:, :, k] = np.take_along_axis(table.reshape(P, n * n), at, axis=1)
+    return out
 
 
-def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan) -> np.ndarray:
     """Per pair and draw, the sorted positions of the resampled multiset's lo-th and hi-th
     elements: how many ranks' cumulative counts are <= lo (hi), at most n - 1, as
     weighted_medians counts them. One pass over the ranks, every draw at once."""
@@ -285,8 +290,10 @@ def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan
             np.less_equal(run, sc.hi, out=le)
             c_hi += le
     top = n - 1
-    return (np.minimum(c_lo, top).astype(np.intp),
-            np.minimum(c_hi, top).astype(np.intp))
+    at = np.minimum(c_lo, top).astype(np.intp)
+    at *= n
+    at += np.minimum(c_hi, top)
+    return at  # lo's position x n + hi's: the entry of the pair's n x n table
 
 
 @dataclass
@@ -342,8 +349,10 @@ def _fit_lines(lay: _Layout, ms: np.ndarray, recs: list[dict], raw_draws: bool,
     X = design(s.x)
     H, coef, S, draws = _lines(X, med, w, mdraws)
     lofs = _scatter(lay, X, med, w, S, H, draws)
-    pc = np.percentile(draws, [2.5, 97.5], axis=1)  # (2, P, 2)
+    # (2, P, 2); each column's draws contiguous: the same order statistics, a faster partition
+    pc = np.percentile(np.ascontiguousarray(draws.transpose(0, 2, 1)), [2.5, 97.5], axis=2)
     se = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
+    resid = _residuals(s, coef, med)
     out: list[dict | None] = []
     for p, rec in enumerate(recs):
         lo_s, hi_s = pc[0, p, 1], pc[1, p, 1]
@@ -354,17 +363,34 @@ def _fit_lines(lay: _Layout, ms: np.ndarray, recs: list[dict], raw_draws: bool,
         if not ok[p] or len(s.sizes) >= MIN_SIZES and _material(line, se[p]):
             out.append(None)  # no_rate, values past float, or two regimes to look for
             continue
-        out.append(_record(rec, line, lay, se[p], raw_draws, line_rate))
+        out.append(_record(rec, line, lay, se[p], [r[p] for r in resid], raw_draws,
+                           line_rate))
     return out
 
 
-def _record(out: dict, line: LineFit, lay: _Layout, se: np.ndarray, raw_draws: bool,
-            line_rate) -> dict:
-    """The rest of fit_group's record, in its order, from the pair's line."""
+def _record(out: dict, line: LineFit, lay: _Layout, se: np.ndarray, resid: list,
+            raw_draws: bool, line_rate) -> dict:
+    """The rest of fit_group's record, in its order, from the pair's line and residuals."""
     warnings = out["warnings"]
     out.update({k: v for k, v in line_json(line, lay.s.sizes, raw_draws).items() if k in out})
     out["resampling"] = dict(lay.resampling)
-    _add_residuals(out["sizes"], line)
+    for row, fitted, res, rel in zip(out["sizes"], *resid, strict=True):  # _add_residuals
+        row["fitted_ms"] = round_sig(fitted)
+        row["residual_ms"] = round_sig(res)
+        row["residual_rel"] = round_sig(rel, 4)
     warnings += line_warnings(line, line_rate) + lof_warnings(line, out["sizes"])
     warnings += poor_fit_warnings(out["sizes"], se)
     return out
+
+
+def _residuals(s: GroupSamples, coef: np.ndarray, med: np.ndarray) -> list[list]:
+    """Per pair and size: LineFit.predict at the size, residual_ms and residual_rel, as
+    _add_residuals takes them from each line (the same operations, on (P, K) arrays)."""
+    setup, slope = coef[:, :1], coef[:, 1:]
+    fitted = setup + slope * s.sizes.astype(float) / GB
+    sx = slope * s.x
+    res = med - (setup + sx)
+    scale = np.maximum(np.maximum(np.abs(med), np.abs(setup)), np.abs(sx))
+    res[np.abs(res) <= NOISE_ULPS * np.finfo(float).eps * scale] = 0.0  # stats.settled
+    rel = res / np.maximum(np.abs(med), 1e-12)
+    return [fitted.tolist(), res.tolist(), rel.tolist()]
