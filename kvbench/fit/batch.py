@@ -14,7 +14,9 @@ array operation over a stack of pairs:
   middle positions weighted_medians finds (the same order statistics, so the same values);
 - the WLS operator, the line, the medians' covariance, the joint draws and their percentiles,
   with the same numpy and LAPACK calls on stacked arrays (one call per matrix inside numpy,
-  so the same bits as the calls one pair at a time).
+  so the same bits as the calls one pair at a time);
+- with three sizes or more, the lack-of-fit's residual space: its matrices on the stack, its
+  (K - 2) x (K - 2) generalized eigenproblem and the scatter's tau^2 (np.interp) per pair.
 
 What must equal `fit_group` is checked by tests/fit/test_fit_batch.py: the records are the same
 dicts, draws equal to the last bit. Whatever this path does not reproduce goes through
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 
 from kvbench.errors import UsageError
 from kvbench.fit import stats
@@ -330,8 +333,7 @@ def _scatter(lay: _Layout, X: np.ndarray, med, w, S, H, draws) -> list:
     if lay.z is None:
         return [None] * len(med)
     lofs, shifts = [], np.empty(draws.shape[:2] + (med.shape[1],))
-    for p in range(len(med)):
-        space = ResidualSpace(X, med[p], w[p], S[p])
+    for p, space in enumerate(_spaces(X, med, w, S, H)):
         lofs.append(lack_of_fit(space, SOURCE))
         tau2 = space.tau2_for(lay.chi)
         shifts[p] = lay.z * np.sqrt(tau2)[:, None] * med[p]
@@ -394,3 +396,32 @@ def _residuals(s: GroupSamples, coef: np.ndarray, med: np.ndarray) -> list[list]
     res[np.abs(res) <= NOISE_ULPS * np.finfo(float).eps * scale] = 0.0  # stats.settled
     rel = res / np.maximum(np.abs(med), 1e-12)
     return [fitted.tolist(), res.tolist(), rel.tolist()]
+
+
+STACKED_SPACE_MAX_K = 7  # np.mean of a diagonal of K < 8 terms: summed in order, stacked or not
+
+
+def _spaces(X: np.ndarray, med: np.ndarray, w: np.ndarray, S: np.ndarray, H: np.ndarray):
+    """Each pair's ResidualSpace(X, med, w, S): its matrices built on the stack (the same calls:
+    complete QR, products, the ridge), then per pair the generalized eigenproblem as the class
+    solves it (scipy.linalg.eigh, (K - 2) x (K - 2)); from 8 sizes the class itself."""
+    K, p = X.shape
+    if K > STACKED_SPACE_MAX_K:
+        yield from (ResidualSpace(X, med[i], w[i], S[i]) for i in range(len(med)))
+        return
+    q_full, _ = np.linalg.qr(w[:, :, None] * X[None], mode="complete")
+    zm = q_full[:, :, p:].transpose(0, 2, 1)
+    zm = zm @ (np.eye(K) - X @ H)  # H: wls_operator(x, w) of each pair
+    c = (zm @ med[:, :, None])[:, :, 0]
+    ridge = (1e-9 * np.diagonal(S, axis1=1, axis2=2).mean(axis=1)
+             + 1e-24 * (med**2).mean(axis=1))
+    zt = zm.transpose(0, 2, 1)
+    a_mat = zm @ S @ zt + ridge[:, None, None] * (zm @ zt)
+    b_mat = (zm * (med**2)[:, None, :]) @ zt
+    for i in range(len(med)):
+        lam, vecs = scipy.linalg.eigh(b_mat[i], a_mat[i], overwrite_a=True, overwrite_b=True)
+        space = ResidualSpace.__new__(ResidualSpace)
+        space.lam = np.maximum(lam, 0.0)
+        space.d2 = (vecs.T @ c[i]) ** 2
+        space.df = K - p
+        yield space

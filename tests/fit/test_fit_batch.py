@@ -168,7 +168,7 @@ def test_a_perturbed_pair_is_caught(monkeypatch):
     assert bad == [0]
 
 
-@pytest.mark.parametrize("k_sizes", [2, 3])
+@pytest.mark.parametrize("k_sizes", [2, 3, 4, 5])
 def test_many_random_pairs_in_chunks(monkeypatch, k_sizes):
     """150 pairs of random rates, setups and noise over six decades of time, fitted in chunks
     of 7 pairs: a last-bit difference anywhere (a sum taken in another order, a square taken
