@@ -157,6 +157,8 @@ class _Layout:
                   for k in range(len(s.sizes))]
         kept = np.all(np.stack(totals) > 0, axis=0)
         n_kept = int(kept.sum())
+        if n_kept < 2:  # no covariance to take (fit_group's own warnings and errors)
+            return None
         K = len(s.sizes)
         chi = z = None
         if K > 2:  # size_scatter_draws: from the generator where the counts left it

@@ -115,12 +115,18 @@ def test_a_mixed_list_with_groups_that_must_fall_back(monkeypatch):
         r["fit_as_link"], r["not_link_reason"] = False, "loopback: no link measured"
     recs += wrong + loop
     recs += planted(2, 3, start=300)  # the first layout again, after the others
+    extra = pair_records(206, [MB, 4 * MB], seed=11)
+    extra.insert(1, dict(extra[0], wrong=5))  # one record excluded: the layout of the others
+    recs += extra
     passed = []
     real = batch._one
     monkeypatch.setattr(batch, "_one", lambda g, *a: passed.append(g.spec["variant"])
                         or real(g, *a))
     groups, got = check(recs)
     assert sorted(passed) == [f"pair-{i}" for i in (200, 201, 203, 204, 205)]
+    codes = [w["code"] for w in got[[g.spec["variant"] for g in groups].index("pair-206")]
+             ["warnings"]]
+    assert "excluded_wrong" in codes
     assert isinstance(got[[g.spec["variant"] for g in groups].index("pair-204")], UsageError)
 
 
@@ -185,3 +191,20 @@ def test_many_random_pairs_in_chunks(monkeypatch, k_sizes):
             i, sizes, seed=i, rate=10 ** rng.uniform(-1, 2), noise=rng.uniform(0.001, 0.2))]
     monkeypatch.setattr(batch, "CHUNK_ELEMS", BOOT * 7)
     check(recs)
+
+
+@pytest.mark.parametrize("k_sizes", [2, 3])
+def test_rounds_that_lack_a_size_drop_the_same_draws(monkeypatch, k_sizes):
+    """The largest size timed in 3 of the 20 rounds only: a resample without those rounds has
+    no median of that size and is dropped (about 4% of draws); the kept draws, and the
+    scatter draws that follow them, must be fit_group's."""
+    recs = []
+    for i in range(8):
+        spec_kw = {"seed": i, "rate": 1 + i}
+        recs += pair_records(i, [MB * 4 ** j for j in range(k_sizes - 1)], **spec_kw)
+        recs += pair_records(i, [MB * 4 ** (k_sizes - 1)], rounds=3, **spec_kw)
+    passed = []
+    real = batch._one
+    monkeypatch.setattr(batch, "_one", lambda g, *a: passed.append(g.label) or real(g, *a))
+    _, got = check(recs)
+    assert passed == [] and 0 < got[0]["resampling"]["n_draws"] < BOOT
