@@ -64,6 +64,8 @@ from kvbench.records.select import min_samples_for
 from kvbench.units import GB, MIN_TIME_MS, round_sig
 
 CHUNK_ELEMS = 1 << 17  # pairs x draws per step of the rank scan (int8: ~128 KiB, in cache)
+CHUNK_SAMPLES = 1 << 22  # ... and at most this many times per step (32 MiB of float64)
+TABLE_MAX_SAMPLES = 64  # a size's (i, j) table per pair: 32 KiB at 64 samples
 SOURCE = "unit bootstrap"  # fit_group's scatter_from when the units support an interval
 
 
@@ -81,7 +83,8 @@ def fit_groups_batched(groups: list[Group], n_boot: int, seed: int, raw_draws: b
             layouts.setdefault(key, []).append(i)
     for idx in layouts.values():
         lay = _Layout.of(groups[idx[0]], n_boot, seed)
-        step = max(1, CHUNK_ELEMS // max(1, n_boot))
+        step = max(1, min(CHUNK_ELEMS // max(1, n_boot),
+                          CHUNK_SAMPLES // len(groups[idx[0]]._ms)))
         for c0 in range(0, len(idx), step):
             part = idx[c0:c0 + step]
             recs = (lay.fit([groups[i] for i in part], raw_draws, line_rate) if lay is not None
@@ -260,8 +263,9 @@ def _boot(lay: _Layout, ms: np.ndarray, med: np.ndarray) -> np.ndarray:
     """bootstrap_medians for each row of ms: (P, kept draws, K).
 
     A draw's value is med + ((v[i] + v[j]) / 2 - med) x factor for its two middle positions
-    i, j among the pair's sorted times v: those elementwise steps are taken once per (i, j)
-    (a table of n x n per pair, n the size's samples) and each draw gathers its entry."""
+    i, j among the pair's sorted times v: up to TABLE_MAX_SAMPLES samples of a size, those
+    elementwise steps are taken once per (i, j) (a table of n x n per pair) and each draw
+    gathers its entry; beyond, each draw's two values are gathered and the steps taken."""
     P = len(ms)
     out = np.empty((P, lay.counts_t.shape[1], len(lay.scans)))
     for k, sc in enumerate(lay.scans):
@@ -269,14 +273,22 @@ def _boot(lay: _Layout, ms: np.ndarray, med: np.ndarray) -> np.ndarray:
         n = v.shape[1]
         order = np.argsort(v, axis=1, kind="stable")
         vals = np.take_along_axis(v, order, axis=1)
-        m = med[:, k, None, None]
-        table = m + ((vals[:, :, None] + vals[:, None, :]) / 2 - m) * lay.factor[k]
-        at = _positions(lay.counts_t, sc.units[order], sc)
-        out[:, :, k] = np.take_along_axis(table.reshape(P, n * n), at, axis=1)
+        i_lo, i_hi = _positions(lay.counts_t, sc.units[order], sc)
+        if n <= TABLE_MAX_SAMPLES:
+            m = med[:, k, None, None]
+            table = m + ((vals[:, :, None] + vals[:, None, :]) / 2 - m) * lay.factor[k]
+            i_lo *= n
+            i_lo += i_hi  # the entry (lo, hi) of the pair's n x n table
+            out[:, :, k] = np.take_along_axis(table.reshape(P, n * n), i_lo, axis=1)
+            continue
+        m = med[:, k, None]
+        both = (np.take_along_axis(vals, i_lo, axis=1) + np.take_along_axis(vals, i_hi, axis=1))
+        out[:, :, k] = m + (both / 2 - m) * lay.factor[k]
     return out
 
 
-def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan) -> np.ndarray:
+def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Per pair and draw, the sorted positions of the resampled multiset's lo-th and hi-th
     elements: how many ranks' cumulative counts are <= lo (hi), at most n - 1, as
     weighted_medians counts them. One pass over the ranks, every draw at once."""
@@ -295,10 +307,7 @@ def _positions(counts_t: np.ndarray, ranked: np.ndarray, sc: _Scan) -> np.ndarra
             np.less_equal(run, sc.hi, out=le)
             c_hi += le
     top = n - 1
-    at = np.minimum(c_lo, top).astype(np.intp)
-    at *= n
-    at += np.minimum(c_hi, top)
-    return at  # lo's position x n + hi's: the entry of the pair's n x n table
+    return np.minimum(c_lo, top).astype(np.intp), np.minimum(c_hi, top).astype(np.intp)
 
 
 @dataclass

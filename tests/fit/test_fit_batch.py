@@ -144,17 +144,23 @@ def test_six_sizes_with_and_without_two_regimes(monkeypatch):
     assert passed == ["pair-1"] and got[1]["two_regimes"] is not None
 
 
-def test_blocks_of_different_lengths():
-    """order blocks, three runs of 6, 9 and 12 samples per size: the resampled multiset's size
-    varies from draw to draw (the middle positions are per draw)."""
+@pytest.mark.parametrize("lengths", [(6, 9, 12), (20, 30, 40)])
+def test_blocks_of_different_lengths(monkeypatch, lengths):
+    """order blocks, three runs of different lengths per size: the resampled multiset's size
+    varies from draw to draw (the middle positions are per draw); 90 samples of a size take
+    the path without the per-pair (i, j) table."""
     recs = []
     for i in range(4):
-        for run, n in enumerate((6, 9, 12)):
+        for run, n in enumerate(lengths):
             for r in pair_records(i, [MB, 8 * MB], rounds=n, seed=10 * i + run,
                                   run_id=f"run-{run}"):
                 r["order"], r["sample_rounds"] = "blocks", None
                 recs.append(r)
+    passed = []
+    real = batch._one
+    monkeypatch.setattr(batch, "_one", lambda g, *a: passed.append(g.label) or real(g, *a))
     check(recs)
+    assert passed == []
 
 
 def test_a_perturbed_pair_is_caught(monkeypatch):
