@@ -177,7 +177,7 @@ class _Layout:
         """Each group's record (None: this one must go through fit_group)."""
         ms = np.stack([np.frombuffer(g._ms, dtype=np.float64) for g in groups])
         recs = []
-        for g, rows in zip(groups, size_rows_batched(self.s, ms, g_meta(groups)), strict=True):
+        for g, rows in zip(groups, size_rows_batched(self.s, ms, _metas(groups)), strict=True):
             c = _collected(g, self.s)
             recs.append(_base_record(g, c, _exclusion_warnings(c), rows))
         if len(self.s.sizes) < 2:
@@ -209,7 +209,7 @@ def _scan(s: GroupSamples, k: int, total: np.ndarray) -> _Scan:
     return _Scan(sel, s.unit[sel], lo.astype(dt), hi.astype(dt), dt)
 
 
-def g_meta(groups: list[Group]) -> list[dict]:
+def _metas(groups: list[Group]) -> list[dict]:
     return [g.meta for g in groups]
 
 
