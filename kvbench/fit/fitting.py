@@ -193,7 +193,10 @@ def _empty_group_error(group: Group, c: Collected) -> UsageError:
                       f"{group.n_records} record(s) ({', '.join(why) or 'none'})")
 
 
-def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
+def _base_record(group: Group, c: Collected, warnings: list[dict],
+                 rows: list[dict] | None = None) -> dict:
+    """The record's fields before the line; `rows`: size_rows(s, c.meta) when the caller has
+    them already (kvbench.fit.batch takes many groups' percentiles in one call)."""
     s = c.samples
     models = sorted({m for d in c.meta.values() for m in d["models"]})
     return {
@@ -205,7 +208,8 @@ def _base_record(group: Group, c: Collected, warnings: list[dict]) -> dict:
         "n_samples": int(len(s.ms)), "n_sizes": int(len(s.sizes)),
         "n_records": group.n_records, "orders": c.orders,
         "bytes_min": int(s.sizes[0]), "bytes_max": int(s.sizes[-1]),
-        "models": models or None, "sizes": size_rows(s, c.meta), "two_regimes": None,
+        "models": models or None, "sizes": size_rows(s, c.meta) if rows is None else rows,
+        "two_regimes": None,
         "warnings": warnings, "sources": c.sources,
         **_store_pool(group, warnings),
     }

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.errors import UsageError
+from kvbench.fit.batch import fit_groups_batched
 from kvbench.fit.data import Group, read_groups
-from kvbench.fit.fitting import METHOD, draw_rows, fit_group
+from kvbench.fit.fitting import METHOD, draw_rows
 from kvbench.links import linkpath
 from kvbench.p2p import transports
 from kvbench.records.schema.matrix import (
@@ -154,14 +155,17 @@ def fit_pairs(run: Run, n_boot: int, seed: int, raw_draws: bool = False
     """Each pair's group fitted as kvbench fit fits a group: {pair: fit record, or
     {"not_fitted": why}}; `raw_draws`: each fit's draws left as an array (the draws file)."""
     out = {}
-    for pair, g in sorted(run.groups.items()):
+    pairs = sorted(run.groups.items())
+    links = [(pair, g) for pair, g in pairs if not g.not_link]
+    fits = dict(zip([p for p, _ in links], fit_groups_batched(  # each as fit_group fits it
+        [g for _, g in links], n_boot, seed, raw_draws), strict=True))
+    for pair, g in pairs:
         if g.not_link:
             out[pair] = {"not_fitted": f"not a link: {g.not_link}"}
             continue
-        try:
-            rec = fit_group(g, n_boot, seed, None, raw_draws).record
-        except UsageError as exc:  # e.g. every record of the pair received wrong data
-            out[pair] = {"not_fitted": str(exc)}
+        rec = fits[pair]
+        if isinstance(rec, UsageError):  # e.g. every record of the pair received wrong data
+            out[pair] = {"not_fitted": str(rec)}
             continue
         if rec["effective_gb_s"] is None:
             codes = [w["message"] for w in rec["warnings"]

@@ -1,0 +1,62 @@
+"""`kvbench matrix report` fits its pairs with kvbench.fit.batch (issue 44 item 3): the whole
+document (every pair's fit, intervals, draws file, verdict) must be what fitting each pair with
+fit_group gives, on benchmarks/matrix_scale.py's planted N = 8 records, with the batched path
+cut into chunks of a few pairs (chunk edges inside a layout)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.errors import UsageError
+from kvbench.fit import batch
+from kvbench.fit.fitting import fit_group
+from kvbench.matrix import analyze as analyze_mod
+from kvbench.records.write import write_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("matrix_scale",
+                                                  ROOT / "benchmarks" / "matrix_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def one_by_one(groups, n_boot, seed, raw_draws=False):
+    out = []
+    for g in groups:
+        try:
+            out.append(fit_group(g, n_boot, seed, None, raw_draws).record)
+        except UsageError as exc:
+            out.append(exc)
+    return out
+
+
+def _doc(path: Path, draws: list):
+    return analyze_mod.analyze([str(path)], n_boot=200, seed=3, draws="file", draws_out=draws)
+
+
+def test_batched_pairs_give_the_document_one_fit_per_pair_gives(tmp_path, monkeypatch):
+    bench = _bench()
+    src, _ = write_records(tmp_path, list(bench.records(8, 8, 20, seed=4)), "kvbench-p2p")
+    calls = []
+    real = batch.fit_groups_batched
+    monkeypatch.setattr(analyze_mod, "fit_groups_batched",
+                        lambda groups, *a: calls.append(len(groups)) or real(groups, *a))
+    monkeypatch.setattr(batch, "CHUNK_ELEMS", 200 * 5)  # chunks of 5 pairs: 56 = 11 x 5 + 1
+    new_draws: list = []
+    new = _doc(src, new_draws)
+    assert calls == [56]
+    monkeypatch.setattr(analyze_mod, "fit_groups_batched", one_by_one)
+    old_draws: list = []
+    old = _doc(src, old_draws)
+    drop = {"created"}
+    assert new.model_dump(exclude=drop) == old.model_dump(exclude=drop)
+    assert np.array_equal(new_draws[0], old_draws[0])
+    named = {tuple(p.pair): [f.code for f in p.findings] for p in new.pairs if p.findings}
+    assert named == {p: [c] for p, c in bench.planted(8, 8).items()}
