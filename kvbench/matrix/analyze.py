@@ -100,12 +100,12 @@ def read_run(paths: Sequence[str]) -> Run:
     fit's groups and each pair's paths, data check and wire-up come from the same pass."""
     pairs, schedules, skipped = {}, set(), [0]
 
-    def each(rec, spec: dict | None) -> None:
+    def each(rec, spec: dict | None, path) -> None:
         pair = _pair_of_spec(spec)
         if pair is None:
             skipped[0] += 1
             return
-        _add_record(pairs, pair, rec, spec["hosts"])
+        _add_record(pairs, pair, rec, spec["hosts"], path)
         schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
 
     groups, _ = read_groups(paths, keep_paths=True, each=each)
@@ -126,14 +126,18 @@ def read_run(paths: Sequence[str]) -> Run:
                pairs, by_pair, skipped[0])
 
 
-def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> None:
+def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None) -> None:
+    """One record into its pair's data; `path`: its LinkPath, classified once by the reader
+    (read_groups) with its record's own facts, else here."""
     extra = rec.model_extra or {}
-    d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
+    d = pairs.get(pair)
+    if d is None:
+        d = pairs[pair] = PairData(pair, (hosts[pair[0]], hosts[pair[1]]))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[str(info.get("path") or "no path recorded")] += 1
-    d.kinds[transports.classify_record({
+    d.kinds[path if path is not None else transports.classify_record({
         "transport": rec.transport, "transport_info": info, "device": rec.device,
-        "hosts": list(rec.hosts), "pair": list(pair), "gpus": extra.get("gpus"),
+        "hosts": rec.hosts, "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
     if info.get("path_source"):
         d.sources.add(str(info["path_source"]))
