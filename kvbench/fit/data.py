@@ -30,6 +30,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -277,7 +278,9 @@ class Group:
                                and 0 <= r < 1 << _ROUND_BITS for r in rounds)):
                 raise ValueError("order 'rounds' needs 'sample_rounds', one round number "
                                  "(int >= 0) per sample")
-            run = self._runs.setdefault(json.dumps(rec.get("run_id")), len(self._runs))
+            rid = rec.get("run_id")
+            key = _run_key(rid) if type(rid) in _SCALARS else json.dumps(rid)
+            run = self._runs.setdefault(key, len(self._runs))
             return [(run << _ROUND_BITS) | r for r in rounds]
         if order not in (None, "blocks"):
             raise ValueError(f"unknown order {order!r} (expected 'rounds' or 'blocks')")
@@ -302,6 +305,12 @@ class Group:
         member = np.frombuffer(self._member, dtype=np.int64).copy() if which else None
         return Collected(samples, self.n_wrong, self.n_empty, self.meta, self.sources,
                          self.orders, which, member)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _run_key(run_id) -> str:
+    """A run id's key (its JSON text), made once per distinct id, not once per record."""
+    return json.dumps(run_id)
 
 
 def _count(v) -> int:
