@@ -29,6 +29,7 @@ def _bench():
 
 
 BENCH = _bench()
+PER_NODE = 4  # ranks per host: pairs within and across hosts
 
 
 def written(n: int, folder: Path, whole: bool = False) -> Path:
@@ -36,7 +37,7 @@ def written(n: int, folder: Path, whole: bool = False) -> Path:
     `whole`: as jobs wrote them before (every record whole), for the comparisons."""
     from kvbench.p2p.report import finish
 
-    recs = list(BENCH._records(n, 8, 20, 0))
+    recs = list(BENCH._records(n, PER_NODE, 20, 0))
     envs = [{**environment(), "pid": 1000 + r} for r in range(n)]
     for rec in recs:  # what the pattern hands finish: no env yet, its round's pairs
         rec.pop("env")
@@ -187,7 +188,7 @@ def test_fit_matrix_and_plan_agree_on_a_job_written_lean_and_whole(tmp_path):
             for k in ("lean", "whole")]
     assert docs[0]["pairs"] == docs[1]["pairs"] and docs[0]["verdict"] == docs[1]["verdict"]
     assert {tuple(p["pair"]): [f["code"] for f in p["findings"]] for p in docs[0]["pairs"]
-            if p["findings"]} == {p: [c] for p, c in BENCH.planted(8, 8).items()}
+            if p["findings"]} == {p: [c] for p, c in BENCH.planted(8, PER_NODE).items()}
     plans = []
     for k in ("lean", "whole"):
         r = run_cli("kvbench.plan", "--fit", str(tmp_path / f"{k}.fit.json"), "--format", "json",
@@ -195,3 +196,18 @@ def test_fit_matrix_and_plan_agree_on_a_job_written_lean_and_whole(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         plans.append(json.loads(r.stdout)["rows"])
     assert plans[0] == plans[1] and plans[0]
+
+
+def test_results_load_gives_the_same_table_for_lean_and_whole(tmp_path):
+    """kvbench.results.load (the users' facade, kvbench.records.frames): the same rows from a
+    job written lean and written whole, from the .jsonl and from its .csv twin."""
+    from kvbench.results import load
+
+    lean, whole = written(8, tmp_path / "lean"), written(8, tmp_path / "whole", whole=True)
+    drop = ["source", "timestamp"]
+    for suffix in (".jsonl", ".csv"):
+        a = load(str(lean.with_suffix(suffix)), "p2p").drop(columns=drop)
+        b = load(str(whole.with_suffix(suffix)), "p2p").drop(columns=drop)
+        assert len(a) == 112 and list(a.columns) == list(b.columns)
+        assert a.astype(str).equals(b.astype(str)), suffix
+        assert set(a["hosts"].astype(str)) == {",".join(["node-000"] * 4 + ["node-001"] * 4)}
