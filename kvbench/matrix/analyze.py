@@ -81,8 +81,20 @@ class Run:
     skipped: int  # records of other patterns, left out
 
 
-def _matrix_key(spec: dict) -> str:
-    return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR}, sort_keys=True)
+def _matrix_key(spec: dict, hosts_text: dict | None = None) -> str:
+    """What the pairs of one matrix share (the spec less its pair), as text. `hosts_text`:
+    {id(hosts list): its JSON} of specs alive for the caller's loop, so a job's shared host
+    list (kvbench.records.schema.job) is encoded once, not once per pair."""
+    if hosts_text is None or not isinstance(spec.get("hosts"), list):
+        return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR},
+                          sort_keys=True)
+    hosts = spec["hosts"]
+    text = hosts_text.get(id(hosts))
+    if text is None:
+        text = hosts_text[id(hosts)] = json.dumps(hosts)
+    rest = json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR and k != "hosts"},
+                      sort_keys=True)
+    return f"{rest} hosts {text}"
 
 
 def _pair_of_spec(spec: dict | None) -> tuple[int, int] | None:
@@ -109,12 +121,12 @@ def read_run(paths: Sequence[str]) -> Run:
         schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
 
     groups, _ = read_groups(paths, keep_paths=True, each=each)
-    by_pair, keys = {}, {}
-    for g in groups:
+    by_pair, keys, hosts_text = {}, {}, {}
+    for g in groups:  # (every g.spec is alive through the loop: hosts_text's ids stay theirs)
         pair = _pair_of_spec(g.spec)
         if pair is not None:
             by_pair[pair] = g
-            keys.setdefault(_matrix_key(g.spec), []).append(pair)
+            keys.setdefault(_matrix_key(g.spec, hosts_text), []).append(pair)
     if not by_pair:
         raise UsageError(f"no matrix records in {', '.join(paths)} (records of kvbench matrix, "
                          "pattern matrix)")
