@@ -9,7 +9,8 @@ hosts twice and its round's pairs in each). It then reads each file with `kvbenc
 report`'s reader (kvbench.matrix.analyze.read_run: the typed check of every line, the fit's
 groups, each pair's paths) in a child process, alternately, and prints the bytes per record
 (the first one apart) and the CPU microseconds per record of each, and their ratio: the
-baseline is the whole records of the same job, read in the same run by the same code.
+baseline is the whole records of the same job, read in the same run by the same code. Beside
+it, a bare `json.loads` of each line in the same child: a yardstick of the moment's load.
 
     .venv/bin/python benchmarks/matrix_read.py                 # N = 16, 64
     .venv/bin/python benchmarks/matrix_read.py --ranks 64,128 --repeat 3
@@ -44,7 +45,12 @@ sys.path.insert(0, {root!r})
 from kvbench.matrix.analyze import read_run
 t = time.process_time()
 run = read_run([{src!r}])
-print(json.dumps({{"cpu_s": time.process_time() - t, "pairs": len(run.pairs)}}))
+cpu = time.process_time() - t
+t = time.process_time()
+with open({src!r}, "rb") as fh:
+    for line in fh:
+        json.loads(line)
+print(json.dumps({{"cpu_s": cpu, "pairs": len(run.pairs), "loads_s": time.process_time() - t}}))
 """
 
 
@@ -75,17 +81,19 @@ def one(n: int, args, work: Path) -> None:
         files[kind] = Path(child(WRITE.format(root=str(ROOT), bench=str(ROOT / "benchmarks"),
                                               out=str(out), n=n, rounds=args.rounds,
                                               whole=kind == "whole")))
-    us = {"lean": [], "whole": []}
+    us, loads = {"lean": [], "whole": []}, {"lean": [], "whole": []}
     for _ in range(args.repeat):
         for kind in ("whole", "lean"):
             r = json.loads(child(READ.format(root=str(ROOT), src=str(files[kind]))))
             assert r["pairs"] == n * (n - 1), r
             us[kind].append(r["cpu_s"] / sizes(files[kind])[2] * 1e6)
+            loads[kind].append(r["loads_s"] / sizes(files[kind])[2] * 1e6)
     for kind in ("whole", "lean"):
         first, rest, count = sizes(files[kind])
         best = min(us[kind])
-        print(f"{n:>5} {kind:>6} {count:>9,} {first:>12,} {rest:>10,.0f} {best:>10.1f}  "
-              f"({', '.join(f'{x:.1f}' for x in us[kind])})", flush=True)
+        print(f"{n:>5} {kind:>6} {count:>9,} {first:>12,} {rest:>10,.0f} {best:>10.1f} "
+              f"{min(loads[kind]):>9.1f}  ({', '.join(f'{x:.1f}' for x in us[kind])})",
+              flush=True)
     print(f"{n:>5} lean/whole: bytes per record {sizes(files['lean'])[1] / sizes(files['whole'])[1]:.2f}x, "
           f"read us per record {min(us['lean']) / min(us['whole']):.2f}x", flush=True)
 
@@ -99,8 +107,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     up = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
     print(f"uptime before: {up()}\n{args.note}")
-    print(f"{'N':>5} {'file':>6} {'records':>9} {'first B':>12} {'later B':>10} {'read us':>10}  "
-          "(us per record of each read: CPU time of read_run / records)")
+    print(f"{'N':>5} {'file':>6} {'records':>9} {'first B':>12} {'later B':>10} {'read us':>10} "
+          f"{'loads us':>9}  (read us: CPU time of read_run / records, best of the reads "
+          "listed; loads us: a bare json.loads of each line, the same moment's yardstick)")
     with tempfile.TemporaryDirectory(prefix="kvbench-matrix-read-") as work:
         for n in sorted(int(x) for x in args.ranks.split(",")):
             one(n, args, Path(work))
