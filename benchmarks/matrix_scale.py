@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbench.p2p.patterns.matrix import schedule  # noqa: E402
+from kvbench.records.schema.job import first_of_job, lean  # noqa: E402
 from kvbench.records.schema.p2p import HandoffSpec, spec_id_of  # noqa: E402
 from kvbench.records.write import environment, write_records  # noqa: E402
 
@@ -71,13 +72,31 @@ def _stats(s: np.ndarray) -> dict:
             "iqr_ms": float(np.percentile(s, 75) - np.percentile(s, 25))}
 
 
-def records(n: int, per_node: int, rounds: int, seed: int):
+def records(n: int, per_node: int, rounds: int, seed: int, whole: bool = False):
     """The records of one n-rank run, pair by pair and size by size (a generator: memory
-    stays one record whatever n is)."""
+    stays one record whatever n is), as a real job writes them (kvbench.p2p.report.finish):
+    the first whole (every rank's environment, the schedule's every round), the later ones
+    lean (kvbench.records.schema.job); `whole`: every record whole, as jobs wrote them
+    before."""
+    first = True
+    for rec in _records(n, per_node, rounds, seed):
+        if whole:
+            yield rec
+        elif first:
+            yield first_of_job({**rec, "env": {**rec["env"], "ranks": rec["env"]["ranks"] * n}},
+                               [[list(p) for p in rnd] for rnd in schedule(n, "rounds")])
+        else:
+            yield lean(rec)
+        first = False
+
+
+def _records(n: int, per_node: int, rounds: int, seed: int):
     rng = np.random.default_rng(seed)
     hosts = [f"node-{r // per_node:03d}" for r in range(n)]
     faults = planted(n, per_node)
-    env = environment()
+    one = environment()
+    env = {"ranks": [one], **{k: one.get(k) for k in ("torch", "mpi4py", "mpi_library", "nccl",
+                                                       "nixl", "gpu", "cpu")}}
     rounds_of = schedule(n, "rounds")
     round_of = {p: k for k, rnd in enumerate(rounds_of) for p in rnd}
     shift = rng.normal(0, 0.02, rounds)

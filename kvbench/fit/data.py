@@ -30,6 +30,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from kvbench.errors import UsageError
 from kvbench.fit.stats import GroupSamples
 from kvbench.links import linkpath
 from kvbench.p2p import transports
+from kvbench.records.schema.job import Jobs, with_hosts
 from kvbench.records.schema.p2p import (
     LEGACY_GROUP_KEYS,
     LEGACY_OPTIONAL_KEYS,
@@ -120,28 +122,48 @@ class _Fields:
 
 class _SpecsAsWritten:
     """The spec dict of a typed record, with its keys in the file's order (labels and the fit
-    file show them in that order): decoded once per spec_id, whose hash the schema checked."""
-
-    MAX_SPECS = 1 << 22  # each is its group's own spec dict (kept by the group anyway)
+    file show them in that order): asked once per group (a new spec_id), whose hash the
+    schema checked. Read from the spec's own text in the line (a few hundred bytes, not the
+    whole line: a matrix has one group per pair) and held to equal the typed spec, else
+    from the whole line; a lean record's gets its job's hosts (kvbench.records.schema.job)."""
 
     def __init__(self):
-        self._by_id: dict[str, dict] = {}
         self._hosts: dict[tuple, list] = {}  # one list per distinct host list, shared
 
-    def of(self, rec: P2PRecord, raw: bytes, where: str) -> tuple[str, dict] | None:
-        if rec.spec is None:
-            return None
-        sid = rec.spec_id
-        spec = self._by_id.get(sid) if sid else None
+    def of(self, rec: P2PRecord, raw: bytes, where: str) -> dict:
+        lean = rec.job_in is not None
+        spec = _spec_text(raw, rec, lean)
         if spec is None:
             spec = decode_line(raw, where)["spec"]
-            hosts = spec.get("hosts")
-            if isinstance(hosts, list) and all(type(h) is str for h in hosts):
-                # a matrix's pairs share one job's hosts: held once, not once per pair
-                spec["hosts"] = self._hosts.setdefault(tuple(hosts), hosts)
-            if sid and len(self._by_id) < self.MAX_SPECS:
-                self._by_id[sid] = spec
-        return sid or spec_id_of(spec), spec
+        if lean:
+            return with_hosts(spec, rec.hosts)
+        hosts = spec.get("hosts")
+        if hosts is rec.hosts or hosts == rec.hosts:
+            spec["hosts"] = rec.hosts  # (rec.hosts: the job's list where the job was lean)
+        if isinstance(hosts, list) and all(type(h) is str for h in hosts):
+            # a matrix's pairs share one job's hosts: held once, not once per pair
+            spec["hosts"] = self._hosts.setdefault(tuple(hosts), spec["hosts"])
+        return spec
+
+
+_SPEC_KEY = b'"spec":'
+_DECODE = json.JSONDecoder()
+
+
+def _spec_text(raw: bytes, rec: P2PRecord, lean: bool) -> dict | None:
+    """The spec object as the line writes it (key order kept), or None when it cannot be
+    shown to be the record's own (then the caller decodes the whole line)."""
+    at = raw.find(_SPEC_KEY)
+    if at < 0 or raw.find(_SPEC_KEY, at + 1) >= 0:  # (one "spec" key in the line, or unsure)
+        return None
+    try:
+        spec, _ = _DECODE.raw_decode(raw[at + len(_SPEC_KEY):].decode("utf-8").lstrip())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    typed = rec.spec.model_dump(exclude_unset=True)
+    if lean:
+        typed.pop("hosts", None)
+    return spec if isinstance(spec, dict) and spec == typed else None
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
@@ -198,16 +220,17 @@ class Group:
     def spec_id(self) -> str | None:
         return None if self.spec is None else spec_id_of(self.spec)
 
-    def add(self, rec, source: str, keep_paths: bool = False) -> None:
+    def add(self, rec, source: str, keep_paths: bool = False, path=None) -> None:
+        """`path`: the record's LinkPath where the caller classified it (once a record)."""
         index = self.n_records
         self.n_records += 1
-        if source not in self.sources:
+        if not self.sources or self.sources[-1] != source and source not in self.sources:
             self.sources.append(source)
         why = not_link_reason(rec)
         if why and self.not_link is None:
             self.not_link = why
         if keep_paths:
-            self.paths[transports.classify_record(rec)] += 1
+            self.paths[transports.classify_record(rec) if path is None else path] += 1
         if why or self.error:
             return  # a group with a record that is not a link is skipped whole
         try:
@@ -258,7 +281,9 @@ class Group:
                                and 0 <= r < 1 << _ROUND_BITS for r in rounds)):
                 raise ValueError("order 'rounds' needs 'sample_rounds', one round number "
                                  "(int >= 0) per sample")
-            run = self._runs.setdefault(json.dumps(rec.get("run_id")), len(self._runs))
+            rid = rec.get("run_id")
+            key = _run_key(rid) if type(rid) in _SCALARS else json.dumps(rid)
+            run = self._runs.setdefault(key, len(self._runs))
             return [(run << _ROUND_BITS) | r for r in rounds]
         if order not in (None, "blocks"):
             raise ValueError(f"unknown order {order!r} (expected 'rounds' or 'blocks')")
@@ -283,6 +308,12 @@ class Group:
         member = np.frombuffer(self._member, dtype=np.int64).copy() if which else None
         return Collected(samples, self.n_wrong, self.n_empty, self.meta, self.sources,
                          self.orders, which, member)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _run_key(run_id) -> str:
+    """A run id's key (its JSON text), made once per distinct id, not once per record."""
+    return json.dumps(run_id)
 
 
 def _count(v) -> int:
@@ -390,6 +421,8 @@ class Grouper:
         self.keep_paths = keep_paths
         self._groups: dict[tuple, Group] = {}
         self._legacy_present: set[str] = set()  # optional legacy keys some legacy record has
+        self._jobs = Jobs()  # record dicts: lean matrix records made whole (by run_id)
+        self._rules = transports.link_rules() if keep_paths else None
         self.n_records = 0
 
     def add(self, rec, source: str, spec: tuple[str, dict] | None = None) -> None:
@@ -397,8 +430,10 @@ class Grouper:
         (spec_id, spec as written) when it has a spec."""
         if isinstance(rec, P2PRecord):
             rec = _Fields(rec)
-        elif isinstance(rec.get("spec"), dict):
-            spec = spec_id_of(rec["spec"]), rec["spec"]
+        elif isinstance(rec.get("spec"), dict) or rec.get("job_in") is not None:
+            rec = self._jobs.plain(rec, source)
+            if isinstance(rec.get("spec"), dict):
+                spec = spec_id_of(rec["spec"]), rec["spec"]
         if spec is not None:
             key = ("spec", spec[0])
             group = self._groups.get(key)
@@ -408,6 +443,24 @@ class Grouper:
             group = self._legacy_group(rec)
         group.add(rec, source, self.keep_paths)
         self.n_records += 1
+
+    def add_typed(self, rec: P2PRecord, source: str, spec_of: Callable[[], dict]):
+        """A typed record (made whole: kvbench.records.schema.job) into its group; `spec_of()`
+        is its spec as written, asked only when its spec_id starts a group. Returns (its group,
+        its LinkPath when paths are kept: classified once a record)."""
+        fields = _Fields(rec)
+        if rec.spec is not None:
+            sid = rec.spec_id or spec_id_of(rec.spec.model_dump(exclude_unset=True))
+            group = self._groups.get(("spec", sid))
+            if group is None:
+                spec = spec_of()
+                group = self._groups[("spec", sid)] = Group(flatten(spec), spec)
+        else:
+            group = self._legacy_group(fields)
+        path = linkpath.classify_record(fields, self._rules) if self.keep_paths else None
+        group.add(fields, source, self.keep_paths, path)
+        self.n_records += 1
+        return group, path
 
     def _legacy_group(self, rec) -> Group:
         keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS
@@ -443,21 +496,22 @@ def group_records(records: Iterable[dict], keep_paths: bool = False) -> list[Gro
 
 
 def read_groups(paths: Iterable[str | Path], keep_paths: bool = False,
-                each: Callable[[P2PRecord, dict | None], None] | None = None
+                each: Callable[[P2PRecord, dict | None, object], None] | None = None
                 ) -> tuple[list[Group], int]:
-    """Groups of the records in p2p result files, each line checked by the typed record and
-    folded into its group as it is read; returns (groups, records read). `each(record, spec
-    as written or None)` sees every record of the same single parse (kvbench matrix)."""
+    """Groups of the records in p2p result files, each line checked by the typed record (a
+    lean matrix record made whole from its job's first record, kvbench.records.schema.job)
+    and folded into its group as it is read; returns (groups, records read). `each(record,
+    its group's spec as written or None, its LinkPath or None)` sees every record of the same
+    single parse (kvbench matrix)."""
     grouper = Grouper(keep_paths)
     specs = _SpecsAsWritten()
     for path in paths:
-        source = str(path)
+        source, jobs = str(path), Jobs()
         for where, raw in iter_lines(path, "results file", missing="no such file"):
-            rec = parse_p2p_line(raw, where)
-            spec = specs.of(rec, raw, where)
-            grouper.add(rec, source, spec)
+            rec = jobs.typed(parse_p2p_line(raw, where), where)
+            group, lp = grouper.add_typed(rec, source, lambda: specs.of(rec, raw, where))  # noqa: B023
             if each is not None:
-                each(rec, None if spec is None else spec[1])
+                each(rec, group.spec, lp)
     return grouper.groups(), grouper.n_records
 
 

@@ -40,6 +40,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kvbench.links import linkcauses, ucx_rows
 from kvbench.links.linkcauses import Cause, Evidence
@@ -232,6 +233,7 @@ _UCX_KIND = [
 _STAGED = ("copy-in", "copy-out", "bcopy", "stag", "pipeline")  # a host bounce buffer's words
 
 
+@lru_cache(maxsize=1024)  # (a pure function of a transport's name: a matrix asks per record)
 def _ucx_kind(tl: str) -> frozenset[str]:
     return frozenset(next((k for rx, k in _UCX_KIND if rx.match(tl)), {"unknown"}))
 

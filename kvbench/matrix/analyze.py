@@ -82,8 +82,20 @@ class Run:
     skipped: int  # records of other patterns, left out
 
 
-def _matrix_key(spec: dict) -> str:
-    return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR}, sort_keys=True)
+def _matrix_key(spec: dict, hosts_text: dict | None = None) -> str:
+    """What the pairs of one matrix share (the spec less its pair), as text. `hosts_text`:
+    {id(hosts list): its JSON} of specs alive for the caller's loop, so a job's shared host
+    list (kvbench.records.schema.job) is encoded once, not once per pair."""
+    if hosts_text is None or not isinstance(spec.get("hosts"), list):
+        return json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR},
+                          sort_keys=True)
+    hosts = spec["hosts"]
+    text = hosts_text.get(id(hosts))
+    if text is None:
+        text = hosts_text[id(hosts)] = json.dumps(hosts)
+    rest = json.dumps({k: v for k, v in spec.items() if k not in SPEC_PER_PAIR and k != "hosts"},
+                      sort_keys=True)
+    return f"{rest} hosts {text}"
 
 
 def _pair_of_spec(spec: dict | None) -> tuple[int, int] | None:
@@ -101,21 +113,21 @@ def read_run(paths: Sequence[str]) -> Run:
     fit's groups and each pair's paths, data check and wire-up come from the same pass."""
     pairs, schedules, skipped = {}, set(), [0]
 
-    def each(rec, spec: dict | None) -> None:
+    def each(rec, spec: dict | None, path) -> None:
         pair = _pair_of_spec(spec)
         if pair is None:
             skipped[0] += 1
             return
-        _add_record(pairs, pair, rec, spec["hosts"])
+        _add_record(pairs, pair, rec, spec["hosts"], path)
         schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
 
     groups, _ = read_groups(paths, keep_paths=True, each=each)
-    by_pair, keys = {}, {}
-    for g in groups:
+    by_pair, keys, hosts_text = {}, {}, {}
+    for g in groups:  # (every g.spec is alive through the loop: hosts_text's ids stay theirs)
         pair = _pair_of_spec(g.spec)
         if pair is not None:
             by_pair[pair] = g
-            keys.setdefault(_matrix_key(g.spec), []).append(pair)
+            keys.setdefault(_matrix_key(g.spec, hosts_text), []).append(pair)
     if not by_pair:
         raise UsageError(f"no matrix records in {', '.join(paths)} (records of kvbench matrix, "
                          "pattern matrix)")
@@ -127,14 +139,18 @@ def read_run(paths: Sequence[str]) -> Run:
                pairs, by_pair, skipped[0])
 
 
-def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str]) -> None:
+def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None) -> None:
+    """One record into its pair's data; `path`: its LinkPath, classified once by the reader
+    (read_groups) with its record's own facts, else here."""
     extra = rec.model_extra or {}
-    d = pairs.setdefault(pair, PairData(pair, (hosts[pair[0]], hosts[pair[1]])))
+    d = pairs.get(pair)
+    if d is None:
+        d = pairs[pair] = PairData(pair, (hosts[pair[0]], hosts[pair[1]]))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[str(info.get("path") or "no path recorded")] += 1
-    d.kinds[transports.classify_record({
+    d.kinds[path if path is not None else transports.classify_record({
         "transport": rec.transport, "transport_info": info, "device": rec.device,
-        "hosts": list(rec.hosts), "pair": list(pair), "gpus": extra.get("gpus"),
+        "hosts": rec.hosts, "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
     if info.get("path_source"):
         d.sources.add(str(info["path_source"]))

@@ -1,5 +1,5 @@
 """Rank 0's end of a run: the records finished (their transport's path, every rank's
-environment once, the time), the table printed, the files written, and the exit status
+environment once, a matrix job's per-job fields once: kvbench.records.schema.job, the time), the table printed, the files written, and the exit status
 (1 when the data check found wrong elements)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from kvbench.cli import UsageError
 from kvbench.p2p.args import PROG
 from kvbench.p2p.table import emulation_line, format_table, peak_memory_line
+from kvbench.records.schema.job import make_lean
 from kvbench.records.stats import min_samples_for
 from kvbench.records.write import write_records
 
@@ -33,6 +34,9 @@ def finish(records: list[dict], info: dict, envs: list[dict]) -> None:
             rec["clock"] = {"method": clock.get("method"), "ranks_in": "the first record",
                             "pair_offset_ms": [clock["offset_ms"][s], clock["offset_ms"][d]]}
         rec["timestamp"] = stamp
+    # a matrix job's later records leave what is per job (hosts, GPUs, rank 0's environment,
+    # the schedule's pairs) to its first: a record's size does not grow with N
+    make_lean(records)
 
 
 def print_table(records: list[dict], notes: Sequence[str | None] | None, notice: float) -> None:

@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from kvbench.records.schema.job import whole_dicts
 from tests.conftest import PY, ROOT
 from tests.slurm_cluster import check_can_bring_up
 
@@ -44,7 +45,7 @@ def test_the_matrix_names_the_shaped_pair_and_the_odd_path_pair_and_no_other(tmp
     doc = json.loads(open(summary["matrix"]).read())
     assert [p["sender"]["host"] for p in doc["pairs"] if p["pair"][1] == 0] == ["n2", "n3"]
     folder = next(tmp_path.glob("kvbench-matrix-*"))
-    records = [json.loads(x) for f in folder.glob("kvbench-p2p-*.jsonl") for x in f.open()]
+    records = [x for f in folder.glob("kvbench-p2p-*.jsonl") for x in whole_dicts(f)]  # lean: made whole
     nodes = {rank["variables"].get("SLURMD_NODENAME") or rank["variables"].get("SLURM_NODEID")
              for x in records for rank in x["env"]["ranks"]}
     assert len(nodes) == 3  # one rank on each node

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from kvbench.records.schema.job import whole_dicts
 from tests.conftest import run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -27,6 +28,11 @@ def _job(n: int, out, more: tuple[str, ...] = ()) -> list[dict]:
     return [json.loads(x) for x in lines]
 
 
+def _whole(out) -> list[dict]:
+    """The job's records as readers give them (lean ones made whole from the first)."""
+    return list(whole_dicts(next(out.glob("kvbench-p2p-*.jsonl"))))
+
+
 def _bytes_per_record(records: list[dict]) -> float:
     return sum(len(json.dumps(r)) for r in records) / len(records)
 
@@ -37,17 +43,21 @@ def test_a_records_bytes_do_not_grow_with_the_job(tmp_path):
     assert b8 / b4 < 1.5, (b4, b8)  # before: 12.5 KB and 22.3 KB (every rank's env each)
     for recs, n in ((four, 4), (eight, 8)):
         assert len(recs[0]["env"]["ranks"]) == n  # every rank's, once, in the first record
-        assert all(len(r["env"]["ranks"]) == 1 and r["env"]["ranks_in"] == "the first record"
+        # (lean records, kvbench.records.schema.job: not even rank 0's; readers fill them in)
+        assert all("ranks" not in r["env"] and r["env"]["ranks_in"] == "the first record"
                    for r in recs[1:])
         assert all(r["env"]["torch"] == recs[0]["env"]["torch"] for r in recs)
 
 
 def test_sixteen_ranks_measure_and_judge_every_pair(tmp_path):
     recs = _job(16, tmp_path, ("--bytes", "256K,4M", "--iters", "5", "--min-iters", "5"))
+    whole = _whole(tmp_path)
+    assert all(len(r["schedule"]["pairs_in_round"]) == 8 for r in whole)  # (lean: filled)
     assert {tuple(r["pair"]) for r in recs} == {(s, d) for s in range(16) for d in range(16)
                                                 if s != d}
-    assert all(r["wrong"] == 0 and len(r["schedule"]["pairs_in_round"]) == 8 for r in recs)
-    assert len(recs[0]["env"]["ranks"]) == 16 and len(recs[-1]["env"]["ranks"]) == 1
+    assert all(r["wrong"] == 0 for r in recs)
+    assert len(recs[0]["env"]["ranks"]) == 16 and "ranks" not in recs[-1]["env"]
+    assert whole[-1]["env"]["ranks"] is whole[0]["env"]["ranks"]  # filled, shared
     doc = json.loads(next(tmp_path.glob("kvbench-matrix-*.json")).read_text())
     assert len(doc["pairs"]) == 240 and doc["world_size"] == 16
     assert all(p["n_records"] == 2 and p["wrong_elements"] == 0 for p in doc["pairs"])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvbench.errors import UsageError
 from kvbench.records.frames.files import _text_lines
+from kvbench.records.schema.job import Jobs
 from kvbench.records.schema.p2p import (
     LEGACY_OPTIONAL_KEYS,
     P2PRecord,
@@ -52,11 +53,13 @@ _TEXT = {"transport", "pattern", "variant", "granularity", "layout", "dtype", "d
 
 def records(path: Path) -> Iterator[tuple[int, P2PRecord]]:
     """(line, typed record) of a JSON Lines or CSV results file, one at a time."""
+    jobs = Jobs()  # a lean matrix record made whole from its job's first record
     if path.suffix == ".csv":
-        yield from _csv_records(path)
+        for line, rec in _csv_records(path):
+            yield line, jobs.typed(rec, f"{path}:{line}")
         return
     for where, raw in iter_lines(path, "results file", missing="no such file"):
-        yield int(where.rsplit(":", 1)[1]), parse_p2p_line(raw, where)
+        yield int(where.rsplit(":", 1)[1]), jobs.typed(parse_p2p_line(raw, where), where)
 
 
 def _csv_records(path: Path) -> Iterator[tuple[int, P2PRecord]]:

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from kvbench.errors import UsageError
+from kvbench.records.schema.job import Jobs
 from kvbench.records.schema.read import decode_line, iter_lines
 from kvbench.records.schema.types import (
     MAX_TEXT,
@@ -35,6 +36,7 @@ from kvbench.records.schema.types import (
     parse,
     parse_line_fast,
     refuse,
+    show,
 )
 
 SCHEMA_P2P = "kvbench.p2p/1"
@@ -56,6 +58,17 @@ LAYOUTS = ("contiguous", "paged", "raw")
 WRITTEN_ORDER = ("transport", "pattern", "granularity", "layout", "device", "world", "hosts",
                  "transport_options", "variant", "block_size", "dtype", "pack_kernel", "model",
                  "compute", "layer_poll", "cut")
+
+
+def _hosts_required(schema: dict) -> None:
+    """The JSON schema of a whole record (what every reader hands on): `hosts` required. Only a
+    lean matrix record in a file leaves them out (kvbench.records.schema.job), and readers
+    fill them from its job's first record."""
+    schema.setdefault("required", []).append("hosts")
+    hosts = schema["properties"]["hosts"]
+    hosts.pop("default", None)
+    lists = [x for x in hosts.pop("anyOf", []) if x.get("type") != "null"]
+    hosts.update(lists[0] if lists else {})
 
 
 class World(Open):
@@ -83,6 +96,8 @@ class HandoffSpec(Open):
     stay readable. The fields' order is the readers' (a table's spec.* columns); a record
     lays its spec out in WRITTEN_ORDER, as it always has."""
 
+    model_config = ConfigDict(json_schema_extra=_hosts_required)
+
     transport: Text
     transport_options: dict[str, Scalar] = {}
     pattern: Text
@@ -97,7 +112,9 @@ class HandoffSpec(Open):
     compute: dict[str, Any] | None = None
     layer_poll: Any = None
     world: World
-    hosts: list[Text]
+    # None only in a lean matrix record's spec: its job's first record holds them
+    # (kvbench.records.schema.job; P2PRecord refuses a missing one elsewhere)
+    hosts: list[Text] | None = None
     cut: dict[str, Scalar] | None = None  # the page plan's cut (absent from older specs)
 
     @classmethod
@@ -143,6 +160,8 @@ def spec_id_of(spec: dict) -> str:
 class P2PRecord(Open):
     """One measured point: a payload size under one spec, with every raw sample."""
 
+    model_config = ConfigDict(json_schema_extra=_hosts_required)
+
     schema_: Literal["kvbench.p2p/1"] = Field(alias="schema")
     transport: Text
     pattern: Text
@@ -154,7 +173,7 @@ class P2PRecord(Open):
     model: dict[str, Any] | None = None
     block_size: PositiveTokens | None = None
     world_size: Annotated[int, Field(ge=1, le=2**20)]
-    hosts: list[Text]
+    hosts: list[Text] | None = None  # required, but in a lean record (job_in): see _whole
     timestamp: UtcStamp | None = None  # (report turns it into a table's time column)
     prompt_tokens: Tokens | None = None
     bytes: Bytes
@@ -179,16 +198,14 @@ class P2PRecord(Open):
     # nixl_desc_count before the field had this name: read as the same)
     descriptors: Count | None = None
     descriptors_merged: Count | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_names(cls, raw):
-        if isinstance(raw, dict) and "nixl_desc_count" in raw and "descriptors_merged" not in raw:
-            raw = {**raw, "descriptors_merged": raw["nixl_desc_count"]}
-        return raw
+    # a lean matrix record: what is per job (hosts, spec.hosts, gpus, env.ranks, its round's
+    # pairs) is in its job's first record (kvbench.records.schema.job fills it on reading)
+    job_in: Literal["the first record"] | None = None
 
     @model_validator(mode="after")
     def _counts_agree(self):
+        self._legacy_names()
+        self._whole()
         self._spec_id_matches()
         n = len(self.samples_ms)
         if self.n_samples is not None and self.n_samples != n:
@@ -197,12 +214,40 @@ class P2PRecord(Open):
             raise refuse(f"sample_rounds has {len(self.sample_rounds)} entries for {n} samples_ms")
         return self
 
+    def _legacy_names(self) -> None:
+        """nixl_desc_count (descriptors_merged's name before it had one) read as it. Checked
+        after validation, not before: a before-validator makes pydantic build every line as
+        Python objects first (a quarter of a record's check)."""
+        extra = self.__pydantic_extra__
+        if (not extra or "nixl_desc_count" not in extra
+                or "descriptors_merged" in self.__pydantic_fields_set__):
+            return
+        try:
+            value = _COUNT.validate_python(extra["nixl_desc_count"])
+        except ValidationError:
+            raise refuse(f"descriptors_merged (written nixl_desc_count): must be a count "
+                         f"(an integer >= 0), got {show(extra['nixl_desc_count'])}") from None
+        self.__dict__["descriptors_merged"] = value
+        self.__pydantic_fields_set__.add("descriptors_merged")
+
+    def _whole(self) -> None:
+        """hosts (and spec.hosts) are left out only by a lean record, which names its run."""
+        if self.job_in is None:
+            if self.hosts is None:
+                raise refuse("hosts: required (only a lean matrix record, job_in, leaves them "
+                             "to its job's first record)")
+            if self.spec is not None and self.spec.hosts is None:
+                raise refuse("spec.hosts: required (only a lean matrix record, job_in, leaves "
+                             "them to its job's first record)")
+        elif self.run_id is None:
+            raise refuse("a lean matrix record (job_in) needs the run_id of its job")
+
     def _spec_id_matches(self) -> None:
         """spec_id must be the hash of spec. Checked after validation (a check before it would
         make pydantic build the whole record as Python objects first: 3x slower), once per
         distinct (spec_id, spec): a file of 10^6 records repeats a few specs."""
-        if self.spec is None or self.spec_id is None:
-            return
+        if self.spec is None or self.spec_id is None or self.spec.hosts is None:
+            return  # (a lean record's: checked once its job's hosts are in, job.Jobs)
         key = (self.spec_id, self.spec.model_dump_json(exclude_unset=True))
         if key in _CHECKED_SPECS:
             return
@@ -215,6 +260,7 @@ class P2PRecord(Open):
         _CHECKED_SPECS.add(key)
 
 
+_COUNT = TypeAdapter(Count, config=ConfigDict(strict=True))
 _CHECKED_SPECS: set[tuple[str, str]] = set()  # (spec_id, the spec as pydantic writes it)
 
 
@@ -234,7 +280,9 @@ def parse_p2p_line(raw: bytes, where: str) -> P2PRecord:
 
 
 def iter_p2p_records(paths: Iterable[str | Path]) -> Iterator[tuple[str, P2PRecord]]:
-    """(FILE:LINE, record) for every record of the files, read and checked one line at a time."""
+    """(FILE:LINE, record) for every record of the files, read and checked one line at a time;
+    a lean matrix record made whole from its job's first record (kvbench.records.schema.job)."""
     for path in paths:
+        jobs = Jobs()
         for where, raw in iter_lines(path, "results file", missing="no such file"):
-            yield where, parse_p2p_line(raw, where)
+            yield where, jobs.typed(parse_p2p_line(raw, where), where)
