@@ -26,6 +26,7 @@ def make_record(base: dict, point: Point, measured: Measured, notice_ms: float |
     nbytes = fields["bytes"]
     if nbytes == 0:
         fields["fit_as_link"], fields["not_link_reason"] = False, NOT_LINK_ZERO
+    summary = s.summary()
     rec = {
         "schema": SCHEMA_P2P,
         **base,
@@ -35,9 +36,9 @@ def make_record(base: dict, point: Point, measured: Measured, notice_ms: float |
         "n_samples": len(s),
         "samples_ms": s.samples_ms,
         "sample_rounds": loop.rounds,
-        **s.summary(),
-        "gbps": gb_per_s(nbytes, s.p50),
-        "gbps_best": gb_per_s(nbytes, s.min),
+        **summary,
+        "gbps": gb_per_s(nbytes, summary["p50_ms"]),
+        "gbps_best": gb_per_s(nbytes, summary["min_ms"]),
         "cold_ms": loop.cold_ms,
         "warmup_ms": loop.warmup_ms,
         "notice_ms": notice_ms,

@@ -77,8 +77,20 @@ def _valid_text(obj):
     if isinstance(obj, dict):
         return {_valid_text(k): _valid_text(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        kinds = set(map(type, obj))  # one pass in C: a record's long lists are flat
+        if kinds <= _NUMBERS:  # samples: nothing to check
+            return list(obj)
+        if kinds == {str}:  # a job's hosts: checked as one text (lone surrogates stay lone)
+            try:
+                "\x00".join(obj).encode("utf-8")
+                return list(obj)
+            except UnicodeEncodeError:
+                pass
         return [_valid_text(v) for v in obj]
     return obj
+
+
+_NUMBERS = {int, float, bool, type(None)}
 
 
 def _in_order(out: Any, src: Any) -> Any:
@@ -88,8 +100,13 @@ def _in_order(out: Any, src: Any) -> Any:
         first = {k: _in_order(out[k], src[k]) for k in src if k in out}
         return {**first, **{k: v for k, v in out.items() if k not in first}}
     if isinstance(out, list) and isinstance(src, (list, tuple)) and len(out) == len(src):
+        if not set(map(type, out)) & _CONTAINERS:  # flat (samples, hosts): no keys to order
+            return out
         return [_in_order(o, s) for o, s in zip(out, src, strict=True)]
     return out
+
+
+_CONTAINERS = {dict, list}
 
 
 def as_contract(model: type[M], fields: dict, what: str) -> M:
