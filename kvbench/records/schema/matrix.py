@@ -111,15 +111,17 @@ DRAW_COLUMNS = ["setup_ms", "ms_per_gb"]
 
 
 class DrawsFile(Strict):
-    """Where the pairs' joint bootstrap draws are: a NumPy .npy array of float64, shape
-    (pairs with draws, draws per pair, 2), beside the document (a plain file name); a pair's
-    `draws_row` is its row. The values are the fit's own, at full precision (inline, as
-    kvbench fit writes them, they are rounded to 6 significant digits)."""
+    """Where the pairs' joint bootstrap draws are: a NumPy .npy array, shape (pairs with
+    draws, draws per pair, 2), beside the document (a plain file name); a pair's `draws_row`
+    is its row. float64: the fit's own values at full precision (`--draws file` up to 240
+    pairs). float32 (a streamed report, beyond 240 pairs: 8 KB a pair at 1000 draws, 8.4 GB
+    at N = 1,024): 24 significant bits, at most 6e-8 relative error a value, still finer than
+    the 6 significant digits inline draws are rounded to (as kvbench fit writes them)."""
 
     file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
     shape: Annotated[list[Count], Field(min_length=3, max_length=3)]
     columns: list[Text] = DRAW_COLUMNS
-    dtype: Literal["float64"] = "float64"
+    dtype: Literal["float64", "float32"] = "float64"
 
 
 PAIRS_SUFFIX = ".pairs.jsonl"
@@ -130,7 +132,9 @@ class PairsFile(Strict):
     """Where every pair's entry is when the matrix is big: one JSON object a line, "pair"
     first, beside the document (a plain file name); the document's `pairs` then holds the
     named pairs only, and says which fitted pair is the slowest, so `plan --pair` reads the
-    one line it needs at any N (the document alone grew past its read bound near 250 ranks)."""
+    one line it needs at any N (the document alone grew past its read bound near 250 ranks).
+    Each line is a whole PairEntry, findings included (kvbench.matrix.stream writes every line
+    checked against the model, and the named pairs' lines again once the rules have run)."""
 
     file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
     count: Count
@@ -212,8 +216,16 @@ def read_pairs(path: str | Path, pf: PairsFile, want: str | tuple[int, int] | No
     if target is None:
         return []
     prefix = f'{{"pair":[{target[0]},{target[1]}],'
-    return next(([_pair_line(where, k, line)] for k, line in _lines(where)
+    return next(([_typed_line(where, k, line)] for k, line in _lines(where)
                  if line.startswith(prefix)), [])
+
+
+def _typed_line(where: Path, k: int, line: str) -> dict:
+    """One pair's line, checked against its model alone (its line number named on a
+    problem), before the document around it is checked again with it."""
+    entry = _pair_line(where, k, line)
+    parse(PairEntry, entry, f"{where}: line {k}")
+    return entry
 
 
 def _lines(where: Path):
@@ -291,10 +303,11 @@ def pair_draws(doc: MatrixDocument, path: str, row: int) -> list[list[float]]:
                          f"{DRAWS_SUFFIX} beside its .json)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: its draws file {where} cannot be read: {exc}") from None
-    if arr.dtype != np.float64 or list(arr.shape) != df.shape or row >= arr.shape[0]:
+    if arr.dtype != np.dtype(df.dtype) or list(arr.shape) != df.shape or row >= arr.shape[0]:
         raise UsageError(f"{path}: its draws file {where} holds {arr.dtype} {list(arr.shape)}, "
-                         f"the document says float64 {df.shape} (row {row}): not this matrix's")
-    values = np.asarray(arr[row])
+                         f"the document says {df.dtype} {df.shape} (row {row}): not this "
+                         "matrix's")
+    values = np.asarray(arr[row], dtype=np.float64)
     if not np.isfinite(values).all():
         raise UsageError(f"{path}: its draws file {where}: row {row} holds a value that is not "
                          "finite")
