@@ -1,0 +1,110 @@
+"""A big matrix's report streamed as its pairs are fitted (kvbench.matrix.stream, issue 44
+items 3-4) says what the report holding every entry says: forced onto the streaming path at
+a small N (a threshold of 0 pairs, chunks of 16 pairs), its document (the named pairs),
+verdict, majority paths, pairs file (every line, byte for byte), CSV and Markdown are the
+inline path's, its draws are the inline path's in float32, plan --pair reads it, and it
+leaves no temp file. Records: benchmarks/matrix_scale.py's (two slow pairs, an odd path)
+and tests/matrix/helpers' (wrong data, no fit, a link that is not the expected kind)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvbench.matrix import analyze as az
+from kvbench.matrix import report
+from kvbench.matrix.cli import report_files
+from kvbench.matrix.stream import write_streamed
+from kvbench.records.write import dumps_json, write_records
+from tests.conftest import run_cli
+from tests.helpers import write_jsonl
+from tests.matrix.helpers import ODD, PLANTED, matrix_records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("matrix_scale",
+                                                  ROOT / "benchmarks" / "matrix_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stream")
+    bench = _bench()
+    src, _ = write_records(tmp, list(bench.records(8, 4, 12, seed=1)), "kvbench-p2p")
+    draws: list = []
+    inline = az.analyze([str(src)], n_boot=200, draws="file", draws_out=draws)
+    doc, table, files = write_streamed(az.read_run([str(src)]), [str(src)], tmp / "s",
+                                       n_boot=200, chunk=16)
+    return {"inline": inline, "draws": draws[0], "doc": doc, "table": table,
+            "files": {f.name.split(".", 1)[1]: f for f in files}, "out": tmp / "s",
+            "planted": bench.planted(8, 4)}
+
+
+def test_the_document_holds_the_named_pairs_with_the_inline_verdict(both):
+    doc, inline = both["doc"], both["inline"]
+    assert doc.pairs == [p for p in inline.pairs if p.findings]
+    assert {tuple(p.pair): [f.code for f in p.findings] for p in doc.pairs} == \
+        {p: [c] for p, c in both["planted"].items()}
+    assert (doc.verdict, doc.majority_path, doc.hosts) == \
+        (inline.verdict, inline.majority_path, inline.hosts)
+    every = [p.model_dump(by_alias=True) for p in inline.pairs]
+    assert doc.pairs_file.model_dump() == {**az.pairs_file_of(every),
+                                           "file": both["files"]["pairs.jsonl"].name}
+    raw = json.loads(both["files"]["json"].read_text())  # what is written is the typed doc
+    assert raw["pairs"] == [p.model_dump(by_alias=True) for p in doc.pairs]
+
+
+def test_every_pair_is_its_inline_entry_on_its_line(both):
+    lines = both["files"]["pairs.jsonl"].read_text().splitlines(keepends=True)
+    assert lines == [dumps_json(p.model_dump(by_alias=True), indent=None) + "\n"
+                     for p in both["inline"].pairs]
+
+
+def test_the_csv_and_markdown_are_the_inline_reports(both):
+    assert both["files"]["csv"].read_text() == report.csv_table(both["inline"])
+    assert both["files"]["md"].read_text() == report.markdown(both["inline"])
+    assert report.rates_line(both["doc"], both["table"]) == report.rates_line(both["inline"])
+
+
+def test_the_draws_are_the_inline_draws_in_float32(both):
+    arr = np.load(both["files"]["draws.npy"], mmap_mode="r")
+    assert arr.dtype == np.float32 and list(arr.shape) == both["doc"].draws_file.shape
+    assert np.array_equal(arr, both["draws"].astype(np.float32))
+    rel = np.abs(arr - both["draws"]) / np.abs(both["draws"])
+    assert rel.max() < 6e-8  # float32: 24 significant bits (the schema's stated precision)
+    assert not [p.name for p in both["out"].iterdir() if p.name.startswith(".")]  # no temps
+
+
+def test_plan_reads_a_pair_of_the_streamed_matrix(both):
+    a = run_cli("kvbench.plan", "--fit", str(both["files"]["json"]), "--pair", "1,0",
+                "--format", "json", "--prompt-tokens", "500,4000")
+    assert a.returncode == 0, a.stderr
+    assert json.loads(a.stdout)["rows"][0]["handoff_floor_ms_band95"]
+    assert "pair [1,0]" in a.stderr
+
+
+def test_wrong_data_no_fit_and_links_stream_as_inline(tmp_path):
+    """Every pair named (no pair is the expected rdma), one with wrong data and no fit: every
+    line of the pairs file is rewritten with its findings."""
+    src = write_jsonl(tmp_path / "r.jsonl", matrix_records(PLANTED, ODD, wrong={(2, 1): 7}))
+    rules = {"expect_link": "rdma", "expect_local_link": None, "slow_fraction": 0.8,
+             "n_boot": 100, "seed": 0, "draws": "file"}
+    doc, files, table = report_files([str(src)], tmp_path / "s", rules, stream_above=0)
+    assert table is not None and doc.pairs_file is not None
+    inline = az.analyze([str(src)], **rules)
+    assert doc.pairs == inline.pairs and doc.verdict == inline.verdict
+    assert [f.code for f in doc.pair(2, 1).findings] == ["expect_link", "wrong_data", "no_fit"]
+    side = next(f for f in files if f.name.endswith(".pairs.jsonl"))
+    assert [json.loads(x) for x in side.read_text().splitlines()] == \
+        [p.model_dump(by_alias=True) for p in inline.pairs]
+    csv = next(f for f in files if f.suffix == ".csv")
+    assert csv.read_text() == report.csv_table(inline)
