@@ -108,3 +108,56 @@ def test_wrong_data_no_fit_and_links_stream_as_inline(tmp_path):
         [p.model_dump(by_alias=True) for p in inline.pairs]
     csv = next(f for f in files if f.suffix == ".csv")
     assert csv.read_text() == report.csv_table(inline)
+
+
+_CHILD = """
+import gc, importlib.util, json, sys, tracemalloc
+from pathlib import Path
+import kvbench.matrix.stream as st
+from kvbench.matrix.analyze import read_run
+from kvbench.records.write import write_records
+spec = importlib.util.spec_from_file_location("b", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+out, n = Path(sys.argv[2]), int(sys.argv[3])
+src, _ = write_records(out, list(bench.records(n, 8, 12, seed=5)), "kvbench-p2p")
+run = read_run([str(src)])
+gc.collect()
+peaks = {}
+keep = st.stream_pairs
+def traced(*a, **k):
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    got = keep(*a, **k)
+    peaks["fits"] = tracemalloc.get_traced_memory()[1] - base
+    return got
+st.stream_pairs = traced
+tracemalloc.start()
+doc, table, files = st.write_streamed(run, [str(src)], out / "r", n_boot=100)
+peaks["report"] = tracemalloc.get_traced_memory()[1]
+named = sorted([tuple(p.pair), [f.code for f in p.findings]] for p in doc.pairs)
+print(json.dumps({"peaks": peaks, "named": named, "pairs": len(table)}))
+"""
+
+
+@pytest.mark.slow  # 16,256 pairs fitted (100 resamples) under tracemalloc: minutes here
+def test_a_128_rank_report_stays_small_in_memory(tmp_path):
+    """tracemalloc's peak of the streamed report of a 128-rank run (after its records are
+    read: that is the reading's memory, not the report's): the fits and the files' writing
+    hold a chunk of pairs and a row of numbers per pair (under 48 MiB; every entry held,
+    as the inline path does, is ~5 KB a pair: ~80 MiB here, ~5 GB at N = 1,024), and the
+    whole report with its picture under 400 MiB (matplotlib's canvas, the same at any N)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "benchmarks" /
+                                                          "matrix_scale.py"), str(tmp_path),
+                        "128"], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    print(got["peaks"])
+    assert got["pairs"] == 128 * 127
+    assert {tuple(p): c for p, c in got["named"]} == \
+        {p: [c] for p, c in _bench().planted(128, 8).items()}
+    assert got["peaks"]["fits"] < 48 * 2**20
+    assert got["peaks"]["report"] < 400 * 2**20
