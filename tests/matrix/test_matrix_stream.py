@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvbench.errors import UsageError
 from kvbench.matrix import analyze as az
 from kvbench.matrix import report
 from kvbench.matrix.cli import report_files
@@ -108,6 +109,30 @@ def test_wrong_data_no_fit_and_links_stream_as_inline(tmp_path):
         [p.model_dump(by_alias=True) for p in inline.pairs]
     csv = next(f for f in files if f.suffix == ".csv")
     assert csv.read_text() == report.csv_table(inline)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17])
+def test_plan_finds_a_pair_s_line_by_bisecting_the_pairs_file(tmp_path, n):
+    """Every pair kept is found, every pair left out is not, at any line lengths; lines out
+    of order are still read (in lines) by read_pairs."""
+    import random
+
+    from kvbench.records.schema.matrix import PairsFile, _bisect_line, read_pairs
+
+    rng = random.Random(n)
+    pairs = [(i, j) for i in range(n + 1) for j in range(n + 1) if i != j]
+    keep = sorted(rng.sample(pairs, max(1, len(pairs) // 2)))
+    side = tmp_path / "m.pairs.jsonl"
+    side.write_text("".join(json.dumps({"pair": list(q), "pad": "x" * rng.randint(0, 300)},
+                                       separators=(",", ":")) + "\n" for q in keep))
+    for q in pairs:
+        got = _bisect_line(side, q)
+        assert (json.loads(got)["pair"] if got else None) == (list(q) if q in keep else None)
+    side.write_text("".join(json.dumps({"pair": list(q), "x": 1}, separators=(",", ":")) + "\n"
+                            for q in reversed(keep)))
+    pf = PairsFile(file=side.name, count=len(keep), n_fitted=0)
+    with pytest.raises(UsageError, match="line"):  # found by reading in lines, then typed
+        read_pairs(tmp_path / "m.json", pf, keep[0])
 
 
 _CHILD = """

@@ -215,12 +215,70 @@ def read_pairs(path: str | Path, pf: PairsFile, want: str | tuple[int, int] | No
     target = want if want is not None else pf.slowest_fitted
     if target is None:
         return []
-    prefix = f'{{"pair":[{target[0]},{target[1]}],'
+    found = _bisect_line(where, (target[0], target[1]))
+    if found is not None:
+        return [_typed_line(where, "of that pair", found)]
+    prefix = f'{{"pair":[{target[0]},{target[1]}],'  # (a file not in order: read in lines)
     return next(([_typed_line(where, k, line)] for k, line in _lines(where)
                  if line.startswith(prefix)), [])
 
 
-def _typed_line(where: Path, k: int, line: str) -> dict:
+def _pair_at(line: bytes) -> tuple[int, int] | None:
+    """The pair a line starts with ('{"pair":[I,J],'), or None."""
+    head = line[:40]
+    if not head.startswith(b'{"pair":['):
+        return None
+    inner = head[9:].split(b"]", 1)[0].split(b",")
+    try:
+        return (int(inner[0]), int(inner[1])) if len(inner) == 2 else None
+    except ValueError:
+        return None
+
+
+def _bisect_line(where: Path, want: tuple[int, int]) -> str | None:
+    """The line of pair `want` found by bisecting the file's bytes (kvbench matrix writes the
+    lines in pair order): ~40 short reads of a million-line file, not a pass over its GBs.
+    None when not found so (a missing pair, or lines not in order: the caller reads in
+    lines, and says which line is bad)."""
+    try:
+        f = open(where, "rb")
+    except FileNotFoundError:
+        raise UsageError(f"its pairs file {where} is missing (keep the matrix's {PAIRS_SUFFIX} "
+                         "beside its .json)") from None
+    except OSError as exc:
+        raise UsageError(f"its pairs file {where} cannot be read: {exc}") from None
+    with f:
+        lo, hi = 0, f.seek(0, 2)  # lo: a line's start; hi: past the last candidate start
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if mid > lo:  # to the first line that starts at or after mid
+                f.seek(mid - 1)
+                f.readline()
+            else:
+                f.seek(mid)
+            start = f.tell()
+            if start >= hi:  # no line starts in [mid, hi): the answer is at lo or not here
+                hi = mid
+                continue
+            at = _pair_at(f.readline(MAX_PAIR_LINE + 1))
+            if at is None:
+                return None
+            if at < want:
+                lo = f.tell()
+            elif at > want:
+                hi = start
+            else:
+                f.seek(start)
+                line = f.readline(MAX_PAIR_LINE + 1)
+                return line.decode("utf-8", "replace") if len(line) <= MAX_PAIR_LINE else None
+        f.seek(lo)
+        line = f.readline(MAX_PAIR_LINE + 1)
+        if _pair_at(line) == want and len(line) <= MAX_PAIR_LINE:
+            return line.decode("utf-8", "replace")
+    return None
+
+
+def _typed_line(where: Path, k: int | str, line: str) -> dict:
     """One pair's line, checked against its model alone (its line number named on a
     problem), before the document around it is checked again with it."""
     entry = _pair_line(where, k, line)
@@ -243,7 +301,7 @@ def _lines(where: Path):
         raise UsageError(f"its pairs file {where} cannot be read: {exc}") from None
 
 
-def _pair_line(where: Path, k: int, line: str) -> dict:
+def _pair_line(where: Path, k: int | str, line: str) -> dict:
     import json
 
     try:
