@@ -19,6 +19,14 @@ planted pair (band included, from its draws); anything else is printed and exits
     .venv/bin/python benchmarks/matrix_scale.py --ranks 32,64,128 --bootstrap 1000
     .venv/bin/python benchmarks/matrix_scale.py --big               # adds 256, 512, 1024
 
+Beyond 240 pairs the report is the streamed one (kvbench.matrix.stream: the pairs file, the
+float32 draws file, a row of numbers per pair held). N = 512 and 1,024 (--big): beyond
+--lazy-above ranks the records are made anew for each of the writer's passes (never held),
+each N's folder is removed once measured (without --dir), and an N whose records and
+report would not fit the disk is refused in one line before anything is written (records
+that carry the job's N hosts twice, as today's do, are ~30 KB each at N = 1,024: with
+their CSV ~125 GB).
+
 Shape (deterministic, --seed): --ranks-per-node ranks per host (host names node-000, ...),
 two payload sizes (1 MiB and 8 MiB), --rounds timing rounds per record, every pair at
 1 GB/s and 1 ms setup with 2% noise and a load shared by each round, the planted ones apart.
