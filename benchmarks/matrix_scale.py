@@ -191,14 +191,16 @@ def check_disk(n: int, args, folder: Path) -> None:
         3000 + 8 * args.bootstrap)
     free = shutil.disk_usage(folder).free
     if need > 0.9 * free:
-        raise SystemExit(f"matrix_scale.py: N = {n} needs about {need / 1e9:.1f} GB in {folder} "
-                         f"(records and report), {free / 1e9:.1f} GB free: not run")
+        print(f"matrix_scale.py: N = {n} needs about {need / 1e9:.1f} GB in {folder} (records "
+              f"and report), {free / 1e9:.1f} GB free: not run", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def one(n: int, args, work: Path) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    check_disk(n, args, work)
     folder = work / f"n{n}"
-    folder.mkdir(parents=True, exist_ok=True)
-    check_disk(n, args, folder)
+    folder.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     recs = Regenerated(n, args) if n > args.lazy_above else \
         list(records(n, args.ranks_per_node, args.rounds, args.seed))
