@@ -33,12 +33,12 @@ from kvbench.matrix.analyze import (
     MAX_INLINE_DRAW_PAIRS,
     analyze,
 )
+from kvbench.matrix.report import SUFFIXES
 from kvbench.p2p.watchdog import env_rank
 from kvbench.records.schema.matrix import DRAWS_SUFFIX, PAIRS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
-SUFFIXES = (".json", ".png", ".md", ".csv")
 FAILING = ("expect_link", "wrong_data")
 OUTLIERS = ("slow", "path_differs")
 

@@ -12,6 +12,7 @@ import io
 from kvbench.matrix.table import PairTable, of_doc
 from kvbench.records.schema.matrix import MatrixDocument, PairEntry
 
+SUFFIXES = (".json", ".png", ".md", ".csv")  # the report's files (kvbench matrix writes them)
 CODES = {"slow": "SLOW", "path_differs": "PATH", "expect_link": "LINK", "wrong_data": "DATA",
          "no_fit": "NO FIT"}
 MAX_ANNOTATED = 16  # ranks beyond which the heatmap's cells carry no text

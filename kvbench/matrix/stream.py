@@ -175,7 +175,7 @@ def write_streamed(run: Run, paths, out_dir: Path, *, expect_link: str | None = 
                    ) -> tuple[MatrixDocument, tb.PairTable, list[Path]]:
     """The report of a big run, streamed (module doc): (the typed document, which holds the
     named pairs, the table of every pair, the files written)."""
-    from kvbench.matrix.cli import SUFFIXES
+    from kvbench.matrix.report import SUFFIXES
     from kvbench.records.write import fresh_stem
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)  # (as write_files does)
