@@ -9,7 +9,9 @@ engine, data check and records as `kvbench p2p`; kvbench.p2p.patterns.matrix), t
     kvbench-matrix-<stamp>.md     verdict, GB/s grid, every pair's fit and path
     kvbench-matrix-<stamp>.csv    one row per pair
     kvbench-matrix-<stamp>.draws.npy, .pairs.jsonl   beyond 240 pairs: the pairs' draws, and
-                                  every pair's entry a line (the .json keeps the named ones)
+                                  every pair's entry a line (the .json keeps the named ones);
+                                  that report is streamed as the pairs are fitted
+                                  (kvbench.matrix.stream), its draws float32
 
 `kvbench matrix report RECORDS.jsonl...` does the second half again on records already
 written (other rules, another --expect-link), without MPI.
