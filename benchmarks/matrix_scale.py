@@ -19,6 +19,14 @@ planted pair (band included, from its draws); anything else is printed and exits
     .venv/bin/python benchmarks/matrix_scale.py --ranks 32,64,128 --bootstrap 1000
     .venv/bin/python benchmarks/matrix_scale.py --big               # adds 256, 512, 1024
 
+Beyond 240 pairs the report is the streamed one (kvbench.matrix.stream: the pairs file, the
+float32 draws file, a row of numbers per pair held). N = 512 and 1,024 (--big): beyond
+--lazy-above ranks the records are made anew for each of the writer's passes (never held),
+each N's folder is removed once measured (without --dir), and an N whose records and
+report would not fit the disk is refused in one line before anything is written (records
+that carry the job's N hosts twice, as today's do, are ~30 KB each at N = 1,024: with
+their CSV ~125 GB).
+
 Shape (deterministic, --seed): --ranks-per-node ranks per host (host names node-000, ...),
 two payload sizes (1 MiB and 8 MiB), --rounds timing rounds per record, every pair at
 1 GB/s and 1 ms setup with 2% noise and a load shared by each round, the planted ones apart.
@@ -31,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,12 +179,52 @@ def named_in(out: Path) -> dict[tuple[int, int], list[str]]:
             if p["findings"]}
 
 
+class Regenerated:
+    """The records of one n-rank run as a sequence made anew on each pass (the writer reads
+    them twice: the CSV's columns, then the lines), so a big N is never held in memory."""
+
+    def __init__(self, n: int, args):
+        self.n, self.args = n, args
+
+    def __len__(self) -> int:
+        return self.n * (self.n - 1) * len(SIZES)
+
+    def __iter__(self):
+        return iter(records(self.n, self.args.ranks_per_node, self.args.rounds, self.args.seed))
+
+
+def record_bytes(n: int, args) -> int:
+    """The bytes of one record of an n-rank run as the writer writes it (.jsonl + .csv
+    twin, about the same again), measured on its first record."""
+    from kvbench.records.write import dumps_json
+
+    first = next(iter(Regenerated(n, args)))
+    return 2 * (len(dumps_json(first, indent=None)) + 1)
+
+
+def check_disk(n: int, args, folder: Path) -> None:
+    """Refuse, in one line, an N whose records and report would not fit the disk: the records
+    (measured on the first one), the pairs file (~3 KB a pair) and the float32 draws."""
+    pairs = n * (n - 1)
+    need = len(Regenerated(n, args)) * record_bytes(n, args) + pairs * (
+        3000 + 8 * args.bootstrap)
+    free = shutil.disk_usage(folder).free
+    if need > 0.9 * free:
+        print(f"matrix_scale.py: N = {n} needs about {need / 1e9:.1f} GB in {folder} (records "
+              f"and report), {free / 1e9:.1f} GB free: not run", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def one(n: int, args, work: Path) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    check_disk(n, args, work)
     folder = work / f"n{n}"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    jsonl, _ = write_records(folder, list(records(n, args.ranks_per_node, args.rounds,
-                                                  args.seed)), "kvbench-p2p")
+    recs = Regenerated(n, args) if n > args.lazy_above else \
+        list(records(n, args.ranks_per_node, args.rounds, args.seed))
+    jsonl, _ = write_records(folder, recs, "kvbench-p2p")
+    del recs
     write_s = time.perf_counter() - t0
     wall, peak, text, code = run_report(jsonl, folder, args.bootstrap)
     want = {p: [c] for p, c in planted(n, args.ranks_per_node).items()}
@@ -185,11 +234,13 @@ def one(n: int, args, work: Path) -> dict:
         print(text[-3000:], file=sys.stderr)
     doc = next(folder.glob("kvbench-matrix-*.json"), None)
     draws = next(folder.glob("kvbench-matrix-*.draws.npy"), None)
+    side = next(folder.glob("kvbench-matrix-*.pairs.jsonl"), None)
     plan_s, plan_ok = plan_pair(doc, next(iter(want))) if doc else (float("nan"), False)
     ok = ok and plan_ok
     return {"n": n, "pairs": n * (n - 1), "records": n * (n - 1) * len(SIZES),
             "doc_mb": doc.stat().st_size / 1e6 if doc else float("nan"), "plan_s": plan_s,
             "draws_mb": draws.stat().st_size / 1e6 if draws else 0.0,
+            "pairs_mb": side.stat().st_size / 1e6 if side else 0.0,
             "file_mb": jsonl.stat().st_size / 1e6, "write_s": write_s, "report_s": wall,
             "peak_mib": peak, "status": code, "named_ok": ok, "named": got,
             "stdout_lines": len(text.splitlines())}
@@ -265,7 +316,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", help="work folder (kept); default a temporary one, removed")
+    p.add_argument("--dir", help="work folder (kept); default a temporary one, each N's part "
+                   "removed once measured")
+    p.add_argument("--lazy-above", type=int, default=256, metavar="N",
+                   help="beyond N ranks the records are made anew for each of the writer's "
+                        "passes instead of held in a list (default %(default)s)")
+
     p.add_argument("--note", default="", help="printed with the results (e.g. 'busy machine')")
     p.add_argument("--simulate-rank0", metavar="N,...",
                    help="instead: rank 0's work in a real job of each N (reduction, records, "
@@ -284,7 +340,8 @@ def main(argv=None) -> int:
     if args.simulate_rank0:
         return rank0_main(args)
     print(f"{'N':>5} {'pairs':>8} {'records':>8} {'file MB':>9} {'write s':>8} {'report s':>9} "
-          f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'draws MB':>8} {'plan s':>6}  named")
+          f"{'peak MiB':>9} {'exp':>5} {'doc MB':>7} {'pairs MB':>8} {'draws MB':>8} "
+          f"{'plan s':>6}  named")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kvbench-matrix-scale-"))
     prev, bad = None, 0
     for n in ns:
@@ -294,10 +351,13 @@ def main(argv=None) -> int:
         bad += not r["named_ok"]
         print(f"{n:>5} {r['pairs']:>8} {r['records']:>8} {r['file_mb']:>9.1f} "
               f"{r['write_s']:>8.1f} {r['report_s']:>9.1f} {r['peak_mib']:>9.0f} {exp:>5.2f} "
-              f"{r['doc_mb']:>7.1f} {r['draws_mb']:>8.1f} {r['plan_s']:>6.1f}  "
+              f"{r['doc_mb']:>7.1f} {r['pairs_mb']:>8.1f} {r['draws_mb']:>8.1f} "
+              f"{r['plan_s']:>6.1f}  "
               f"{'exactly the planted pairs, plan --pair read' if r['named_ok'] else 'WRONG: ' + str(r['named'])}"
               f" (exit {r['status']}, {r['stdout_lines']} stdout lines)", flush=True)
         prev = r
+        if not args.dir:  # the disk holds one N at a time (N = 1,024: tens of GB)
+            subprocess.run(["rm", "-rf", str(work / f"n{n}")], check=False)
     if not args.dir:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     print(f"uptime after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")

@@ -402,14 +402,15 @@ MAX_INLINE_DRAW_PAIRS = 240  # auto: draws inline up to 16 ranks' pairs (~6 MB o
 def analyze(paths: Sequence[str], *, expect_link: str | None = None,
             expect_local_link: str | None = None, slow_fraction: float = DEFAULT_SLOW_FRACTION,
             n_boot: int = 1000, seed: int = 0, draws: str = "inline",
-            draws_out: list | None = None) -> MatrixDocument:
-    """The matrix document of a run's records (typed: the model checks what is written).
+            draws_out: list | None = None, run: Run | None = None) -> MatrixDocument:
+    """The matrix document of a run's records (typed: the model checks what is written),
+    every pair's entry held (kvbench.matrix.stream writes a big run's report instead).
     `draws`: each pair's draws inline in its fit (as kvbench fit writes a group), in the
     draws file (`file`: the array is appended to `draws_out` for the writer), or `auto`
-    (the file beyond MAX_INLINE_DRAW_PAIRS pairs)."""
+    (the file beyond MAX_INLINE_DRAW_PAIRS pairs). `run`: the records read already."""
     from kvbench.records.schema.types import parse
 
-    run = read_run(paths)
+    run = run if run is not None else read_run(paths)
     apart = draws == "file" or (draws == "auto" and len(run.pairs) > MAX_INLINE_DRAW_PAIRS)
     fits = fit_pairs(run, n_boot, seed, raw_draws=apart)
     entries = [_entry(run.pairs[p], fits.get(p, {"not_fitted": "no group"}))
@@ -422,8 +423,23 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
     pairs_file = pairs_file_of(entries) if apart and len(entries) > MAX_INLINE_DRAW_PAIRS \
         else None
     doc = {
-        "schema": SCHEMA_MATRIX, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "inputs": [str(p) for p in paths],
-        "transport": run.transport, "world_size": n, "hosts": run.hosts,
+        **document_head(paths, run, slow_fraction, expect_link, expect_local_link, n_boot, seed),
+        "majority_path": majority,
+        "pairs": entries,
+        "verdict": verdict_line(entries, n * (n - 1)),
+        "draws_file": draws_file,
+        "pairs_file": pairs_file,
+    }
+    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")
+
+
+def document_head(paths: Sequence[str], run: Run, slow_fraction: float, expect_link: str | None,
+                  expect_local_link: str | None, n_boot: int, seed: int) -> dict:
+    """The document's fields that are not its pairs nor their verdict."""
+    return {
+        "schema": SCHEMA_MATRIX, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "inputs": [str(p) for p in paths],
+        "transport": run.transport, "world_size": run.world_size, "hosts": run.hosts,
         "schedule": ",".join(sorted(run.schedules)) or None,
         "rules": {"slow": "rate's 95% interval wholly below the median of the other pairs' "
                           "lower ends, and rate below slow_fraction x the median of their rates",
@@ -431,13 +447,7 @@ def analyze(paths: Sequence[str], *, expect_link: str | None = None,
                   "path": "the transport's own words (devices included), compared with the "
                           "majority of the pairs of the same kind (across hosts / same host)",
                   "expect_link": expect_link, "expect_local_link": expect_local_link},
-        "majority_path": majority,
         "fit_method": {**METHOD, "resamples": n_boot, "seed": seed,
                        "per_pair": "one kvbench fit group per ordered pair (its spec names the "
                                    "pair's roles)"},
-        "pairs": entries,
-        "verdict": verdict_line(entries, n * (n - 1)),
-        "draws_file": draws_file,
-        "pairs_file": pairs_file,
     }
-    return parse(MatrixDocument, doc, "the matrix document (kvbench matrix)")

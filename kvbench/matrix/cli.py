@@ -9,7 +9,9 @@ engine, data check and records as `kvbench p2p`; kvbench.p2p.patterns.matrix), t
     kvbench-matrix-<stamp>.md     verdict, GB/s grid, every pair's fit and path
     kvbench-matrix-<stamp>.csv    one row per pair
     kvbench-matrix-<stamp>.draws.npy, .pairs.jsonl   beyond 240 pairs: the pairs' draws, and
-                                  every pair's entry a line (the .json keeps the named ones)
+                                  every pair's entry a line (the .json keeps the named ones);
+                                  that report is streamed as the pairs are fitted
+                                  (kvbench.matrix.stream), its draws float32
 
 `kvbench matrix report RECORDS.jsonl...` does the second half again on records already
 written (other rules, another --expect-link), without MPI.
@@ -33,12 +35,12 @@ from kvbench.matrix.analyze import (
     MAX_INLINE_DRAW_PAIRS,
     analyze,
 )
+from kvbench.matrix.report import SUFFIXES
 from kvbench.p2p.watchdog import env_rank
 from kvbench.records.schema.matrix import DRAWS_SUFFIX, PAIRS_SUFFIX, MatrixDocument
 from kvbench.records.write import check_destination, fresh_stem, write_files
 
 PROG = "kvbench matrix"
-SUFFIXES = (".json", ".png", ".md", ".csv")
 FAILING = ("expect_link", "wrong_data")
 OUTLIERS = ("slow", "path_differs")
 
@@ -171,16 +173,17 @@ def write_report(doc: MatrixDocument, out_dir: Path, draws=None) -> list[Path]:
 MAX_PRINTED = 50  # named pairs printed on stdout; the rest are in the report's files
 
 
-def conclude(doc: MatrixDocument, files: Sequence[Path], fail_on_outliers: bool) -> int:
+def conclude(doc: MatrixDocument, files: Sequence[Path], table=None,
+             fail_on_outliers: bool = False) -> int:
     """Print the verdict, the pairs' rates in one line and each named pair with its
     findings (not a line per pair: every pair is in the CSV); one stderr line per failing
-    pair; the status."""
+    pair; the status. `table`: every pair's row, when the document holds the named ones."""
     from kvbench.matrix.report import rates_line
 
     print(f"{PROG}: {doc.verdict}")
     for kind, path in doc.majority_path.items():
         print(f"  majority path {kind}: {path or 'none (no path held by more than half)'}")
-    print(f"  {rates_line(doc)}")
+    print(f"  {rates_line(doc, table)}")
     named = [p for p in doc.pairs if p.findings]
     for p in named[:MAX_PRINTED]:
         rate = "no rate" if p.effective_gb_s is None else f"{p.effective_gb_s:.4g} GB/s"
@@ -208,9 +211,27 @@ def report_main(argv: Sequence[str] | None) -> int:
     args = report_parser().parse_args(argv)
     rules = _rules(args)
     out = check_destination(Path(args.out) if args.out else Path(args.records[0]).parent)
+    return conclude(*report_files(each_once(args.records, f"{PROG} report"), out, rules),
+                    args.fail_on_outliers)
+
+
+def report_files(paths: Sequence[str], out: Path, rules: dict,
+                 stream_above: int = MAX_INLINE_DRAW_PAIRS):
+    """(the document, its files, every pair's row or None): beyond `stream_above` pairs
+    (unless --draws inline) streamed as the pairs are fitted (kvbench.matrix.stream: memory
+    and disk that stay small at N = 1,024), else every entry held and rendered at once."""
+    from kvbench.matrix.analyze import read_run
+
+    run = read_run(paths)
+    if rules["draws"] != "inline" and len(run.pairs) > stream_above:
+        from kvbench.matrix.stream import write_streamed
+
+        doc, table, files = write_streamed(run, paths, out, **{
+            k: v for k, v in rules.items() if k != "draws"})
+        return doc, files, table
     draws: list = []
-    doc = analyze(each_once(args.records, f"{PROG} report"), draws_out=draws, **rules)
-    return conclude(doc, write_report(doc, out, *draws), args.fail_on_outliers)
+    doc = analyze(paths, draws_out=draws, run=run, **rules)
+    return doc, write_report(doc, out, *draws), None
 
 
 # ---------------------------------------------------------------------------
@@ -250,9 +271,8 @@ def measure_main(argv: Sequence[str]) -> int:
         return code
 
     def finish(_argv) -> int:
-        draws: list = []
-        doc = analyze([str(written["records"])], draws_out=draws, **rules)
-        return conclude(doc, write_report(doc, Path(written["records"]).parent, *draws),
+        return conclude(*report_files([str(written["records"])],
+                                      Path(written["records"]).parent, rules),
                         args.fail_on_outliers)
 
     return max(code, run_main(PROG, finish, []))

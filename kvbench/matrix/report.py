@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import io
 
+from kvbench.matrix.table import PairTable, of_doc
 from kvbench.records.schema.matrix import MatrixDocument, PairEntry
 
+SUFFIXES = (".json", ".png", ".md", ".csv")  # the report's files (kvbench matrix writes them)
 CODES = {"slow": "SLOW", "path_differs": "PATH", "expect_link": "LINK", "wrong_data": "DATA",
          "no_fit": "NO FIT"}
 MAX_ANNOTATED = 16  # ranks beyond which the heatmap's cells carry no text
@@ -42,22 +44,33 @@ def _codes(p: PairEntry) -> str:
     return ", ".join(CODES[f.code] for f in p.findings)
 
 
-def markdown(doc: MatrixDocument) -> str:
+def _row_codes(t: PairTable, k: int) -> str:
+    return ", ".join(CODES[f["code"]] for f in t.findings.get(k, ()))
+
+
+def _table(doc: MatrixDocument, t: PairTable | None) -> PairTable:
+    """Every pair's row: the one given (a streamed report's), or the document's pairs'."""
+    return t if t is not None else of_doc(doc)
+
+
+def markdown(doc: MatrixDocument, t: PairTable | None = None) -> str:
     """The findings first (verdict, each named pair's finding in a sentence), then the
     rules, then the grid (a per-node summary beyond MAX_GRID ranks) and the pairs (the named
-    ones only beyond MAX_PAIR_ROWS: every pair is in the CSV)."""
+    ones only beyond MAX_PAIR_ROWS: every pair is in the CSV). `t`: every pair's row (a
+    streamed report's document holds the named pairs only)."""
+    t = _table(doc, t)
     n = doc.world_size
     lines = [f"# kvbench matrix: {doc.transport}, {n} ranks on {len(set(doc.hosts))} host(s)", "",
              f"**Verdict:** {_md(doc.verdict)}", ""]
-    named = [p for p in doc.pairs if p.findings]
-    for p in named[:MAX_LISTED]:
-        for f in p.findings:
-            lines.append(f"- **{CODES[f.code]}** [{p.pair[0]},{p.pair[1]}] {p.sender.host} -> "
-                         f"{p.receiver.host}: {_md(f.message)}")
+    named = t.named()
+    for k in named[:MAX_LISTED]:
+        for f in t.findings[k]:
+            lines.append(f"- **{CODES[f['code']]}** [{t.src[k]},{t.dst[k]}] "
+                         f"{doc.hosts[t.src[k]]} -> {doc.hosts[t.dst[k]]}: {_md(f['message'])}")
     if len(named) > MAX_LISTED:
         lines.append(f"- ... and {len(named) - MAX_LISTED} more named pairs: the CSV's "
                      "`findings` column")
-    lines += ["" if named else "- no pair named", f"- {rates_line(doc)}"]
+    lines += ["" if named else "- no pair named", f"- {rates_line(doc, t)}"]
     for kind, path in doc.majority_path.items():
         lines.append(f"- majority path {kind}: " + (f"`{_md(path)}`" if path else
                                                      "none (no path held by more than half)"))
@@ -66,37 +79,42 @@ def markdown(doc: MatrixDocument) -> str:
               f"{doc.rules.expect_link or 'not given'}"
               + (f", within a host {doc.rules.expect_local_link}" if doc.rules.expect_local_link
                  else "")]
-    lines += _grid(doc) if n <= MAX_GRID else _node_summary(doc)
-    lines += _pair_table(doc, doc.pairs if len(doc.pairs) <= MAX_PAIR_ROWS else named)
+    lines += _grid(doc, t) if n <= MAX_GRID else _node_summary(doc, t)
+    lines += _pair_table(doc, t, range(len(t)) if len(t) <= MAX_PAIR_ROWS else named)
     lines += ["", "GB/s = 1e9 bytes/s; each pair fitted as `kvbench fit` fits a group "
               f"(time_ms = setup_ms + bytes / (GB/s x 1e9) x 1000), {doc.fit_method.get('resamples')}"
               " bootstrap resamples of whole rounds.", ""]
     return "\n".join(lines)
 
 
-def rates_line(doc: MatrixDocument) -> str:
+def rates_line(doc: MatrixDocument, t: PairTable | None = None) -> str:
     """The pairs' fitted rates in one line: how many, median, slowest and fastest."""
-    rated = sorted((p.effective_gb_s, p.pair) for p in doc.pairs if p.effective_gb_s is not None)
-    if not rated:
-        return f"no pair of {len(doc.pairs)} has a fitted rate"
-    (lo, a), (hi, b) = rated[0], rated[-1]
-    mid = rated[len(rated) // 2][0]
-    return (f"{len(rated)} of {len(doc.pairs)} pairs with a fitted rate: median {mid:.4g} "
-            f"GB/s, slowest {lo:.4g} GB/s [{a[0]},{a[1]}], fastest {hi:.4g} GB/s [{b[0]},{b[1]}]")
+    import numpy as np
+
+    t = _table(doc, t)
+    rated = np.flatnonzero(~np.isnan(t.rate))
+    if not len(rated):
+        return f"no pair of {len(t)} has a fitted rate"
+    order = rated[np.lexsort((t.dst[rated], t.src[rated], t.rate[rated]))]
+    lo, hi, mid = int(order[0]), int(order[-1]), int(order[len(order) // 2])
+    return (f"{len(rated)} of {len(t)} pairs with a fitted rate: median {t.rate[mid]:.4g} "
+            f"GB/s, slowest {t.rate[lo]:.4g} GB/s [{t.src[lo]},{t.dst[lo]}], fastest "
+            f"{t.rate[hi]:.4g} GB/s [{t.src[hi]},{t.dst[hi]}]")
 
 
-def _grid(doc: MatrixDocument) -> list[str]:
+def _grid(doc: MatrixDocument, t: PairTable) -> list[str]:
     n = doc.world_size
+    at = t.index()
     lines = ["", "## Effective GB/s (rows: sender, columns: receiver)", "",
              "| sender \\ receiver | " + " | ".join(_rank(doc, j) for j in range(n)) + " |",
              "|---|" + "---|" * n]
     for i in range(n):
         cells = []
         for j in range(n):
-            p = doc.pair(i, j)
-            cell = "—" if i == j or p is None else _num(p.effective_gb_s)
-            if p is not None and p.findings:
-                cell += f" **{_codes(p)}**"
+            k = at.get((i, j))
+            cell = "—" if i == j or k is None else _num(t.value("rate", k))
+            if k is not None and k in t.findings:
+                cell += f" **{_row_codes(t, k)}**"
             cells.append(cell)
         lines.append(f"| {_rank(doc, i)} | " + " | ".join(cells) + " |")
     return lines
@@ -109,28 +127,26 @@ def nodes_of(doc: MatrixDocument) -> tuple[list[str], list[int]]:
     return list(index), of_rank
 
 
-def _node_summary(doc: MatrixDocument) -> list[str]:
+def _node_summary(doc: MatrixDocument, t: PairTable) -> list[str]:
     """One row per node: its ranks, and the rates of the pairs it sends and receives in."""
     import numpy as np
 
     hosts, of_rank = nodes_of(doc)
-    sent = [[] for _ in hosts]
-    got = [[] for _ in hosts]
+    node = np.asarray(of_rank)
+    rated = ~np.isnan(t.rate)
+    by_sender, by_receiver = _split(node[t.src[rated]], t.rate[rated], len(hosts)), \
+        _split(node[t.dst[rated]], t.rate[rated], len(hosts))
     named = [0] * len(hosts)
-    for p in doc.pairs:
-        a, b = of_rank[p.pair[0]], of_rank[p.pair[1]]
-        if p.effective_gb_s is not None:
-            sent[a].append(p.effective_gb_s)
-            got[b].append(p.effective_gb_s)
-        if p.findings:
-            named[a] += 1
-            named[b] += a != b
+    for k in t.named():
+        a, b = of_rank[t.src[k]], of_rank[t.dst[k]]
+        named[a] += 1
+        named[b] += a != b
     ranks = [[] for _ in hosts]
     for r, k in enumerate(of_rank):
         ranks[k].append(r)
 
-    def stats(v: list) -> str:
-        return "- | -" if not v else f"{np.median(v):.4g} | {min(v):.4g}"
+    def stats(v) -> str:
+        return "- | -" if not len(v) else f"{np.median(v):.4g} | {v.min():.4g}"
 
     lines = ["", "## Nodes (every pair: the CSV)", "",
              "| node | ranks | sends: median GB/s | slowest | receives: median GB/s | slowest "
@@ -138,22 +154,32 @@ def _node_summary(doc: MatrixDocument) -> list[str]:
     for k, h in enumerate(hosts):
         rs = ranks[k]
         span = f"{rs[0]}" if len(rs) == 1 else f"{rs[0]}..{rs[-1]} ({len(rs)})"
-        lines.append(f"| {_md(h)} | {span} | {stats(sent[k])} | {stats(got[k])} | "
+        lines.append(f"| {_md(h)} | {span} | {stats(by_sender[k])} | {stats(by_receiver[k])} | "
                      f"{named[k] or '-'} |")
     return lines
 
 
-def _pair_table(doc: MatrixDocument, pairs: list[PairEntry]) -> list[str]:
-    head = "## Pairs" if len(pairs) == len(doc.pairs) else "## Named pairs (every pair: the CSV)"
+def _split(keys, values, n: int) -> list:
+    """values grouped by key 0..n-1 (one sort, not n masks over every pair)."""
+    import numpy as np
+
+    order = np.argsort(keys, kind="stable")
+    cuts = np.searchsorted(keys[order], np.arange(1, n))
+    return np.split(values[order], cuts)
+
+
+def _pair_table(doc: MatrixDocument, t: PairTable, rows) -> list[str]:
+    head = "## Pairs" if len(rows) == len(t) else "## Named pairs (every pair: the CSV)"
     lines = ["", head, "",
              "| pair | sender | receiver | GB/s | 95% CI | setup ms | 95% CI | samples | path "
              "| link | findings |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in pairs:
-        samples = p.fit.n_samples if p.fit else 0
-        lines.append(f"| [{p.pair[0]},{p.pair[1]}] | {_rank(doc, p.sender.rank)} | "
-                     f"{_rank(doc, p.receiver.rank)} | {_num(p.effective_gb_s)} | "
-                     f"{_ci(p.effective_gb_s_ci95)} | {_num(p.setup_ms)} | {_ci(p.setup_ms_ci95)} | "
-                     f"{samples} | `{_md(p.path)}` | {_md(p.link)} | {_codes(p) or '-'} |")
+    for k in rows:
+        s, r = int(t.src[k]), int(t.dst[k])
+        lines.append(f"| [{s},{r}] | {_rank(doc, s)} | {_rank(doc, r)} | "
+                     f"{_num(t.value('rate', k))} | {_ci(t.ci('rate', k))} | "
+                     f"{_num(t.value('setup', k))} | {_ci(t.ci('setup', k))} | "
+                     f"{t.n_samples[k]} | `{_md(t.paths[t.path[k]])}` | "
+                     f"{_md(t.links[t.link[k]])} | {_row_codes(t, k) or '-'} |")
     return lines
 
 
@@ -162,30 +188,66 @@ CSV_COLUMNS = ("sender_rank", "sender_host", "receiver_rank", "receiver_host", "
                "setup_ms_ci95_lo", "setup_ms_ci95_hi", "n_samples", "n_sizes", "bytes_min",
                "bytes_max", "wireup_ms", "wrong_elements", "path", "link", "findings",
                "finding_messages")
+CSV_ROWS = 8192  # rows rendered at a time (a million-pair CSV is never one string)
 
 
-def _ends(ci) -> tuple:
-    return (None, None) if not ci else (ci[0], ci[1])
+def csv_table(doc: MatrixDocument, t: PairTable | None = None) -> str:
+    return "".join(csv_lines(doc, t))
 
 
-def csv_table(doc: MatrixDocument) -> str:
+def csv_lines(doc: MatrixDocument, t: PairTable | None = None):
+    """The CSV, one row per pair, CSV_ROWS rows at a time."""
+    t = _table(doc, t)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
-    for p in doc.pairs:
-        f = p.fit
-        w.writerow(["" if v is None else v for v in (
-            p.sender.rank, p.sender.host, p.receiver.rank, p.receiver.host, p.same_host,
-            p.effective_gb_s, *_ends(p.effective_gb_s_ci95), p.setup_ms, *_ends(p.setup_ms_ci95),
-            f.n_samples if f else 0, f.n_sizes if f else 0,
-            f.model_extra.get("bytes_min") if f else None,
-            f.model_extra.get("bytes_max") if f else None, p.wireup_ms, p.wrong_elements,
-            p.path, p.link, ";".join(x.code for x in p.findings),
-            " | ".join(x.message for x in p.findings))])
-    return buf.getvalue()
+    for at in range(0, len(t), CSV_ROWS):
+        rows = range(at, min(at + CSV_ROWS, len(t)))
+        c = _csv_columns(t, rows)
+        for x, k in enumerate(rows):
+            found = t.findings.get(k, ())
+            s, r = c["src"][x], c["dst"][x]
+            w.writerow(["" if v is None else v for v in (
+                s, doc.hosts[s], r, doc.hosts[r], *(c[name][x] for name in _CSV_CELLS),
+                t.paths[c["path"][x]], t.links[c["link"][x]],
+                ";".join(f["code"] for f in found), " | ".join(f["message"] for f in found))])
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    yield buf.getvalue()
 
 
-def heatmap_png(doc: MatrixDocument) -> bytes:
+_CSV_CELLS = ("same_host", "rate", "rate_lo", "rate_hi", "setup", "setup_lo", "setup_hi",
+              "n_samples", "n_sizes", "bytes_min", "bytes_max", "wireup", "wrong")
+
+
+def _csv_columns(t: PairTable, rows: range) -> dict[str, list]:
+    """The chunk's columns as Python values (None where missing)."""
+    import numpy as np
+
+    sl = slice(rows.start, rows.stop)
+
+    def floats(c):
+        v = t.cols[c][sl]
+        return [None if m else x for x, m in zip(v.tolist(), np.isnan(v).tolist(), strict=True)]
+
+    def ints(c):
+        return [None if x < 0 else x for x in t.cols[c][sl].tolist()]
+
+    def ci(which, end):
+        has = t.cols[f"has_{which}_ci"][sl].tolist()
+        return [x if h else None for x, h in zip(floats(f"{which}_{end}"), has, strict=True)]
+
+    out = {c: t.cols[c][sl].tolist() for c in ("src", "dst", "same_host", "n_samples",
+                                                "n_sizes", "path", "link")}
+    return {**out, "rate": floats("rate"), "rate_lo": ci("rate", "lo"),
+            "rate_hi": ci("rate", "hi"), "setup": floats("setup"),
+            "setup_lo": ci("setup", "lo"), "setup_hi": ci("setup", "hi"),
+            "bytes_min": ints("bytes_min"), "bytes_max": ints("bytes_max"),
+            "wireup": floats("wireup"), "wrong": ints("wrong")}
+
+
+def heatmap_png(doc: MatrixDocument, t: PairTable | None = None) -> bytes:
     """Effective GB/s per ordered pair, rows the sender and columns the receiver; a named
     pair framed in red (with its finding's code while cells carry text) and listed beside
     the map with its ranks and hosts. Beyond MAX_CELLS ranks on fewer nodes, a cell is a
@@ -196,18 +258,17 @@ def heatmap_png(doc: MatrixDocument) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    t = _table(doc, t)
     hosts, of_rank = nodes_of(doc)
     by_node = doc.world_size > MAX_CELLS and len(hosts) < doc.world_size
     n = len(hosts) if by_node else doc.world_size
     cell = np.asarray(of_rank) if by_node else np.arange(doc.world_size)
-    src = cell[[p.pair[0] for p in doc.pairs]]
-    dst = cell[[p.pair[1] for p in doc.pairs]]
-    rates = np.array([np.inf if p.effective_gb_s is None else p.effective_gb_s
-                      for p in doc.pairs])
+    src, dst = cell[t.src], cell[t.dst]
+    rates = np.where(np.isnan(t.rate), np.inf, t.rate)
     grid = np.full((n, n), np.inf)
     np.minimum.at(grid, (src, dst), rates)
     grid[~np.isfinite(grid)] = np.nan
-    named = [k for k, p in enumerate(doc.pairs) if p.findings]
+    named = t.named()
     size = min(4.0 + 0.9 * n, 24.0)
     fig, ax = plt.subplots(figsize=(size + (7.5 if named else 1.5), size))
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
@@ -215,7 +276,7 @@ def heatmap_png(doc: MatrixDocument) -> bytes:
     fig.colorbar(im, ax=ax, label="effective GB/s (1e9 B/s)" + (", slowest pair of the two "
                  "nodes" if by_node else ""), shrink=0.8)
     _ticks(ax, doc, hosts, by_node, n)
-    _mark_named(ax, plt, doc, named, src, dst, grid, n, by_node)
+    _mark_named(ax, plt, doc, t, named, src, dst, grid, n, by_node)
     what = f" on {len(hosts)} nodes (a cell: the slowest pair between two nodes)" if by_node \
         else ""
     ax.set_title(f"kvbench matrix: {doc.transport}, {doc.world_size} ranks{what}\n"
@@ -239,17 +300,19 @@ def _ticks(ax, doc: MatrixDocument, hosts: list[str], by_node: bool, n: int) -> 
     ax.set_ylabel(f"sender {who}")
 
 
-def _mark_named(ax, plt, doc, named: list[int], src, dst, grid, n: int, by_node: bool) -> None:
+def _mark_named(ax, plt, doc, t: PairTable, named: list[int], src, dst, grid, n: int,
+                by_node: bool) -> None:
     """Red frames on the named pairs' cells (at least ~1% of the map wide, so one cell of
     a thousand is seen), their codes in the cells while cells carry text, and a list."""
     import numpy as np
 
     top = np.nanmax(grid) if np.isfinite(grid).any() else 1.0
     if n <= MAX_ANNOTATED and not by_node:
-        for p in doc.pairs:
-            i, j = p.pair
+        for k in range(len(t)):
+            i, j = int(t.src[k]), int(t.dst[k])
             v = grid[i, j]
-            text = ("-" if np.isnan(v) else f"{v:.3g}") + (f"\n{_codes(p)}" if p.findings else "")
+            text = ("-" if np.isnan(v) else f"{v:.3g}") + (f"\n{_row_codes(t, k)}"
+                                                           if k in t.findings else "")
             ax.text(j, i, text, ha="center", va="center", fontsize=8,
                     color="black" if np.isnan(v) or v >= 0.5 * top else "white")
         for r in range(n):
@@ -260,9 +323,9 @@ def _mark_named(ax, plt, doc, named: list[int], src, dst, grid, n: int, by_node:
         ax.add_patch(plt.Rectangle((j - w / 2, i - w / 2), w, w, fill=False, ec="red",
                                    lw=2 if n > MAX_ANNOTATED else 3))
     if named:
-        shown = [doc.pairs[k] for k in named[:30]]
-        lines = [f"[{p.pair[0]},{p.pair[1]}] {p.sender.host} -> {p.receiver.host}: {_codes(p)}"
-                 for p in shown]
+        shown = named[:30]
+        lines = [f"[{t.src[k]},{t.dst[k]}] {doc.hosts[t.src[k]]} -> {doc.hosts[t.dst[k]]}: "
+                 f"{_row_codes(t, k)}" for k in shown]
         if len(named) > len(shown):
             lines.append(f"... and {len(named) - len(shown)} more (the .md, the .csv)")
         ax.text(1.25, 1.0, "named pairs (sender -> receiver)\n" + "\n".join(lines),

@@ -220,6 +220,31 @@ def _write_temp(path: Path, content: str | bytes | Iterable[str]) -> str:
     return tmp
 
 
+class Staged:
+    """A new file written over time into a hidden temp beside its final name, then committed
+    by write_files with the rest of its group (or discarded): a big output (a matrix's draws
+    and pairs at N = 1,024, GBs) is streamed to disk once, never held whole nor copied."""
+
+    def __init__(self, path: str | Path):
+        try:
+            fd, self.tmp = _new_temp(Path(path))
+        except OSError as exc:
+            raise os_error(Path(path), exc) from None
+        self.fh = os.fdopen(fd, "w+b")
+
+    def done(self) -> str:
+        """Flushed, synced and closed: the temp's name, for write_files to link."""
+        if not self.fh.closed:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+        return self.tmp
+
+    def discard(self) -> None:
+        self.fh.close()
+        _unlink_all([Path(self.tmp)])
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -233,8 +258,10 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_files(files: Sequence[tuple[str | Path, str | bytes | Iterable[str]]]) -> list[Path]:
-    """Write several new files so that all of them appear or none (a group commit).
+def write_files(files: Sequence[tuple[str | Path, str | bytes | Iterable[str] | Staged]]
+                ) -> list[Path]:
+    """Write several new files so that all of them appear or none (a group commit); a
+    Staged content is a temp written already, linked as it is.
 
     Every file is first written to a temp file beside its target and synced; only then are
     the temps linked to their names (os.link: atomic, and fails if the name exists). If a
@@ -248,7 +275,8 @@ def write_files(files: Sequence[tuple[str | Path, str | bytes | Iterable[str]]])
         for (_, content), path in zip(files, targets, strict=True):
             current = path
             path.parent.mkdir(parents=True, exist_ok=True)
-            temps.append((_write_temp(path, content), path))
+            temps.append((content.done() if isinstance(content, Staged)
+                          else _write_temp(path, content), path))
         for tmp, path in temps:
             current = path
             os.link(tmp, path)

@@ -111,15 +111,17 @@ DRAW_COLUMNS = ["setup_ms", "ms_per_gb"]
 
 
 class DrawsFile(Strict):
-    """Where the pairs' joint bootstrap draws are: a NumPy .npy array of float64, shape
-    (pairs with draws, draws per pair, 2), beside the document (a plain file name); a pair's
-    `draws_row` is its row. The values are the fit's own, at full precision (inline, as
-    kvbench fit writes them, they are rounded to 6 significant digits)."""
+    """Where the pairs' joint bootstrap draws are: a NumPy .npy array, shape (pairs with
+    draws, draws per pair, 2), beside the document (a plain file name); a pair's `draws_row`
+    is its row. float64: the fit's own values at full precision (`--draws file` up to 240
+    pairs). float32 (a streamed report, beyond 240 pairs: 8 KB a pair at 1000 draws, 8.4 GB
+    at N = 1,024): 24 significant bits, at most 6e-8 relative error a value, still finer than
+    the 6 significant digits inline draws are rounded to (as kvbench fit writes them)."""
 
     file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
     shape: Annotated[list[Count], Field(min_length=3, max_length=3)]
     columns: list[Text] = DRAW_COLUMNS
-    dtype: Literal["float64"] = "float64"
+    dtype: Literal["float64", "float32"] = "float64"
 
 
 PAIRS_SUFFIX = ".pairs.jsonl"
@@ -130,7 +132,9 @@ class PairsFile(Strict):
     """Where every pair's entry is when the matrix is big: one JSON object a line, "pair"
     first, beside the document (a plain file name); the document's `pairs` then holds the
     named pairs only, and says which fitted pair is the slowest, so `plan --pair` reads the
-    one line it needs at any N (the document alone grew past its read bound near 250 ranks)."""
+    one line it needs at any N (the document alone grew past its read bound near 250 ranks).
+    Each line is a whole PairEntry, findings included (kvbench.matrix.stream writes every line
+    checked against the model, and the named pairs' lines again once the rules have run)."""
 
     file: Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^/\\\x00]+$")]
     count: Count
@@ -211,9 +215,75 @@ def read_pairs(path: str | Path, pf: PairsFile, want: str | tuple[int, int] | No
     target = want if want is not None else pf.slowest_fitted
     if target is None:
         return []
-    prefix = f'{{"pair":[{target[0]},{target[1]}],'
-    return next(([_pair_line(where, k, line)] for k, line in _lines(where)
+    found = _bisect_line(where, (target[0], target[1]))
+    if found is not None:
+        return [_typed_line(where, "of that pair", found)]
+    prefix = f'{{"pair":[{target[0]},{target[1]}],'  # (a file not in order: read in lines)
+    return next(([_typed_line(where, k, line)] for k, line in _lines(where)
                  if line.startswith(prefix)), [])
+
+
+def _pair_at(line: bytes) -> tuple[int, int] | None:
+    """The pair a line starts with ('{"pair":[I,J],'), or None."""
+    head = line[:40]
+    if not head.startswith(b'{"pair":['):
+        return None
+    inner = head[9:].split(b"]", 1)[0].split(b",")
+    try:
+        return (int(inner[0]), int(inner[1])) if len(inner) == 2 else None
+    except ValueError:
+        return None
+
+
+def _bisect_line(where: Path, want: tuple[int, int]) -> str | None:
+    """The line of pair `want` found by bisecting the file's bytes (kvbench matrix writes the
+    lines in pair order): ~40 short reads of a million-line file, not a pass over its GBs.
+    None when not found so (a missing pair, or lines not in order: the caller reads in
+    lines, and says which line is bad)."""
+    try:
+        f = open(where, "rb")
+    except FileNotFoundError:
+        raise UsageError(f"its pairs file {where} is missing (keep the matrix's {PAIRS_SUFFIX} "
+                         "beside its .json)") from None
+    except OSError as exc:
+        raise UsageError(f"its pairs file {where} cannot be read: {exc}") from None
+    with f:
+        lo, hi = 0, f.seek(0, 2)  # lo: a line's start; hi: past the last candidate start
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if mid > lo:  # to the first line that starts at or after mid
+                f.seek(mid - 1)
+                f.readline()
+            else:
+                f.seek(mid)
+            start = f.tell()
+            if start >= hi:  # no line starts in [mid, hi): the answer is at lo or not here
+                hi = mid
+                continue
+            at = _pair_at(f.readline(MAX_PAIR_LINE + 1))
+            if at is None:
+                return None
+            if at < want:
+                lo = f.tell()
+            elif at > want:
+                hi = start
+            else:
+                f.seek(start)
+                line = f.readline(MAX_PAIR_LINE + 1)
+                return line.decode("utf-8", "replace") if len(line) <= MAX_PAIR_LINE else None
+        f.seek(lo)
+        line = f.readline(MAX_PAIR_LINE + 1)
+        if _pair_at(line) == want and len(line) <= MAX_PAIR_LINE:
+            return line.decode("utf-8", "replace")
+    return None
+
+
+def _typed_line(where: Path, k: int | str, line: str) -> dict:
+    """One pair's line, checked against its model alone (its line number named on a
+    problem), before the document around it is checked again with it."""
+    entry = _pair_line(where, k, line)
+    parse(PairEntry, entry, f"{where}: line {k}")
+    return entry
 
 
 def _lines(where: Path):
@@ -231,7 +301,7 @@ def _lines(where: Path):
         raise UsageError(f"its pairs file {where} cannot be read: {exc}") from None
 
 
-def _pair_line(where: Path, k: int, line: str) -> dict:
+def _pair_line(where: Path, k: int | str, line: str) -> dict:
     import json
 
     try:
@@ -291,10 +361,11 @@ def pair_draws(doc: MatrixDocument, path: str, row: int) -> list[list[float]]:
                          f"{DRAWS_SUFFIX} beside its .json)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: its draws file {where} cannot be read: {exc}") from None
-    if arr.dtype != np.float64 or list(arr.shape) != df.shape or row >= arr.shape[0]:
+    if arr.dtype != np.dtype(df.dtype) or list(arr.shape) != df.shape or row >= arr.shape[0]:
         raise UsageError(f"{path}: its draws file {where} holds {arr.dtype} {list(arr.shape)}, "
-                         f"the document says float64 {df.shape} (row {row}): not this matrix's")
-    values = np.asarray(arr[row])
+                         f"the document says {df.dtype} {df.shape} (row {row}): not this "
+                         "matrix's")
+    values = np.asarray(arr[row], dtype=np.float64)
     if not np.isfinite(values).all():
         raise UsageError(f"{path}: its draws file {where}: row {row} holds a value that is not "
                          "finite")
