@@ -193,21 +193,24 @@ class Regenerated:
         return iter(records(self.n, self.args.ranks_per_node, self.args.rounds, self.args.seed))
 
 
-def record_bytes(n: int, args) -> int:
-    """The bytes of one record of an n-rank run as the writer writes it (.jsonl + .csv
-    twin, about the same again), measured on its first record."""
+def record_bytes(n: int, args) -> tuple[int, int]:
+    """The bytes of a job's first record and of a later one as the writer writes them (.jsonl
+    + .csv twin, about the same again): the first holds the job's hosts, environments and
+    rounds, the later ones are lean (kvbench.records.schema.job)."""
     from kvbench.records.write import dumps_json
 
-    first = next(iter(Regenerated(n, args)))
-    return 2 * (len(dumps_json(first, indent=None)) + 1)
+    it = iter(Regenerated(n, args))
+    first, later = next(it), next(it)
+    return tuple(2 * (len(dumps_json(r, indent=None)) + 1) for r in (first, later))
 
 
 def check_disk(n: int, args, folder: Path) -> None:
     """Refuse, in one line, an N whose records and report would not fit the disk: the records
-    (measured on the first one), the pairs file (~3 KB a pair) and the float32 draws."""
+    (measured on the first and the second), the pairs file (~3 KB a pair) and the float32
+    draws."""
     pairs = n * (n - 1)
-    need = len(Regenerated(n, args)) * record_bytes(n, args) + pairs * (
-        3000 + 8 * args.bootstrap)
+    first, later = record_bytes(n, args)
+    need = first + (len(Regenerated(n, args)) - 1) * later + pairs * (3000 + 8 * args.bootstrap)
     free = shutil.disk_usage(folder).free
     if need > 0.9 * free:
         print(f"matrix_scale.py: N = {n} needs about {need / 1e9:.1f} GB in {folder} (records "
