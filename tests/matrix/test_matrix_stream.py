@@ -117,7 +117,7 @@ def test_plan_finds_a_pair_s_line_by_bisecting_the_pairs_file(tmp_path, n):
     of order are still read (in lines) by read_pairs."""
     import random
 
-    from kvbench.records.schema.matrix import PairsFile, _bisect_line, read_pairs
+    from kvbench.records.schema.matrix import PairsFile, bisect_pair_line, read_pairs
 
     rng = random.Random(n)
     pairs = [(i, j) for i in range(n + 1) for j in range(n + 1) if i != j]
@@ -126,7 +126,7 @@ def test_plan_finds_a_pair_s_line_by_bisecting_the_pairs_file(tmp_path, n):
     side.write_text("".join(json.dumps({"pair": list(q), "pad": "x" * rng.randint(0, 300)},
                                        separators=(",", ":")) + "\n" for q in keep))
     for q in pairs:
-        got = _bisect_line(side, q)
+        got = bisect_pair_line(side, q)
         assert (json.loads(got)["pair"] if got else None) == (list(q) if q in keep else None)
     side.write_text("".join(json.dumps({"pair": list(q), "x": 1}, separators=(",", ":")) + "\n"
                             for q in reversed(keep)))

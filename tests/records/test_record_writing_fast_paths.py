@@ -9,9 +9,20 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from kvbench.records.stats import Measurement
-from kvbench.records.write import _in_order, _valid_text
+from kvbench.records.write import contract_dump
+
+
+class _Rec(BaseModel):
+    """A record shape with what the fast paths meet: flat lists of strings and numbers, and
+    dicts inside a list (whose keys the writer keeps in its own order)."""
+
+    model_config = ConfigDict(extra="allow")
+    hosts: list[str]
+    samples_ms: list[float | int | bool | None]
+    items: list[dict] = []
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 19, 20, 101, 1000])
@@ -29,15 +40,14 @@ def test_the_summary_is_each_propertys_value_to_the_bit(n):
 
 def test_a_lone_surrogate_in_a_host_list_is_still_escaped():
     bad = "node\udcff7"  # a non-UTF-8 byte Python kept as a lone surrogate
-    out = _valid_text({"hosts": ["a", bad, "b"], "samples_ms": [1.0, 2, None, True]})
+    out = contract_dump(_Rec, {"hosts": ["a", bad, "b"], "samples_ms": [1.0, 2, None, True]}, "t")
     assert out["hosts"] == ["a", "node\\xff7", "b"]
     assert out["samples_ms"] == [1.0, 2, None, True]
-    clean = ["h1", "h2"]
-    assert _valid_text(clean) == clean and _valid_text(clean) is not clean  # a copy, as before
+    clean = {"hosts": ["h1", "h2"], "samples_ms": [0.5]}
+    assert contract_dump(_Rec, clean, "t") == clean
 
 
 def test_key_order_still_reaches_dicts_inside_lists():
-    src = {"b": 1, "a": [{"y": 1, "x": 2}], "h": ["n1", "n2"]}
-    out = {"a": [{"x": 2, "y": 1}], "h": ["n1", "n2"], "b": 1}
-    got = _in_order(out, src)
-    assert list(got) == ["b", "a", "h"] and list(got["a"][0]) == ["y", "x"]
+    src = {"samples_ms": [1.0], "items": [{"y": 1, "x": 2}], "hosts": ["n1", "n2"]}
+    got = contract_dump(_Rec, src, "t")
+    assert list(got) == ["samples_ms", "items", "hosts"] and list(got["items"][0]) == ["y", "x"]

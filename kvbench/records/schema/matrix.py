@@ -215,7 +215,7 @@ def read_pairs(path: str | Path, pf: PairsFile, want: str | tuple[int, int] | No
     target = want if want is not None else pf.slowest_fitted
     if target is None:
         return []
-    found = _bisect_line(where, (target[0], target[1]))
+    found = bisect_pair_line(where, (target[0], target[1]))
     if found is not None:
         return [_typed_line(where, "of that pair", found)]
     prefix = f'{{"pair":[{target[0]},{target[1]}],'  # (a file not in order: read in lines)
@@ -235,7 +235,7 @@ def _pair_at(line: bytes) -> tuple[int, int] | None:
         return None
 
 
-def _bisect_line(where: Path, want: tuple[int, int]) -> str | None:
+def bisect_pair_line(where: Path, want: tuple[int, int]) -> str | None:
     """The line of pair `want` found by bisecting the file's bytes (kvbench matrix writes the
     lines in pair order): ~40 short reads of a million-line file, not a pass over its GBs.
     None when not found so (a missing pair, or lines not in order: the caller reads in
