@@ -3,6 +3,9 @@ of one matrix run with a planted slow pair or odd path."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from kvbench.p2p.patterns.matrix import ordered_pairs
 from kvbench.records.schema.p2p import HandoffSpec
 from tests.helpers import rounds_records
@@ -46,3 +49,13 @@ PLANTED = {(1, 0): 0.05}  # n2 -> n1: 5% of the others' rate
 ODD = {(0, 2): ETH1}  # n1 -> n3 over another interface
 
 
+
+
+def matrix_scale_module():
+    """benchmarks/matrix_scale.py as a module: its synthetic N-rank records, written as a
+    real job writes them (planted slow pairs and an odd path)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "matrix_scale.py"
+    spec = importlib.util.spec_from_file_location("matrix_scale", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -5,7 +5,6 @@ cut into chunks of a few pairs (chunk edges inside a layout)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,7 @@ from kvbench.fit import batch
 from kvbench.fit.fitting import fit_group
 from kvbench.matrix import analyze as analyze_mod
 from kvbench.records.write import write_records
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matrix_scale",
-                                                  ROOT / "benchmarks" / "matrix_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.matrix.helpers import matrix_scale_module
 
 
 def one_by_one(groups, n_boot, seed, raw_draws=False):
@@ -42,7 +32,7 @@ def _doc(path: Path, draws: list):
 
 
 def test_batched_pairs_give_the_document_one_fit_per_pair_gives(tmp_path, monkeypatch):
-    bench = _bench()
+    bench = matrix_scale_module()
     src, _ = write_records(tmp_path, list(bench.records(8, 8, 20, seed=4)), "kvbench-p2p")
     calls = []
     real = batch.fit_groups_batched

@@ -8,7 +8,6 @@ kvbench.records.write.write_records). The real mpirun jobs: test_matrix_mpi_lean
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,18 +16,10 @@ import pytest
 from kvbench.errors import UsageError
 from kvbench.records.schema.job import JOB_IN, whole_dicts
 from kvbench.records.write import environment, write_records
-from tests.conftest import ROOT, committed, run_cli
+from tests.conftest import committed, run_cli
+from tests.matrix.helpers import matrix_scale_module
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matrix_scale",
-                                                  ROOT / "benchmarks" / "matrix_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _bench()
+BENCH = matrix_scale_module()
 PER_NODE = 4  # ranks per host: pairs within and across hosts
 
 

@@ -6,7 +6,6 @@ pairs and an odd path); the same analysis with every pair inline is the referenc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,25 +15,18 @@ from kvbench.fit.fitting import dumps
 from kvbench.matrix.analyze import analyze
 from kvbench.records.write import write_records
 from tests.conftest import run_cli
+from tests.matrix.helpers import matrix_scale_module
 
 pytestmark = pytest.mark.slow  # a 17-rank analysis and ten plans: ~90 s on 2 busy cores
 
-ROOT = Path(__file__).resolve().parents[2]
 N = 17  # 272 pairs: past the 240 kept inline
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matrix_scale",
-                                                  ROOT / "benchmarks" / "matrix_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pairs")
-    bench = _bench()
+    bench = matrix_scale_module()
     src, _ = write_records(tmp, list(bench.records(N, 8, 12, seed=2)), "kvbench-p2p")
     r = run_cli("kvbench.matrix", "report", str(src), "--out", str(tmp / "out"),
                 "--bootstrap", "100")

@@ -6,7 +6,6 @@ planted N = 8 and N = 16 matrices (benchmarks/matrix_scale.py's records)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,7 @@ import pytest
 from kvbench.fit import stats
 from kvbench.matrix.analyze import analyze
 from kvbench.records.write import write_records
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matrix_scale",
-                                                  ROOT / "benchmarks" / "matrix_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.matrix.helpers import matrix_scale_module
 
 
 def _doc(path: Path, draws: list):
@@ -33,7 +23,7 @@ def _doc(path: Path, draws: list):
 
 @pytest.mark.parametrize("n", [8, pytest.param(16, marks=pytest.mark.slow)])
 def test_shared_counts_give_the_document_drawing_each_pair_gives(tmp_path, monkeypatch, n):
-    bench = _bench()
+    bench = matrix_scale_module()
     src, _ = write_records(tmp_path, list(bench.records(n, 8, 12, seed=n)), "kvbench-p2p")
     new_draws: list = []
     new = _doc(src, new_draws)

@@ -8,7 +8,6 @@ and tests/matrix/helpers' (wrong data, no fit, a link that is not the expected k
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -23,23 +22,16 @@ from kvbench.matrix.stream import write_streamed
 from kvbench.records.write import dumps_json, write_records
 from tests.conftest import run_cli
 from tests.helpers import write_jsonl
-from tests.matrix.helpers import ODD, PLANTED, matrix_records
+from tests.matrix.helpers import ODD, PLANTED, matrix_records, matrix_scale_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("matrix_scale",
-                                                  ROOT / "benchmarks" / "matrix_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stream")
-    bench = _bench()
+    bench = matrix_scale_module()
     src, _ = write_records(tmp, list(bench.records(8, 4, 12, seed=1)), "kvbench-p2p")
     draws: list = []
     inline = az.analyze([str(src)], n_boot=200, draws="file", draws_out=draws)
@@ -183,6 +175,6 @@ def test_a_128_rank_report_stays_small_in_memory(tmp_path):
     print(got["peaks"])
     assert got["pairs"] == 128 * 127
     assert {tuple(p): c for p, c in got["named"]} == \
-        {p: [c] for p, c in _bench().planted(128, 8).items()}
+        {p: [c] for p, c in matrix_scale_module().planted(128, 8).items()}
     assert got["peaks"]["fits"] < 48 * 2**20
     assert got["peaks"]["report"] < 400 * 2**20
