@@ -54,9 +54,13 @@ check: $(STAMP)
 # The full default suite (CI). Its Slurm tests install Debian packages and link a library in
 # a system folder only where CI is set or KVBENCH_ALLOW_SYSTEM_INSTALL=1; otherwise they skip
 # and name the variable.
+# In two runs: the tests that stay in their own process (slow ones included) on two workers, as
+# make check runs them; then every mpirun job and the Slurm cluster one at a time (each job
+# takes both cores).
 test: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS)
-	@$(call PYTEST,-q -ra -m "not lab")
+	@$(call PYTEST,-q -ra -n $(CHECK_WORKERS) -m "not lab and not mpi and not slurm")
+	@$(call PYTEST,-q -ra -m "not lab and (mpi or slurm)")
 
 # The real-vLLM group (docs/lab.md section 8): the lab's own venv and the AIPerf and GuideLLM
 # venvs first (a few minutes, once; cached after), then the example plan's tiny model (built on
