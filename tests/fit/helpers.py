@@ -30,3 +30,18 @@ def near(truth: float, interval, margin: float = 1.0) -> bool:
     lo, hi = interval
     w = hi - lo
     return lo - margin * w <= truth <= hi + margin * w
+
+
+def fit_each(groups, n_boot: int, seed: int, raw_draws: bool = False) -> list:
+    """kvbench fit's one-group fit of each group in turn: its record, or the UsageError it
+    raised (the reference the batched fits are held to)."""
+    from kvbench.errors import UsageError
+    from kvbench.fit.fitting import fit_group
+
+    out = []
+    for g in groups:
+        try:
+            out.append(fit_group(g, n_boot, seed, None, raw_draws).record)
+        except UsageError as exc:
+            out.append(exc)
+    return out

@@ -15,7 +15,7 @@ import pytest
 from kvbench.errors import UsageError
 from kvbench.fit import batch
 from kvbench.fit.data import group_records
-from kvbench.fit.fitting import fit_group
+from tests.fit.helpers import fit_each
 from tests.helpers import SPEC, rounds_records
 
 MB = 1 << 20
@@ -43,13 +43,7 @@ def diff(a, b, path="record") -> list[str]:
 
 
 def reference(groups, raw_draws):
-    out = []
-    for g in groups:
-        try:
-            out.append(fit_group(g, BOOT, SEED, None, raw_draws).record)
-        except UsageError as exc:
-            out.append(exc)
-    return out
+    return fit_each(groups, BOOT, SEED, raw_draws)
 
 
 def pair_records(i, sizes, *, rounds=20, rate=1.0, seed=0, fn=None, **kw):

@@ -9,22 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.errors import UsageError
 from kvbench.fit import batch
-from kvbench.fit.fitting import fit_group
 from kvbench.matrix import analyze as analyze_mod
 from kvbench.records.write import write_records
+from tests.fit.helpers import fit_each
 from tests.matrix.helpers import matrix_scale_module
-
-
-def one_by_one(groups, n_boot, seed, raw_draws=False):
-    out = []
-    for g in groups:
-        try:
-            out.append(fit_group(g, n_boot, seed, None, raw_draws).record)
-        except UsageError as exc:
-            out.append(exc)
-    return out
 
 
 def _doc(path: Path, draws: list):
@@ -42,7 +31,7 @@ def test_batched_pairs_give_the_document_one_fit_per_pair_gives(tmp_path, monkey
     new_draws: list = []
     new = _doc(src, new_draws)
     assert calls == [56]
-    monkeypatch.setattr(analyze_mod, "fit_groups_batched", one_by_one)
+    monkeypatch.setattr(analyze_mod, "fit_groups_batched", fit_each)
     old_draws: list = []
     old = _doc(src, old_draws)
     drop = {"created"}

@@ -10,8 +10,7 @@ import pytest
 
 from kvbench.fit.data import spec_id
 from kvbench.plan.twohop import in_series
-from tests.conftest import run_cli
-from tests.plan.helpers import POOL, bad, kv_records, make_fit
+from tests.plan.helpers import POOL, bad, export_text, kv_records, make_fit
 
 TOKENS = [300, 1000, 2000, 4000]
 # put and get fitted apart, and the handoff as decode sees it (their series plus a notice)
@@ -36,14 +35,10 @@ def store_fit(tmp_path_factory):
     return make_fit(tmp, recs, "store")
 
 
-def export(fit: str, *args: str) -> str:
-    res = run_cli("kvbench.plan", "export", "--fit", fit, "--model", "llama-3.1-8b", *args)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
 
 
 def test_the_json_model_is_the_handoff_with_both_hops_beside_it(store_fit):
-    doc = json.loads(export(store_fit, "--to", "json"))
+    doc = json.loads(export_text(store_fit, "--to", "json"))
     groups = {g["group"]["variant"]: g for g in json.loads(open(store_fit).read())["groups"]}
     assert doc["setup_ms"] == pytest.approx(max(groups[None]["setup_ms"], 0.0))  # the handoff's
     th = doc["context"]["two_hop"]
@@ -59,7 +54,7 @@ def test_the_json_model_is_the_handoff_with_both_hops_beside_it(store_fit):
 
 @pytest.mark.parametrize("tool", ["blis", "dynamo", "aisimulate", "splitwise"])
 def test_each_tool_says_how_it_holds_the_two_hops(store_fit, tool):
-    text = export(store_fit, "--to", tool)
+    text = export_text(store_fit, "--to", tool)
     assert "# cannot represent: the two hops of a store's handoff apart (prefill puts" in text
     held = ("exact in BLIS's two terms" if tool == "blis" else
             "the setup of both hops and the notice is folded")
@@ -78,4 +73,4 @@ def test_one_hop_alone_is_refused_in_one_line(store_fit):
 def test_a_direct_fit_exports_as_before(tmp_path):
     fit = make_fit(tmp_path, kv_records(TOKENS, *WHOLE), "direct")
     for tool in ("json", "blis", "dynamo"):
-        assert "two hops" not in export(fit, "--to", tool)
+        assert "two hops" not in export_text(fit, "--to", tool)

@@ -11,8 +11,7 @@ import json
 import pytest
 
 from kvbench.fit.data import spec_id
-from tests.conftest import run_cli
-from tests.plan.helpers import POOL, kv_records, make_fit
+from tests.plan.helpers import POOL, export_text, kv_records, make_fit
 
 TOKENS = [300, 1000, 2000, 4000]
 LINE = (1.1, 2.5)  # setup ms, GB/s of the overlapped handoff
@@ -34,14 +33,10 @@ def fit(tmp_path_factory):
                     "slw")
 
 
-def export(fit: str, *args: str) -> str:
-    res = run_cli("kvbench.plan", "export", "--fit", fit, "--model", "llama-3.1-8b", *args)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
 
 
 def test_the_json_model_is_the_one_line_with_the_store_beside_it(fit):
-    doc = json.loads(export(fit, "--to", "json"))
+    doc = json.loads(export_text(fit, "--to", "json"))
     (group,) = json.loads(open(fit).read())["groups"]
     assert doc["effective_gb_s"] == pytest.approx(group["effective_gb_s"])
     th = doc["context"]["two_hop"]
@@ -51,7 +46,7 @@ def test_the_json_model_is_the_one_line_with_the_store_beside_it(fit):
 
 @pytest.mark.parametrize("tool", ["blis", "dynamo", "aisimulate", "splitwise"])
 def test_each_tool_says_the_hops_overlap_and_what_of_the_store_it_cannot_hold(fit, tool):
-    text = export(fit, "--to", tool)
+    text = export_text(fit, "--to", tool)
     assert "# cannot represent: the two hops of a store's handoff apart, here overlapped layer by layer" in text
     assert "not two hops in series" in text and "in series 1" not in text
     held = "exact in BLIS's two terms" if tool == "blis" else "its setup is folded"
