@@ -72,7 +72,7 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
     sweep = Sweep(p, lab, tmp_path, exe, tool)
     res = sweep.run_point(Point("cold", "aggregated", 2.0, 1), target)
     folder = Point("cold", "aggregated", 2.0, 1).folder(tmp_path)
-    assert res["status"] == "done", (res, (folder / f"{tool}-bench.log").read_text()[-3000:])
+    assert res["status"] == "done", f"{res['reason']}\n{(folder / f'{tool}-bench.log').read_text()[-3000:]}"
     assert res["client"] == tool and res["num_prompts"] == 12 and res["scrape"]
     recs = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     # every one of the 12 is a record, or named by the client's own counts as still in flight

@@ -17,7 +17,7 @@ import pytest
 from kvbench.cli import UsageError
 from kvbench.lab.load import bench
 from kvbench.lab.load.clients import client_run, find_client
-from kvbench.lab.sweep.main import Point, Sweep, open_out
+from kvbench.lab.sweep.main import Point, Sweep, conversion_failure, open_out
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lab-plan.yaml"
@@ -73,6 +73,8 @@ def test_sweep_converts_each_clients_result_with_the_point_labels(tmp_path, tool
     bad = Sweep(plan, lab, tmp_path, "/bin/false", tool).convert(Point("warm", "aggregated", 4.0, 1), folder,
                                                                  result)
     assert bad is None and "differs from" in (folder / "convert.log").read_text()  # 4 rps claimed, 2 run
+    why = conversion_failure(folder)  # the point's reason names the converter's own words
+    assert why.startswith("conversion failed: ") and "differs from" in why, why
 
 
 def test_each_client_gets_the_same_open_loop_workload(tmp_path):

@@ -187,7 +187,7 @@ class Sweep:
                                         self.c.request_deadline_ms / 1000.0 + 10.0, cr.env, grace)
         records = self.convert(point, folder, cr.result) if ok else None
         result = {"point": asdict(point), "client": self.client, "status": "done" if records else "failed",
-                  "reason": why if not ok else ("" if records else "conversion failed"),
+                  "reason": why if not ok else ("" if records else conversion_failure(folder)),
                   "cache": cache_note, "num_prompts": run.num_prompts, "seed": run.seed,
                   "scrape": (folder / "scrape.jsonl").exists(),
                   "started_unix": t0, "wall_s": round(time.time() - t0, 1), "bound_s": round(bound),
@@ -210,6 +210,14 @@ class Sweep:
         proc = subprocess.run(convert_cmd(self.client, point, result, out), capture_output=True, text=True)
         (folder / "convert.log").write_text(proc.stdout + proc.stderr)
         return out if proc.returncode == 0 else None
+
+
+def conversion_failure(folder: Path) -> str:
+    """Why `slo convert` refused a client's result: its last line in convert.log, so that a
+    failed point says what the converter said rather than only that it failed."""
+    log = folder / "convert.log"
+    lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()] if log.exists() else []
+    return "conversion failed" + (f": {lines[-1].strip()} (convert.log)" if lines else "")
 
 
 def running_lab(name: str, lab):
