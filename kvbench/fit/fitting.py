@@ -360,6 +360,10 @@ def line_warnings(line: LineFit, line_rate: float | None) -> list[dict]:
     if line.ms_per_gb <= 0:
         out.append(_warn("no_rate", "time does not grow with bytes: no effective rate can be "
                          "fitted (are the sizes far too small, or the timer wrong?)"))
+    elif line.slope_unresolved:
+        out.append(_warn("no_rate", "time grows with bytes in the fit but not in most bootstrap "
+                         "resamples (their median slope is not positive): these sizes do not "
+                         "resolve a rate (measure larger payloads, or more rounds)"))
     elif line.effective_gb_s is None:
         out.append(_warn("no_rate", f"the fitted rate {1000.0 / line.ms_per_gb:.3g} GB/s is outside "
                          f"{MIN_GBPS:g}..{MAX_GBPS:g} GB/s: no rate can be fitted (constant times, or "

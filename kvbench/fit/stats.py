@@ -400,7 +400,20 @@ class LineFit:
         """1000 / ms_per_gb, or None outside the rates every reader takes (MIN_GBPS..MAX_GBPS):
         a slope of rounding noise (constant times) is no rate, not 1.7e13 GB/s."""
         rate = 1000.0 / self.ms_per_gb if self.ms_per_gb > 0 else None
-        return rate if rate is not None and MIN_GBPS <= rate <= MAX_GBPS else None
+        if rate is None or not MIN_GBPS <= rate <= MAX_GBPS or self.slope_unresolved:
+            return None
+        return rate
+
+    @property
+    def slope_unresolved(self) -> bool:
+        """The line's slope is positive but most of its bootstrap draws' are not: time grows
+        with bytes in this sample only (seen in a real matrix job on a loaded machine, sizes of
+        a few KB). A rate beside such draws is not one the data support, and readers refuse
+        it (kvbench.records.schema.fit.check_draws_hold takes the same median)."""
+        if self.ms_per_gb <= 0 or self.draws is None or not len(self.draws):
+            return False
+        n = len(self.draws)
+        return bool(np.partition(self.draws[:, 1], n // 2)[n // 2] <= 0)
 
     def predict(self, nbytes) -> np.ndarray:
         return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB
