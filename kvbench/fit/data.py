@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -127,14 +128,18 @@ class _SpecsAsWritten:
     whole line: a matrix has one group per pair) and held to equal the typed spec, else
     from the whole line; a lean record's gets its job's hosts (kvbench.records.schema.job)."""
 
+    SHARED_MAX = 1 << 14  # distinct values held for sharing (a matrix's: its few, and its ranks)
+
     def __init__(self):
         self._hosts: dict[tuple, list] = {}  # one list per distinct host list, shared
+        self._values: dict[tuple, object] = {}  # (type, repr) -> the first such value read
 
     def of(self, rec: P2PRecord, raw: bytes, where: str) -> dict:
         lean = rec.job_in is not None
         spec = _spec_text(raw, rec, lean)
         if spec is None:
             spec = decode_line(raw, where)["spec"]
+        spec = self._share(spec)
         if lean:
             return with_hosts(spec, rec.hosts)
         hosts = spec.get("hosts")
@@ -144,6 +149,27 @@ class _SpecsAsWritten:
             # a matrix's pairs share one job's hosts: held once, not once per pair
             spec["hosts"] = self._hosts.setdefault(tuple(hosts), spec["hosts"])
         return spec
+
+    def _share(self, spec: dict, depth: int = 0) -> dict:
+        """The spec with equal keys and values of other specs made one object (specs are read,
+        never changed in place): a matrix's groups, one a pair, hold specs that differ only in
+        the pair, and each would otherwise hold its own copy of the rest, its keys included
+        (json's decoder shares keys within one document only): about 2 KB a pair."""
+        out = {}
+        for k, v in spec.items():
+            k = self._one(k)
+            if type(v) is dict and depth == 0:
+                v = self._share(v, 1)  # (the world: its size and rank lists)
+            out[k] = v if k == "hosts" or type(v) not in (str, dict, list) else self._one(v)
+        return out
+
+    def _one(self, v):
+        """The first value read equal to v (same type and repr), v itself beyond SHARED_MAX."""
+        key = (type(v), repr(v))
+        got = self._values.get(key)
+        if got is None and len(self._values) < self.SHARED_MAX:
+            self._values[key] = got = v
+        return v if got is None else got
 
 
 _SPEC_KEY = b'"spec":'
@@ -183,13 +209,17 @@ def _plain(v):
 # ---------------------------------------------------------------------------
 # groups
 
+# a size's meta when no record of it names prompt tokens or a model: one shared, read-only
+# entry (two empty sets a size a group were a kilobyte a pair of a big matrix)
+NO_META = MappingProxyType({"prompt_tokens": frozenset(), "models": frozenset()})
+
 
 @dataclass
 class Group:
     """Records measuring one thing (the same spec, or the same legacy key values), folded into
     columns as they are read: every usable sample's size, time and unit of resampling."""
 
-    fields: dict  # flat key -> value: labels and --where
+    flat: dict | None  # flat key -> value (labels, --where); None: the spec's, made when asked
     spec: dict | None
     n_records: int = 0
     sources: list[str] = field(default_factory=list)
@@ -211,6 +241,18 @@ class Group:
     _desc_merged: array = field(default_factory=lambda: array("q"))  # the transport's merged count
     _member: array = field(default_factory=lambda: array("q"))  # merged groups: each sample's cut
     _runs: dict = field(default_factory=dict)  # run_id -> index, in first-seen order
+    known_spec_id: str | None = None  # the records' spec_id, checked by the reader's schema
+
+    @property
+    def fields(self) -> dict:
+        """The spec flattened ({"world.size": 2, ...}); a spec group's is made when asked, not
+        held: a matrix has one group per ordered pair (a million at N = 1,024), and their
+        specs differ only in the pair."""
+        return flatten(self.spec) if self.flat is None else self.flat
+
+    @fields.setter
+    def fields(self, value: dict) -> None:
+        self.flat = value
 
     @property
     def label(self) -> str:
@@ -218,7 +260,13 @@ class Group:
 
     @property
     def spec_id(self) -> str | None:
-        return None if self.spec is None else spec_id_of(self.spec)
+        """The spec's hash: the records' own where the reader checked it (hashing a big job's
+        spec, every host in it, once per pair grows as N^3), else computed."""
+        if self.spec is None:
+            return None
+        if self.known_spec_id is None:
+            self.known_spec_id = spec_id_of(self.spec)
+        return self.known_spec_id
 
     def add(self, rec, source: str, keep_paths: bool = False, path=None) -> None:
         """`path`: the record's LinkPath where the caller classified it (once a record)."""
@@ -262,11 +310,17 @@ class Group:
         pool = rec.get("store_pool_bytes")
         if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0:
             self.store_pools.add(pool)
-        m = self.meta.setdefault(nbytes, {"prompt_tokens": set(), "models": set()})
-        if rec.get("prompt_tokens") is not None:
-            m["prompt_tokens"].add(rec.get("prompt_tokens"))
-        model = rec.get("model")
+        tokens, model = rec.get("prompt_tokens"), rec.get("model")
         name = model.get("name") if isinstance(model, dict) else None
+        m = self.meta.get(nbytes)
+        if tokens is None and not name:
+            if m is None:
+                self.meta[nbytes] = NO_META
+            return
+        if m is None or m is NO_META:
+            m = self.meta[nbytes] = {"prompt_tokens": set(), "models": set()}
+        if tokens is not None:
+            m["prompt_tokens"].add(tokens)
         if name:
             m["models"].add(str(name))
 
@@ -423,6 +477,7 @@ class Grouper:
         self._legacy_present: set[str] = set()  # optional legacy keys some legacy record has
         self._jobs = Jobs()  # record dicts: lean matrix records made whole (by run_id)
         self._rules = transports.link_rules() if keep_paths else None
+        self._paths: dict = {}  # LinkPath -> itself (_shared_path)
         self.n_records = 0
 
     def add(self, rec, source: str, spec: tuple[str, dict] | None = None) -> None:
@@ -438,7 +493,7 @@ class Grouper:
             key = ("spec", spec[0])
             group = self._groups.get(key)
             if group is None:
-                group = self._groups[key] = Group(flatten(spec[1]), spec[1])
+                group = self._groups[key] = Group(None, spec[1], known_spec_id=spec[0])
         else:
             group = self._legacy_group(rec)
         group.add(rec, source, self.keep_paths)
@@ -454,13 +509,21 @@ class Grouper:
             group = self._groups.get(("spec", sid))
             if group is None:
                 spec = spec_of()
-                group = self._groups[("spec", sid)] = Group(flatten(spec), spec)
+                group = self._groups[("spec", sid)] = Group(None, spec, known_spec_id=sid)
         else:
             group = self._legacy_group(fields)
-        path = linkpath.classify_record(fields, self._rules) if self.keep_paths else None
+        path = self._shared_path(linkpath.classify_record(fields, self._rules)) if self.keep_paths else None
         group.add(fields, source, self.keep_paths, path)
         self.n_records += 1
         return group, path
+
+    def _shared_path(self, path):
+        """One LinkPath object for equal paths (a matrix's pairs hold a few kinds of path, and
+        each pair's Counters would otherwise hold their own copy)."""
+        got = self._paths.get(path)
+        if got is None and len(self._paths) < 4096:
+            self._paths[path] = got = path
+        return path if got is None else got
 
     def _legacy_group(self, rec) -> Group:
         keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS

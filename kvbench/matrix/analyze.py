@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -59,7 +61,7 @@ class PairData:
     hosts: tuple[str, str]
     paths: Counter = field(default_factory=Counter)  # transport_info.path -> records
     kinds: Counter = field(default_factory=Counter)  # LinkPath -> records
-    sources: set = field(default_factory=set)  # transport_info.path_source
+    sources: frozenset = frozenset()  # transport_info.path_source (shared while empty)
     n_records: int = 0
     wrong: int | None = None
     wireup_ms: float | None = None
@@ -139,6 +141,12 @@ def read_run(paths: Sequence[str]) -> Run:
                pairs, by_pair, skipped[0])
 
 
+@lru_cache(maxsize=256)
+def _one_set(sources: frozenset) -> frozenset:
+    """One object for equal sets of path sources (a pair each, nearly all alike)."""
+    return sources
+
+
 def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None) -> None:
     """One record into its pair's data; `path`: its LinkPath, classified once by the reader
     (read_groups) with its record's own facts, else here."""
@@ -147,13 +155,13 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=
     if d is None:
         d = pairs[pair] = PairData(pair, (hosts[pair[0]], hosts[pair[1]]))
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
-    d.paths[str(info.get("path") or "no path recorded")] += 1
+    d.paths[sys.intern(str(info.get("path") or "no path recorded"))] += 1  # (one text, a million pairs)
     d.kinds[path if path is not None else transports.classify_record({
         "transport": rec.transport, "transport_info": info, "device": rec.device,
         "hosts": rec.hosts, "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
     if info.get("path_source"):
-        d.sources.add(str(info["path_source"]))
+        d.sources = _one_set(d.sources | {sys.intern(str(info["path_source"]))})
     d.n_records += 1
     if rec.wrong is not None:
         d.wrong = (d.wrong or 0) + rec.wrong

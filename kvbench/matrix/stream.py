@@ -100,11 +100,13 @@ class DrawsOut:
 
 
 def _fit_chunks(run: Run, n_boot: int, seed: int, chunk: int):
-    """(pair, PairData, fit record) in the document's order, fitted `chunk` pairs at a time."""
+    """(pair, PairData, fit record) in the document's order, fitted `chunk` pairs at a time.
+    Each chunk's groups leave `run` as they are fitted (the stream owns the run): the samples
+    of the pairs already written are not held to the end."""
     order = sorted(run.pairs)
     for at in range(0, len(order), chunk):
         part = order[at:at + chunk]
-        sub = replace(run, groups={p: run.groups[p] for p in part if p in run.groups})
+        sub = replace(run, groups={p: run.groups.pop(p) for p in part if p in run.groups})
         fits = fit_pairs(sub, n_boot, seed, raw_draws=True)
         yield [(run.pairs[p], fits.get(p, {"not_fitted": "no group"})) for p in part]
 
@@ -174,7 +176,7 @@ def write_streamed(run: Run, paths, out_dir: Path, *, expect_link: str | None = 
                    n_boot: int = 1000, seed: int = 0, chunk: int = CHUNK
                    ) -> tuple[MatrixDocument, tb.PairTable, list[Path]]:
     """The report of a big run, streamed (module doc): (the typed document, which holds the
-    named pairs, the table of every pair, the files written)."""
+    named pairs, the table of every pair, the files written). `run`'s groups are consumed."""
     from kvbench.matrix.report import SUFFIXES
     from kvbench.records.write import fresh_stem
 
