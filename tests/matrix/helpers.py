@@ -59,3 +59,15 @@ def matrix_scale_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def assert_same_document(new, new_draws: list, old, old_draws: list, planted: dict) -> None:
+    """Two matrix documents of one run the same (but for when each was made), their draws
+    files equal to the last bit, and exactly the planted pairs named, each with its code."""
+    import numpy as np
+
+    drop = {"created"}
+    assert new.model_dump(exclude=drop) == old.model_dump(exclude=drop)
+    assert np.array_equal(new_draws[0], old_draws[0])
+    named = {tuple(p.pair): [f.code for f in p.findings] for p in new.pairs if p.findings}
+    assert named == {p: [c] for p, c in planted.items()}

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from kvbench.fit import batch
 from kvbench.matrix import analyze as analyze_mod
 from kvbench.records.write import write_records
 from tests.fit.helpers import fit_each
-from tests.matrix.helpers import matrix_scale_module
+from tests.matrix.helpers import assert_same_document, matrix_scale_module
 
 
 def _doc(path: Path, draws: list):
@@ -34,8 +32,4 @@ def test_batched_pairs_give_the_document_one_fit_per_pair_gives(tmp_path, monkey
     monkeypatch.setattr(analyze_mod, "fit_groups_batched", fit_each)
     old_draws: list = []
     old = _doc(src, old_draws)
-    drop = {"created"}
-    assert new.model_dump(exclude=drop) == old.model_dump(exclude=drop)
-    assert np.array_equal(new_draws[0], old_draws[0])
-    named = {tuple(p.pair): [f.code for f in p.findings] for p in new.pairs if p.findings}
-    assert named == {p: [c] for p, c in bench.planted(8, 8).items()}
+    assert_same_document(new, new_draws, old, old_draws, bench.planted(8, 8))

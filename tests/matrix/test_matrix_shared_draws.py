@@ -14,7 +14,7 @@ import pytest
 from kvbench.fit import stats
 from kvbench.matrix.analyze import analyze
 from kvbench.records.write import write_records
-from tests.matrix.helpers import matrix_scale_module
+from tests.matrix.helpers import assert_same_document, matrix_scale_module
 
 
 def _doc(path: Path, draws: list):
@@ -31,11 +31,7 @@ def test_shared_counts_give_the_document_drawing_each_pair_gives(tmp_path, monke
     monkeypatch.setattr(stats, "unit_counts", stats.draw_unit_counts)  # each pair anew
     old_draws: list = []
     old = _doc(src, old_draws)
-    drop = {"created"}
-    assert new.model_dump(exclude=drop) == old.model_dump(exclude=drop)
-    assert np.array_equal(new_draws[0], old_draws[0])
-    named = {tuple(p.pair): [f.code for f in p.findings] for p in new.pairs if p.findings}
-    assert named == {p: [c] for p, c in bench.planted(n, 8).items()}
+    assert_same_document(new, new_draws, old, old_draws, bench.planted(n, 8))
 
 
 def test_a_kept_draw_leaves_the_generator_where_drawing_leaves_it():
