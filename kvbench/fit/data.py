@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -157,10 +158,15 @@ class _SpecsAsWritten:
         (json's decoder shares keys within one document only): about 2 KB a pair."""
         out = {}
         for k, v in spec.items():
-            k = self._one(k)
-            if type(v) is dict and depth == 0:
-                v = self._share(v, 1)  # (the world: its size and rank lists)
-            out[k] = v if k == "hosts" or type(v) not in (str, dict, list) else self._one(v)
+            t = type(v)
+            if t is str:
+                v = sys.intern(v)
+            elif t is dict and depth == 0:  # (the world: its rank lists shared; itself, one
+                v = self._share(v, 1)  # a pair, is not kept for sharing)
+                v = v if k == "world" else self._one(v)
+            elif (t is list or t is dict) and k != "hosts":
+                v = self._one(v)
+            out[sys.intern(k)] = v
         return out
 
     def _one(self, v):
@@ -245,10 +251,13 @@ class Group:
 
     @property
     def fields(self) -> dict:
-        """The spec flattened ({"world.size": 2, ...}); a spec group's is made when asked, not
-        held: a matrix has one group per ordered pair (a million at N = 1,024), and their
-        specs differ only in the pair."""
-        return flatten(self.spec) if self.flat is None else self.flat
+        """The spec flattened ({"world.size": 2, ...}); a spec group's is made when first
+        asked (by the fit), not while the records are read: a matrix holds one group per
+        ordered pair (a million at N = 1,024) until its fit, their specs differing only in
+        the pair."""
+        if self.flat is None:
+            self.flat = flatten(self.spec)
+        return self.flat
 
     @fields.setter
     def fields(self, value: dict) -> None:

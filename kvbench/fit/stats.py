@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.linalg
@@ -404,7 +405,7 @@ class LineFit:
             return None
         return rate
 
-    @property
+    @cached_property  # (asked by the rate, its warnings and its writer: one partition a line)
     def slope_unresolved(self) -> bool:
         """The line's slope is positive but most of its bootstrap draws' are not: time grows
         with bytes in this sample only (seen in a real matrix job on a loaded machine, sizes of
