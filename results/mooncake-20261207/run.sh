@@ -15,4 +15,9 @@ mpirun -n 2 $P --pattern store --layout paged --granularity block --sizes 300,20
 # 3. a store under-sized on purpose: 2 x 32 MiB for a 100 MB request (exit 1: data check)
 mpirun -n 2 $P --pattern store --layout paged --granularity block --sizes 300 --iters 3 \
     --min-iters 3 --warmup 1 --store-segment 32M --out $OUT/store-undersized
+# 4. (later, 07:30 UTC) per page: --mooncake-max-batch 256 (the default) against 1024, three rounds
+for rep in 1 2 3; do for b in 256 1024; do
+mpirun -n 2 $P --layout paged --granularity block --sizes 300,2000 --iters 3 --min-iters 3 \
+    --warmup 1 --baseline --mooncake-max-batch $b --out $OUT/max-batch-ab/b$b-r$rep
+done; done
 exit 0
