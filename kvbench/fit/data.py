@@ -215,6 +215,14 @@ def _plain(v):
 # ---------------------------------------------------------------------------
 # groups
 
+@lru_cache(maxsize=4096, typed=True)
+def one_of(value):
+    """The first hashable value asked for that is equal to `value` (while among the 4,096 most
+    recently asked): a matrix's pairs, a million at N = 1,024, hold a few kinds of path
+    (LinkPath) and path sources, each pair's Counters and sets one object, not their own copy."""
+    return value
+
+
 # a size's meta when no record of it names prompt tokens or a model: one shared, read-only
 # entry (two empty sets a size a group were a kilobyte a pair of a big matrix)
 NO_META = MappingProxyType({"prompt_tokens": frozenset(), "models": frozenset()})
@@ -486,7 +494,6 @@ class Grouper:
         self._legacy_present: set[str] = set()  # optional legacy keys some legacy record has
         self._jobs = Jobs()  # record dicts: lean matrix records made whole (by run_id)
         self._rules = transports.link_rules() if keep_paths else None
-        self._paths: dict = {}  # LinkPath -> itself (_shared_path)
         self.n_records = 0
 
     def add(self, rec, source: str, spec: tuple[str, dict] | None = None) -> None:
@@ -521,18 +528,10 @@ class Grouper:
                 group = self._groups[("spec", sid)] = Group(None, spec, known_spec_id=sid)
         else:
             group = self._legacy_group(fields)
-        path = self._shared_path(linkpath.classify_record(fields, self._rules)) if self.keep_paths else None
+        path = one_of(linkpath.classify_record(fields, self._rules)) if self.keep_paths else None
         group.add(fields, source, self.keep_paths, path)
         self.n_records += 1
         return group, path
-
-    def _shared_path(self, path):
-        """One LinkPath object for equal paths (a matrix's pairs hold a few kinds of path, and
-        each pair's Counters would otherwise hold their own copy)."""
-        got = self._paths.get(path)
-        if got is None and len(self._paths) < 4096:
-            self._paths[path] = got = path
-        return path if got is None else got
 
     def _legacy_group(self, rec) -> Group:
         keys = LEGACY_GROUP_KEYS + LEGACY_OPTIONAL_KEYS

@@ -29,13 +29,12 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
 from kvbench.errors import UsageError
 from kvbench.fit.batch import fit_groups_batched
-from kvbench.fit.data import Group, read_groups
+from kvbench.fit.data import Group, one_of, read_groups
 from kvbench.fit.fitting import METHOD, draw_rows
 from kvbench.links import linkpath
 from kvbench.p2p import transports
@@ -141,12 +140,6 @@ def read_run(paths: Sequence[str]) -> Run:
                pairs, by_pair, skipped[0])
 
 
-@lru_cache(maxsize=256)
-def _one_set(sources: frozenset) -> frozenset:
-    """One object for equal sets of path sources (a pair each, nearly all alike)."""
-    return sources
-
-
 def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None) -> None:
     """One record into its pair's data; `path`: its LinkPath, classified once by the reader
     (read_groups) with its record's own facts, else here."""
@@ -161,7 +154,7 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=
         "hosts": rec.hosts, "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
     if info.get("path_source"):
-        d.sources = _one_set(d.sources | {sys.intern(str(info["path_source"]))})
+        d.sources = one_of(d.sources | {sys.intern(str(info["path_source"]))})
     d.n_records += 1
     if rec.wrong is not None:
         d.wrong = (d.wrong or 0) + rec.wrong

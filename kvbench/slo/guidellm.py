@@ -77,14 +77,13 @@ def _all_kept(b: GuidellmBenchmark, p: Path, notes: list[str]) -> None:
     measurement window with a known end (metrics.py, get_within_range), so the file can hold
     more than the totals; fewer, or a sample as large as its sample_size, means requests may
     have been left out."""
-    got, want = b.requests, b.metrics.request_totals
+    got, want, size = b.requests, b.metrics.request_totals, b.config.sample_size
     for name in ("successful", "errored", "incomplete"):
         kept, made = len(getattr(got, name)), getattr(want, name)
-        size = b.config.sample_size
         if kept < made or (size is not None and 0 < size <= kept):  # a full reservoir may have dropped some
             raise UsageError(f"{p}: {name}: {kept} requests kept of {made} made (sample_size "
-                             f"{b.config.sample_size}): rerun without a sample size so that every "
-                             "request is in the file")
+                             f"{size}): rerun without a sample size so that every request is in "
+                             "the file")
         if kept > made:
             notes.append(f"GuideLLM's totals count {made} {name} requests (its measurement window) "
                          f"and its file holds {kept}: kvbench converts all {kept}")

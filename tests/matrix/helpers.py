@@ -49,8 +49,6 @@ PLANTED = {(1, 0): 0.05}  # n2 -> n1: 5% of the others' rate
 ODD = {(0, 2): ETH1}  # n1 -> n3 over another interface
 
 
-
-
 def matrix_scale_module():
     """benchmarks/matrix_scale.py as a module: its synthetic N-rank records, written as a
     real job writes them (planted slow pairs and an odd path)."""

@@ -22,7 +22,6 @@ pytestmark = pytest.mark.slow  # a 17-rank analysis and ten plans: ~90 s on 2 bu
 N = 17  # 272 pairs: past the 240 kept inline
 
 
-
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pairs")

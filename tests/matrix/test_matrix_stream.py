@@ -27,7 +27,6 @@ from tests.matrix.helpers import ODD, PLANTED, matrix_records, matrix_scale_modu
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stream")

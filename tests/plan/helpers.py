@@ -72,8 +72,6 @@ def kv_records(tokens, setup, gb_s, seed=0, **kw):
 POOL = 2 << 30  # 2 ranks x 1 GiB mounted
 
 
-
-
 def export_text(fit: str, *args: str) -> str:
     """`kvbench plan export --fit FIT --model llama-3.1-8b ARGS`'s stdout (asserting exit 0)."""
     res = run_cli("kvbench.plan", "export", "--fit", fit, "--model", "llama-3.1-8b", *args)
