@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvbench.p2p.patterns.matrix import schedule  # noqa: E402
-from kvbench.records.schema.job import first_of_job, lean  # noqa: E402
-from kvbench.records.schema.p2p import HandoffSpec, spec_id_of  # noqa: E402
+from kvbench.records.schema.job import first_of_job, lean, spec_id_with_hosts  # noqa: E402
+from kvbench.records.schema.p2p import HandoffSpec, canonical_json  # noqa: E402
 from kvbench.records.write import environment, write_records  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
@@ -74,11 +74,19 @@ def planted(n: int, per_node: int) -> dict[tuple[int, int], str]:
     return out
 
 
-def _stats(s: np.ndarray) -> dict:
-    p50 = float(np.percentile(s, 50))
-    return {"p50_ms": p50, "p95_ms": None, "p99_ms": None, "mean_ms": float(s.mean()),
-            "min_ms": float(s.min()), "max_ms": float(s.max()),
-            "iqr_ms": float(np.percentile(s, 75) - np.percentile(s, 25))}
+def _pct(v: list[float], q: float) -> float:
+    """numpy's default (linear) percentile of sorted values, without numpy's per-call cost
+    (three np.percentile calls a record were most of the writer's time at N = 1,024)."""
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (pos - lo)
+
+
+def _stats(samples: list[float]) -> dict:
+    v = sorted(samples)
+    return {"p50_ms": _pct(v, 0.5), "p95_ms": None, "p99_ms": None,
+            "mean_ms": sum(v) / len(v), "min_ms": v[0], "max_ms": v[-1],
+            "iqr_ms": _pct(v, 0.75) - _pct(v, 0.25)}
 
 
 def records(n: int, per_node: int, rounds: int, seed: int, whole: bool = False):
@@ -118,6 +126,14 @@ def _records(n: int, per_node: int, rounds: int, seed: int):
             "descriptors": 1, "iters": rounds, "n_samples": rounds,
             "sample_rounds": list(range(rounds)), "warmup_ms": [], "notice_ms": 0.005,
             "env": env, "timestamp": "2026-12-06T00:00:00Z"}
+    # one spec checked by its model, the others made from it (the same keys in the same order,
+    # the pair's own world and variant), their ids hashed with the N hosts' text once
+    # (spec_id_with_hosts, as the reader checks them): the spec and its id were O(N) a pair
+    template = HandoffSpec(transport="nixl", pattern="matrix", granularity="whole",
+                           layout="raw", device="cpu", hosts=hosts, variant="0->1",
+                           world={"size": n, "prefill_ranks": [0], "decode_ranks": [1]}).as_dict()
+    hosts_json = canonical_json(hosts)
+    in_round = [[list(p) for p in rnd] for rnd in rounds_of]  # (shared: N/2 pairs a round)
     for s in range(n):
         for r in range(n):
             if s == r:
@@ -125,23 +141,23 @@ def _records(n: int, per_node: int, rounds: int, seed: int):
             same = hosts[s] == hosts[r]
             rate = 0.05 if faults.get((s, r)) == "slow" else 1.0
             path = ETH1 if faults.get((s, r)) == "path_differs" else (SHM if same else ETH0)
-            spec = HandoffSpec(transport="nixl", pattern="matrix", granularity="whole",
-                               layout="raw", device="cpu", hosts=hosts, variant=f"{s}->{r}",
-                               world={"size": n, "prefill_ranks": [s], "decode_ranks": [r]}
-                               ).as_dict()
+            spec = {**template, "variant": f"{s}->{r}",
+                    "world": {"size": n, "prefill_ranks": [s], "decode_ranks": [r]}}
             k = round_of[(s, r)]
             pair = {"variant": f"{s}->{r}", "pair": [s, r],
                     "sender": {"rank": s, "host": hosts[s]},
                     "receiver": {"rank": r, "host": hosts[r]},
                     "schedule": {"name": "rounds", "round": k, "rounds": len(rounds_of),
-                                 "pairs_in_round": [list(p) for p in rounds_of[k]]},
-                    "wireup_ms": 2.0, "spec": spec, "spec_id": spec_id_of(spec),
+                                 "pairs_in_round": in_round[k]},
+                    "wireup_ms": 2.0, "spec": spec,
+                    "spec_id": spec_id_with_hosts({x: v for x, v in spec.items() if x != "hosts"},
+                                                  hosts_json),
                     "transport_info": {"path": path, "path_source": "synthetic"}}
             for b in SIZES:
                 t = 1.0 + b / (rate * 1e9) * 1e3
-                samples = t * np.exp(shift + rng.normal(0, 0.02, rounds))
+                samples = (t * np.exp(shift + rng.normal(0, 0.02, rounds))).tolist()
                 st = _stats(samples)
-                yield {**base, **pair, "bytes": b, "samples_ms": [round(float(v), 5)
+                yield {**base, **pair, "bytes": b, "samples_ms": [round(v, 5)
                                                                    for v in samples],
                        **st, "gbps": b / 1e9 / (st["p50_ms"] / 1e3),
                        "gbps_best": b / 1e9 / (st["min_ms"] / 1e3), "cold_ms": 2 * t}
