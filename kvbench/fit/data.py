@@ -90,9 +90,26 @@ def label_of(fields: dict) -> str:
     return " ".join(parts)
 
 
+# a long list's text by the list's identity: a matrix's million pairs share one job's hosts list
+# (kvbench.records.schema.job), whose text took O(N) each time (O(N^3) for the matrix). Held
+# with the list (so its id is not reused) and its length; lists read are not changed in place.
+_LONG_LISTS: dict[int, tuple] = {}
+
+
 def _list_text(v: list | tuple) -> str:
     if len(v) <= LABEL_LIST_ITEMS:
         return ",".join(map(str, v))
+    got = _LONG_LISTS.get(id(v))
+    if got is not None and got[0] is v and len(v) == got[2]:
+        return got[1]
+    text = _summary_text(v)
+    if len(_LONG_LISTS) >= 64:  # (a matrix's pairs share one job's hosts list: one entry)
+        _LONG_LISTS.clear()
+    _LONG_LISTS[id(v)] = (v, text, len(v))
+    return text
+
+
+def _summary_text(v: list | tuple) -> str:
     # strings (hosts): distinct as themselves, without a json.dumps each (a label per pair of
     # a 1,024-rank matrix named its 1,024 hosts: a million labels, a billion dumps)
     distinct = (len(set(v)) if set(map(type, v)) == {str}
@@ -228,8 +245,101 @@ def one_of(value):
 NO_META = MappingProxyType({"prompt_tokens": frozenset(), "models": frozenset()})
 
 
-@dataclass
-class Group:
+class Sharing:
+    """Equal values held once: `one(key, value)` gives the first value given for `key` (while
+    fewer than MAX keys are held; beyond, `value` itself). What it gives is shared, so it is
+    read, never changed: a sealed holder copies it before it adds (Group.add)."""
+
+    MAX = 1 << 12  # a matrix's distinct parts are a few per layout; a cap, not a leak
+
+    def __init__(self):
+        self._by_key: dict = {}
+
+    def one(self, key, value):
+        got = self._by_key.get(key)
+        if got is None:
+            if len(self._by_key) >= self.MAX:
+                return value
+            self._by_key[key] = got = value
+        return got
+
+
+class Sealer:
+    """Seals (Group.seal, PairData.seal) what records touched, every EVERY records and at the
+    end: a group sealed after each record would copy its columns back at each of its next
+    records; sealed in batches, most groups are sealed once, after their last record. What
+    waits to be sealed is at most EVERY groups' own copies."""
+
+    EVERY = 8192
+
+    def __init__(self):
+        self.sharing = Sharing()
+        self._touched: dict[int, object] = {}
+
+    def touched(self, holder) -> None:
+        self._touched[id(holder)] = holder
+        if len(self._touched) >= self.EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        for holder in self._touched.values():
+            holder.seal(self.sharing)
+        self._touched.clear()
+
+
+SHARED_MAX_ITEMS = 1 << 12  # a longer part is a group's own (its key alone were 32 KB)
+
+
+def _frozen(name: str, v):
+    """A hashable key of a holder's part, equal for equal parts (None: not shared)."""
+    t = type(v)
+    if len(v) > SHARED_MAX_ITEMS:
+        return None
+    if t is array:
+        return v.typecode, v.tobytes()
+    if t is list:
+        return tuple(v)
+    if t is set:
+        return frozenset(v)
+    if name == "meta":  # only when every size's is the shared empty one (a size's own holds sets)
+        return tuple(v) if all(m is NO_META for m in v.values()) else None
+    if t is dict or t is Counter:
+        return tuple(v.items())
+    return None
+
+
+def _own(v):
+    """A shared part's own copy, of the same type."""
+    return array(v.typecode, v) if type(v) is array else type(v)(v)
+
+
+class SharedParts:
+    """A holder whose parts named in SHARED can be sealed: each made the one object that
+    every sealed holder with an equal part holds (a million pairs of a matrix hold one copy
+    of their sizes, units and counts). A sealed holder is read-only; whatever adds to it
+    calls `unsealed()` first, which gives it its own copies back."""
+
+    __slots__ = ()
+    SHARED: tuple[str, ...] = ()
+
+    def seal(self, sharing: Sharing) -> None:
+        for name in self.SHARED:
+            v = getattr(self, name)
+            key = _frozen(name, v)
+            if key is not None:
+                setattr(self, name, sharing.one((name, type(v), key), v))
+        self.sealed = True
+
+    def unsealed(self):
+        if self.sealed:
+            for name in self.SHARED:
+                setattr(self, name, _own(getattr(self, name)))
+            self.sealed = False
+        return self
+
+
+@dataclass(slots=True)
+class Group(SharedParts):
     """Records measuring one thing (the same spec, or the same legacy key values), folded into
     columns as they are read: every usable sample's size, time and unit of resampling."""
 
@@ -256,6 +366,12 @@ class Group:
     _member: array = field(default_factory=lambda: array("q"))  # merged groups: each sample's cut
     _runs: dict = field(default_factory=dict)  # run_id -> index, in first-seen order
     known_spec_id: str | None = None  # the records' spec_id, checked by the reader's schema
+    sealed: bool = False  # its parts are shared with other groups' (seal): read-only
+
+    # parts equal between the groups of a matrix (every pair: the same sizes, rounds, counts,
+    # source, order, meta, paths): 3.5 of the 5 KB a pair held at N = 32, held once when sealed
+    SHARED = ("_bytes", "_unit", "_desc", "_desc_merged", "_member", "_runs", "sources",
+              "orders", "meta", "paths", "store_pools")
 
     @property
     def fields(self) -> dict:
@@ -287,6 +403,7 @@ class Group:
 
     def add(self, rec, source: str, keep_paths: bool = False, path=None) -> None:
         """`path`: the record's LinkPath where the caller classified it (once a record)."""
+        self.unsealed()
         index = self.n_records
         self.n_records += 1
         if not self.sources or self.sources[-1] != source and source not in self.sources:
@@ -488,8 +605,9 @@ def samples_of(rec) -> tuple[int, list[float]]:
 class Grouper:
     """Folds records into groups in first-seen order; `groups()` when all are read."""
 
-    def __init__(self, keep_paths: bool = False):
+    def __init__(self, keep_paths: bool = False, sealer: Sealer | None = None):
         self.keep_paths = keep_paths
+        self.sealer = sealer  # groups sealed as they are read (a matrix: one group a pair)
         self._groups: dict[tuple, Group] = {}
         self._legacy_present: set[str] = set()  # optional legacy keys some legacy record has
         self._jobs = Jobs()  # record dicts: lean matrix records made whole (by run_id)
@@ -530,6 +648,8 @@ class Grouper:
             group = self._legacy_group(fields)
         path = one_of(linkpath.classify_record(fields, self._rules)) if self.keep_paths else None
         group.add(fields, source, self.keep_paths, path)
+        if self.sealer is not None:
+            self.sealer.touched(group)
         self.n_records += 1
         return group, path
 
@@ -567,14 +687,15 @@ def group_records(records: Iterable[dict], keep_paths: bool = False) -> list[Gro
 
 
 def read_groups(paths: Iterable[str | Path], keep_paths: bool = False,
-                each: Callable[[P2PRecord, dict | None, object], None] | None = None
-                ) -> tuple[list[Group], int]:
+                each: Callable[[P2PRecord, dict | None, object], None] | None = None,
+                sealer: Sealer | None = None) -> tuple[list[Group], int]:
     """Groups of the records in p2p result files, each line checked by the typed record (a
     lean matrix record made whole from its job's first record, kvbench.records.schema.job)
     and folded into its group as it is read; returns (groups, records read). `each(record,
     its group's spec as written or None, its LinkPath or None)` sees every record of the same
-    single parse (kvbench matrix)."""
-    grouper = Grouper(keep_paths)
+    single parse (kvbench matrix). `sealer`: the groups sealed as they are read (Group.seal:
+    a matrix's million groups share their equal parts), every one sealed at the end."""
+    grouper = Grouper(keep_paths, sealer)
     specs = _SpecsAsWritten()
     for path in paths:
         source, jobs = str(path), Jobs()
@@ -583,6 +704,8 @@ def read_groups(paths: Iterable[str | Path], keep_paths: bool = False,
             group, lp = grouper.add_typed(rec, source, lambda: specs.of(rec, raw, where))  # noqa: B023
             if each is not None:
                 each(rec, group.spec, lp)
+    if sealer is not None:
+        sealer.flush()
     return grouper.groups(), grouper.n_records
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from kvbench.errors import UsageError
 from kvbench.fit.batch import fit_groups_batched
-from kvbench.fit.data import Group, one_of, read_groups
+from kvbench.fit.data import Group, Sealer, SharedParts, one_of, read_groups
 from kvbench.fit.fitting import METHOD, draw_rows
 from kvbench.links import linkpath
 from kvbench.p2p import transports
@@ -52,9 +52,10 @@ ACROSS, WITHIN = "across hosts", "same host"
 SPEC_PER_PAIR = ("world", "variant")  # spec keys that differ between the pairs of one matrix
 
 
-@dataclass
-class PairData:
-    """What the records say about one pair, gathered before the fit."""
+@dataclass(slots=True)
+class PairData(SharedParts):
+    """What the records say about one pair, gathered before the fit (its counts sealed:
+    shared with every pair that counted the same, kvbench.fit.data.SharedParts)."""
 
     pair: tuple[int, int]
     hosts: tuple[str, str]
@@ -64,6 +65,9 @@ class PairData:
     n_records: int = 0
     wrong: int | None = None
     wireup_ms: float | None = None
+    sealed: bool = False
+
+    SHARED = ("paths", "kinds")
 
     @property
     def same_host(self) -> bool:
@@ -113,16 +117,17 @@ def read_run(paths: Sequence[str]) -> Run:
     hosts, ...): a matrix compares pairs measured alike. Each file is parsed once: the
     fit's groups and each pair's paths, data check and wire-up come from the same pass."""
     pairs, schedules, skipped = {}, set(), [0]
+    sealer = Sealer()  # (each pair's group and data: their equal parts held once)
 
     def each(rec, spec: dict | None, path) -> None:
         pair = _pair_of_spec(spec)
         if pair is None:
             skipped[0] += 1
             return
-        _add_record(pairs, pair, rec, spec["hosts"], path)
+        sealer.touched(_add_record(pairs, pair, rec, spec["hosts"], path))
         schedules.add(((rec.model_extra or {}).get("schedule") or {}).get("name"))
 
-    groups, _ = read_groups(paths, keep_paths=True, each=each)
+    groups, _ = read_groups(paths, keep_paths=True, each=each, sealer=sealer)
     by_pair, keys, hosts_text = {}, {}, {}
     for g in groups:  # (every g.spec is alive through the loop: hosts_text's ids stay theirs)
         pair = _pair_of_spec(g.spec)
@@ -140,13 +145,15 @@ def read_run(paths: Sequence[str]) -> Run:
                pairs, by_pair, skipped[0])
 
 
-def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None) -> None:
-    """One record into its pair's data; `path`: its LinkPath, classified once by the reader
-    (read_groups) with its record's own facts, else here."""
+def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=None
+                ) -> PairData:
+    """One record into its pair's data (returned); `path`: its LinkPath, classified once by
+    the reader (read_groups) with its record's own facts, else here."""
     extra = rec.model_extra or {}
     d = pairs.get(pair)
     if d is None:
         d = pairs[pair] = PairData(pair, (hosts[pair[0]], hosts[pair[1]]))
+    d.unsealed()
     info = extra.get("transport_info") if isinstance(extra.get("transport_info"), dict) else {}
     d.paths[sys.intern(str(info.get("path") or "no path recorded"))] += 1  # (one text, a million pairs)
     d.kinds[path if path is not None else transports.classify_record({
@@ -161,6 +168,7 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=
     w = extra.get("wireup_ms")
     if isinstance(w, (int, float)) and not isinstance(w, bool):
         d.wireup_ms = w if d.wireup_ms is None else min(d.wireup_ms, w)
+    return d
 
 
 # ---------------------------------------------------------------------------
@@ -314,8 +322,11 @@ def _entry(d: PairData, fit: dict) -> dict:
         source = f"{source or ''}; other records said {others}".lstrip("; ")
     fitted = "not_fitted" not in fit
     for part in ("group", "spec"):  # every pair's would repeat the document's `hosts`
-        if isinstance(fit.get(part), dict):
-            fit[part] = {k: v for k, v in fit[part].items() if k != "hosts"}
+        v = fit.get(part)
+        if isinstance(v, dict) and "hosts" in v:
+            v = dict(v)  # (a copy: the spec is its group's own; a C copy, then one key out)
+            del v["hosts"]
+            fit[part] = v
     e = {"pair": list(d.pair), "sender": {"rank": d.pair[0], "host": d.hosts[0]},
          "receiver": {"rank": d.pair[1], "host": d.hosts[1]}, "same_host": d.same_host,
          "path": path, "link": kinds.label, "path_source": source, "n_records": d.n_records,

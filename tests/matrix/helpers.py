@@ -59,6 +59,15 @@ def matrix_scale_module():
     return mod
 
 
+def synthetic_matrix_file(folder: Path, n: int, per_node: int, rounds: int, *, seed: int) -> Path:
+    """The records file of benchmarks/matrix_scale.py's synthetic n-rank job, in `folder`."""
+    from kvbench.records.write import write_records
+
+    src, _ = write_records(folder, list(matrix_scale_module().records(n, per_node, rounds,
+                                                                      seed=seed)), "kvbench-p2p")
+    return src
+
+
 def assert_same_document(new, new_draws: list, old, old_draws: list, planted: dict) -> None:
     """Two matrix documents of one run the same (but for when each was made), their draws
     files equal to the last bit, and exactly the planted pairs named, each with its code."""
