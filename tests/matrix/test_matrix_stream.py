@@ -19,7 +19,7 @@ from kvbench.matrix import analyze as az
 from kvbench.matrix import report
 from kvbench.matrix.cli import report_files
 from kvbench.matrix.stream import write_streamed
-from kvbench.records.write import dumps_json, write_records
+from kvbench.records.write import write_records
 from tests.conftest import run_cli
 from tests.helpers import write_jsonl
 from tests.matrix.helpers import ODD, PLANTED, matrix_records, matrix_scale_module
@@ -57,8 +57,11 @@ def test_the_document_holds_the_named_pairs_with_the_inline_verdict(both):
 
 def test_every_pair_is_its_inline_entry_on_its_line(both):
     lines = both["files"]["pairs.jsonl"].read_text().splitlines(keepends=True)
-    assert lines == [dumps_json(p.model_dump(by_alias=True), indent=None) + "\n"
-                     for p in both["inline"].pairs]
+    want = [p.model_dump(by_alias=True) for p in both["inline"].pairs]
+    assert [json.loads(x) for x in lines] == want
+    # one compact line each, the pair first (what plan --pair bisects on)
+    assert all(x.startswith(f'{{"pair":[{w["pair"][0]},{w["pair"][1]}],') and x.count("\n") == 1
+               for x, w in zip(lines, want, strict=True))
 
 
 def test_the_csv_and_markdown_are_the_inline_reports(both):

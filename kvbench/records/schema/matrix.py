@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from kvbench.errors import UsageError
 from kvbench.records.schema.fit import (
@@ -66,6 +66,10 @@ class Finding(Strict):
 class PairEntry(Strict):
     """One ordered pair: its ends, its path in the transport's words and as a kind of link,
     its fitted setup and rate with 95% intervals (copied from `fit`), and the findings."""
+
+    # its JSON text (kvbench.matrix.stream, a line a pair) writes a non-finite number as NaN or
+    # Infinity, never as a silent null: the writer sees it and refuses it with its key path
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     pair: Annotated[list[Rank], Field(min_length=2, max_length=2)]
     sender: Endpoint
