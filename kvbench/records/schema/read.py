@@ -306,7 +306,11 @@ def iter_jsonl(path: str | Path, what: str = "JSON Lines file", max_line: int = 
         yield where, decode_line(raw, where)
 
 
-_COLON_AFTER_SPACE = (b'" :', b'"\t:', b'"\r:')
+# plain_line's screen, one C pass over the line: digits -> "0", "E" -> "e" (as _DIGITS), tab and
+# carriage return -> " " (a space before a colon is one pattern), and both signs -> "e", so
+# that "e000", "e+000" and "e-000" (a 3-digit exponent) are all found as "e000" by one search
+_SCREEN = bytes.maketrans(b"123456789E\t\r+-", b"000000000e  ee")
+_MANY_DIGITS, _EXPONENT = b"0" * (MAX_INT_DIGITS + 1), b"e000"
 
 
 def plain_line(raw: bytes) -> bool:
@@ -315,41 +319,45 @@ def plain_line(raw: bytes) -> bool:
     The fast parser keeps the last of two equal keys, reads NaN/Infinity and very long
     integers, and refuses deep nesting with its own words; a line that might hold any of
     these (or spaces before a colon, which hide keys from the key count) takes the careful
-    path of `loads` instead.
+    path of `loads` instead. The screen may send a line to the careful path that did not
+    need it (a word such as "node-000"), never the other way.
     """
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH or b"NaN" in raw or b"Infinity" in raw:
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
         return False
-    c0, c1, c2 = _COLON_AFTER_SPACE
-    if c0 in raw or c1 in raw or c2 in raw:
+    b = raw.translate(_SCREEN)
+    if b"NaN" in b or b"Infinity" in b or b'" :' in b or _MANY_DIGITS in b:
         return False
-    b = raw.translate(_DIGITS)
-    s0, s1, s2, s3 = _SUSPECTS
-    if s0 in b:
-        return False
-    return not ((s1 in b or s2 in b or s3 in b) and _exponent_in_number(b))
+    return not (_EXPONENT in b and _exponent_in_number(b))
 
 
 def _exponent_in_number(b: bytes) -> bool:
-    """Is some 3-digit exponent of the screened bytes part of a JSON number?
+    """Is some 3-digit exponent of the screened bytes (_SCREEN) part of a JSON number?
 
     A number follows ':', '[' or ',' (and white space); a hex id such as "91e013fad477" matches
-    the byte screen but follows a quote or a letter. Scans only the screen's hits.
+    the byte screen but follows a quote or a letter. Scans only the screen's hits: at each
+    "e000", the mantissa before its "e" or, where a sign (now "e") stands between, before that.
     """
-    for pat in _SUSPECTS[1:]:
-        i = b.find(pat)
-        while i >= 0:
-            j = i - 1
-            while j >= 0 and b[j] in b"0.":  # the mantissa (digits are all b"0" here)
-                j -= 1
-            if j < i - 1:
-                if j >= 0 and b[j] == 45:  # "-"
-                    j -= 1
-                while j >= 0 and b[j] in b" \t\r\n":
-                    j -= 1
-                if j < 0 or b[j] in b":[,":
-                    return True
-            i = b.find(pat, i + 1)
+    i = b.find(_EXPONENT)
+    while i >= 0:
+        if _mantissa_before(b, i - 1) or i > 0 and b[i - 1] == 101 and _mantissa_before(b, i - 2):
+            return True
+        i = b.find(_EXPONENT, i + 1)
     return False
+
+
+def _mantissa_before(b: bytes, end: int) -> bool:
+    """Do the screened bytes up to `end` end with a number's mantissa ([sign] digits and dots,
+    the sign now "e") that follows ':', '[', ',' or the start, white space between?"""
+    j = end
+    while j >= 0 and b[j] in b"0.":  # the mantissa (digits are all b"0" here)
+        j -= 1
+    if j == end:
+        return False
+    if j >= 0 and b[j] == 101:  # a sign ("-" or "+", screened to "e")
+        j -= 1
+    while j >= 0 and b[j] in b" \n":
+        j -= 1
+    return j < 0 or b[j] in b":[,"
 
 
 # ---------------------------------------------------------------------------
