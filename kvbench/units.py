@@ -76,7 +76,10 @@ def round_sig(x: float | None, digits: int = 6) -> float | None:
     draws), as `format(x, ".6g")` writes it; None for None or a value that is not finite."""
     if x is None or not math.isfinite(x):
         return None
-    return float(f"{x:.{digits}g}")
+    return float(format(x, _SIG_FORMATS.get(digits) or f".{digits}g"))
+
+
+_SIG_FORMATS = {d: f".{d}g" for d in range(1, 18)}  # (a fit writes ~25 a pair: made once)
 
 
 def round_places(x: float | None, places: int = 6) -> float | None:

@@ -316,6 +316,11 @@ class _DrawnLine(LineFit):
     the stack): the same values setup_ci and rate_ci compute from its draws."""
 
     cis: tuple = ()
+    unresolved: bool = False  # slope_unresolved, from the stack's one partition
+
+    @property
+    def slope_unresolved(self) -> bool:  # type: ignore[override]
+        return self.unresolved
 
     def setup_ci(self):
         return self.cis[0]
@@ -363,7 +368,11 @@ def _fit_lines(lay: _Layout, ms: np.ndarray, recs: list[dict], raw_draws: bool,
     H, coef, S, draws = _lines(X, med, w, mdraws)
     lofs = _scatter(lay, X, med, w, S, H, draws)
     # (2, P, 2); each column's draws contiguous: the same order statistics, a faster partition
-    pc = np.percentile(np.ascontiguousarray(draws.transpose(0, 2, 1)), [2.5, 97.5], axis=2)
+    cols = np.ascontiguousarray(draws.transpose(0, 2, 1))
+    pc = np.percentile(cols, [2.5, 97.5], axis=2)
+    # LineFit.slope_unresolved for every line: its slope draws' element n // 2, as it takes it
+    half = cols.shape[2] // 2
+    unresolved = (coef[:, 1] > 0) & (np.partition(cols[:, 1], half, axis=1)[:, half] <= 0)
     se = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
     resid = _residuals(s, coef, med)
     out: list[dict | None] = []
@@ -372,7 +381,7 @@ def _fit_lines(lay: _Layout, ms: np.ndarray, recs: list[dict], raw_draws: bool,
         line = _DrawnLine(float(coef[p, 0]), float(coef[p, 1]), s.x, med[p], draws[p], None,
                           lofs[p], cis=((float(pc[0, p, 0]), float(pc[1, p, 0])), (
                               1000.0 / hi_s if hi_s > 0 else None,
-                              1000.0 / lo_s if lo_s > 0 else None)))
+                              1000.0 / lo_s if lo_s > 0 else None)), unresolved=bool(unresolved[p]))
         if not ok[p] or len(s.sizes) >= MIN_SIZES and _material(line, se[p]):
             out.append(None)  # no_rate, values past float, or two regimes to look for
             continue

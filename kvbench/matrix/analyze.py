@@ -160,8 +160,9 @@ def _add_record(pairs: dict, pair: tuple[int, int], rec, hosts: list[str], path=
         "transport": rec.transport, "transport_info": info, "device": rec.device,
         "hosts": rec.hosts, "pair": list(pair), "gpus": extra.get("gpus"),
         "env": extra.get("env")})] += 1
-    if info.get("path_source"):
-        d.sources = one_of(d.sources | {sys.intern(str(info["path_source"]))})
+    source = info.get("path_source")
+    if source and source not in d.sources:  # (a pair's records name one source, most often)
+        d.sources = one_of(d.sources | {sys.intern(str(source))})
     d.n_records += 1
     if rec.wrong is not None:
         d.wrong = (d.wrong or 0) + rec.wrong

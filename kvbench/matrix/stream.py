@@ -133,7 +133,7 @@ def stream_pairs(run: Run, n_boot: int, seed: int, part: Staged, draws: DrawsOut
     """Every pair fitted, its line written to `part`, its draws to `draws`: (the table,
     each line's byte offset in `part`, one more for the end)."""
     b = tb.TableBuilder(len(run.pairs))
-    offsets = np.zeros(len(run.pairs) + 1, dtype=np.int64)
+    lengths = np.zeros(len(run.pairs) + 1, dtype=np.int64)
     k = 0
     for got in _fit_chunks(run, n_boot, seed, chunk):
         entries = [_entry(d, fit) for d, fit in got]
@@ -143,10 +143,10 @@ def stream_pairs(run: Run, n_boot: int, seed: int, part: Staged, draws: DrawsOut
             line, typed = pair_line(e)
             b.add(k, typed, d.kinds.most_common(1)[0][0])
             text.append(line.encode("utf-8"))
-            offsets[k + 1] = offsets[k] + len(text[-1])
             k += 1
+        lengths[k - len(text) + 1:k + 1] = [len(x) for x in text]
         part.fh.write(b"".join(text))
-    return b.table(), offsets
+    return b.table(), np.cumsum(lengths)
 
 
 def _named_entries(t: tb.PairTable, part: Staged, offsets: np.ndarray) -> dict[int, tuple]:

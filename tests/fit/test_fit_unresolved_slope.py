@@ -48,3 +48,14 @@ def test_its_fit_document_is_written_and_reads_back(tmp_path):
     doc = load_fit_document(tmp_path / "r.fit.json")
     (g,) = json.loads((tmp_path / "r.fit.json").read_text())["groups"]
     assert g["effective_gb_s"] is None and g["draws"] and len(doc.groups) == 1
+
+
+def test_in_a_stack_of_ordinary_pairs_the_batch_fits_it_as_fit_group_does():
+    """The batch takes every line's median slope draw in one partition along the stack: the
+    unresolved line among resolved ones gets fit_group's record, and so do they."""
+    ordinary = [rounds_records([1 << 20, 2 << 20], 1.0, 2.0, rounds=20, noise=0.01,
+                               round_shift=0.0, seed=s) for s in (1, 2)]
+    groups = [group_records(r)[0] for r in (ordinary[0], records(), ordinary[1])]
+    got = fit_groups_batched(groups, 1000, 0)
+    assert [g["effective_gb_s"] is None for g in got] == [False, True, False]
+    assert got == [fit_group(g, 1000, 0, None).record for g in groups]
