@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,18 +24,27 @@ def parse_floor(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_child(args: list[str], what: str) -> tuple[float, float, str]:
-    """`python -m ARGS` from the checkout's root: (wall s, peak RSS MiB, stdout); exits on failure.
+def measured(cmd: list[str], **popen) -> tuple[float, float, subprocess.CompletedProcess]:
+    """`python CMD...` from the checkout's root, through benchmarks/peak_child.py: (wall s, the
+    child's own peak RSS in MiB, its completed process). Its own: VmHWM, not ru_maxrss, which
+    counts this process's memory at the fork too (peak_child.py says why)."""
+    with tempfile.NamedTemporaryFile("r", prefix="kvbench-peak-") as peak:
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, str(Path(__file__).with_name("peak_child.py")),
+                              *cmd], cwd=ROOT, env={**os.environ, "KVBENCH_PEAK_FILE": peak.name},
+                             text=True, **popen)
+        wall = time.perf_counter() - t0
+        text = peak.read().strip()
+    return wall, int(text) / 1024 if text else float("nan"), res
 
-    The peak is the largest ru_maxrss of any child so far: run one measured child per process.
-    """
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+
+def run_child(args: list[str], what: str) -> tuple[float, float, str]:
+    """`python -m ARGS` from the checkout's root: (wall s, its peak RSS MiB, stdout); exits on
+    failure."""
+    wall, peak, res = measured(["-m", *args], capture_output=True)
     if res.returncode != 0:
         sys.exit(f"{what} failed ({res.returncode}): {res.stderr.strip()}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, peak_kib * 1024 / 2**20, res.stdout
+    return wall, peak, res.stdout
 
 
 @contextlib.contextmanager

@@ -16,7 +16,8 @@ holding one sample per round. `--format legacy` writes records without the spec 
     .venv/bin/python benchmarks/fit_big.py                     # 10^6 lines
     .venv/bin/python benchmarks/fit_big.py --lines 100000 --keep --dir /tmp/big
 
-Peak RSS is the child's `ru_maxrss`. Numbers from a busy machine say so (--note).
+Peak RSS is the child's own (VmHWM: benchmarks/peak_child.py; not ru_maxrss, which counts
+the parent's memory at the fork). Numbers from a busy machine say so (--note).
 """
 
 from __future__ import annotations

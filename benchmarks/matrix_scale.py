@@ -6,7 +6,7 @@ own writer (kvbench.records.write.write_records: the .jsonl and its .csv, as `kv
 writes them), shaped as a real job's records (spec with every host, the pair, sender,
 receiver, schedule, transport_info with the pair's path, rank 0's environment), then runs the
 real `python -m kvbench.matrix report` on them in a child process and prints its wall time,
-its peak RSS (the child's own ru_maxrss, from wait4) and the growth exponent between
+its own peak RSS (VmHWM, benchmarks/peak_child.py) and the growth exponent between
 successive N (log time ratio / log pairs ratio: 1.0 is linear in pairs).
 
 Planted faults, checked in the child's output: two slow pairs (5% of the others' rate,
@@ -55,6 +55,9 @@ from kvbench.p2p.patterns.matrix import schedule  # noqa: E402
 from kvbench.records.schema.job import first_of_job, lean, spec_id_with_hosts  # noqa: E402
 from kvbench.records.schema.p2p import HandoffSpec, canonical_json  # noqa: E402
 from kvbench.records.write import environment, write_records  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bigfile import measured  # noqa: E402
 
 SIZES = (1 << 20, 8 << 20)
 ETH0 = "UCX RMA write: tcp/eth0 (zero-copy); notifications (AM): tcp/eth0"
@@ -164,15 +167,13 @@ def _records(n: int, per_node: int, rounds: int, seed: int):
 
 
 def run_report(jsonl: Path, out: Path, boot: int) -> tuple[float, float, str, int]:
-    """`python -m kvbench.matrix report` in a child: (wall s, peak RSS MiB, stdout, status)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "kvbench.matrix", "report", str(jsonl),
-                             "--out", str(out), "--bootstrap", str(boot)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - t0, usage.ru_maxrss / 1024, text, proc.returncode
+    """`python -m kvbench.matrix report` in a child: (wall s, its own peak RSS MiB, stdout,
+    status); the peak as benchmarks/peak_child.py takes it (not ru_maxrss: this process's
+    memory at the fork, the records of N <= --lazy-above among it, would count)."""
+    wall, peak, res = measured(["-m", "kvbench.matrix", "report", str(jsonl), "--out", str(out),
+                                "--bootstrap", str(boot)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    return wall, peak, res.stdout, res.returncode
 
 
 def plan_pair(doc: Path, pair: tuple[int, int]) -> tuple[float, bool]:
@@ -267,21 +268,18 @@ def one(n: int, args, work: Path) -> dict:
 
 def simulate_rank0(n: int, args, work: Path) -> dict:
     """benchmarks/matrix_rank0.py in a child (rank 0's work in a real n-rank job): its phases'
-    seconds, wall time and peak RSS (wait4)."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "matrix_rank0.py"), "--ranks", str(n),
+    seconds, wall time and its own peak RSS (peak_child.py)."""
+    cmd = [str(ROOT / "benchmarks" / "matrix_rank0.py"), "--ranks", str(n),
            "--iters", str(args.rounds), "--sizes", args.sim_sizes]
     if not args.sim_no_write:
         cmd += ["--out", str(work / f"rank0-n{n}")]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    text = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
+    wall, peak, res = measured(cmd, stdout=subprocess.PIPE)
+    text = res.stdout
+    if res.returncode != 0:
         return {"n": n, "pairs": n * (n - 1), "failed": text[-2000:]}
     r = json.loads(text.strip().splitlines()[-1])
     work = r["reduce_s"] + r["records_s"] + r["assemble_s"] + r["write_s"]
-    return {**r, "work_s": work, "wall_s": wall, "peak_mib": usage.ru_maxrss / 1024}
+    return {**r, "work_s": work, "wall_s": wall, "peak_mib": peak}
 
 
 def print_rank0(ns: list[int], args, work: Path) -> int:

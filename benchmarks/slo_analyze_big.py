@@ -13,7 +13,8 @@ the same run on the same file:
     .venv/bin/python benchmarks/slo_analyze_big.py              # 10^6 lines, ~430 MB file
     .venv/bin/python benchmarks/slo_analyze_big.py --requests 100000 --keep
 
-Peak RSS is the child's `ru_maxrss`. Numbers from a busy machine say so (--note).
+Peak RSS is the child's own (VmHWM: benchmarks/peak_child.py; not ru_maxrss, which counts
+the parent's memory at the fork). Numbers from a busy machine say so (--note).
 """
 
 from __future__ import annotations
