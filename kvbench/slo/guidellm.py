@@ -3,7 +3,9 @@
 What GuideLLM keeps per request (benchmarks[i].requests.successful|errored|incomplete, each a
 GenerativeRequestStats; sources cited in docs/slo.md section 3), times in epoch seconds
 (time.time()):
-    info.timings.targeted_start         when the rate profile meant to send it (the schedule)
+    info.timings.targeted_start         when the rate profile meant to send it (the schedule;
+                                        a value that is no Unix time near the send, as 0.8.1
+                                        has written, is an unknown schedule, with a note)
     info.timings.request_start          when the backend sent it
     info.timings.first_token_iteration  the first streamed token
     info.timings.last_token_iteration   the last streamed token
@@ -153,12 +155,13 @@ def _record(r: GuidellmRequest, group: str, common: dict, origin: float, where: 
     def ms(x: float) -> float:
         return round((x - origin) * 1000.0, 6)
 
-    sent = next((x for x in (t.request_start, t.resolve_start, t.targeted_start) if x is not None), None)
+    target = _target(t)
+    sent = next((x for x in (t.request_start, t.resolve_start, target) if x is not None), None)
     if sent is None:
         raise UsageError(f"{where}.info.timings: no send time (request_start, resolve_start, "
                          "targeted_start)")
     send = ms(sent)
-    sched = None if t.targeted_start is None else ms(t.targeted_start)
+    sched = None if target is None else ms(target)
     end_s = t.request_end if t.request_end is not None else t.resolve_end
     end = None if end_s is None else max(ms(end_s), send)
     base = dict(**common, request_id=r.request_id, actual_send_ms=send, scheduled_send_ms=sched, end_ms=end)
@@ -196,7 +199,8 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
               for k, r in enumerate(getattr(b.requests, g))]
     if not groups:
         raise UsageError(f"{p}: benchmark {index} holds no requests")
-    times = [x for _, _, r in groups for x in (r.info.timings.targeted_start, r.info.timings.request_start,
+    _targets_kept(groups, notes)
+    times = [x for _, _, r in groups for x in (_target(r.info.timings), r.info.timings.request_start,
                                             r.info.timings.resolve_start) if x is not None]
     origin = min(times) if times else 0.0
     rows, ids = [], RequestIds()
@@ -216,4 +220,29 @@ def convert_guidellm(path: str | Path, deployment: str, offered_rate_rps: float 
 
 def _send_key(r: GuidellmRequest) -> float:
     t = r.info.timings
-    return next((x for x in (t.targeted_start, t.request_start, t.resolve_start) if x is not None), 0.0)
+    return next((x for x in (_target(t), t.request_start, t.resolve_start) if x is not None), 0.0)
+
+
+MAX_TARGET_GAP_S = 3600.0  # a target an hour from the request's own send is no schedule of it
+
+
+def _target(t) -> float | None:
+    """targeted_start where it is what GuideLLM documents, the Unix time its schedule meant the
+    request to start: not negative, and within MAX_TARGET_GAP_S of the request's own send time.
+    GuideLLM 0.8.1 has written -0.07 s beside Unix-time request_start values (a real lab run):
+    such a request's schedule is unknown (None), never an origin 56 years back."""
+    x = t.targeted_start
+    sent = t.request_start if t.request_start is not None else t.resolve_start
+    if x is None or x < 0 or sent is not None and abs(x - sent) > MAX_TARGET_GAP_S:
+        return None
+    return x
+
+
+def _targets_kept(groups: list, notes: list[str]) -> None:
+    """A note for the targeted_start values _target leaves out (their schedule is unknown)."""
+    bad = [t.targeted_start for _, _, r in groups for t in (r.info.timings,)
+           if t.targeted_start is not None and _target(t) is None]
+    if bad:
+        notes.append(f"GuideLLM wrote {len(bad)} targeted_start value(s) that are not Unix times "
+                     f"near their request's send (e.g. {bad[0]:g} s): those requests' schedule is "
+                     "unknown (scheduled_send_ms null); their send time is request_start")

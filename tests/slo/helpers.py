@@ -45,3 +45,21 @@ def scrape_lines() -> list[dict]:
     body = [{"kind": "sample", "role": "decode", "url": "http://127.0.0.1:18012/metrics",
              "t_s": float(i), "elapsed_ms": 1.0, "samples": samples} for i in range(10)]
     return [head, *body, {"kind": "end", "t_s": 10.0, "scrapes": 10, "gaps": 0, "interrupted": False}]
+
+
+GUIDELLM_REPORT = ROOT / "tests" / "data" / "clients" / "guidellm-0.8.1" / "benchmarks.json"
+
+
+def convert_guidellm_variant(tmp_path, mutate) -> tuple[int, str, str, list[dict]]:
+    """`kvbench slo convert --from guidellm` on the committed real report with its first
+    benchmark changed by `mutate`: (status, stdout, stderr, the records written)."""
+    import kvbench.slo.cli
+    from tests.helpers import run
+
+    doc = json.loads(GUIDELLM_REPORT.read_text())
+    mutate(doc["benchmarks"][0])
+    src, out = tmp_path / "benchmarks.json", tmp_path / "r.jsonl"
+    src.write_text(json.dumps(doc))
+    rc, stdout, err = run(kvbench.slo.cli.cli, "convert", "--from", "guidellm", src, "--deployment", "d",
+                          "--out", out)
+    return rc, stdout, err, [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []

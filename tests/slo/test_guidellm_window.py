@@ -7,23 +7,7 @@ large as its sample_size). Variants of the committed real report
 
 from __future__ import annotations
 
-import json
-
-import kvbench.slo.cli
-from tests.conftest import ROOT
-from tests.helpers import run
-
-DATA = ROOT / "tests" / "data" / "clients" / "guidellm-0.8.1" / "benchmarks.json"
-
-
-def convert(tmp_path, mutate) -> tuple[int, str, str, list[dict]]:
-    doc = json.loads(DATA.read_text())
-    mutate(doc["benchmarks"][0])
-    src, out = tmp_path / "benchmarks.json", tmp_path / "r.jsonl"
-    src.write_text(json.dumps(doc))
-    rc, stdout, err = run(kvbench.slo.cli.cli, "convert", "--from", "guidellm", src, "--deployment", "d",
-                          "--out", out)
-    return rc, stdout, err, [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+from tests.slo.helpers import convert_guidellm_variant as convert
 
 
 def cancelled_outside_the_window(b: dict) -> None:

@@ -15,6 +15,7 @@ from kvbench.records.schema.types import (
     MAX_TIME_MS,
     AnyText,
     Count,
+    Finite,
     Open,
     Text,
 )
@@ -89,7 +90,8 @@ class AiperfSummary(Open):
 
 
 class GuidellmTimings(Open):
-    targeted_start: EpochS | None = None
+    # documented as a Unix time; GuideLLM 0.8 has written -0.07 (kvbench.slo.guidellm._target)
+    targeted_start: Finite | None = None
     resolve_start: EpochS | None = None
     request_start: EpochS | None = None
     first_token_iteration: EpochS | None = None
