@@ -245,4 +245,7 @@ def _targets_kept(groups: list, notes: list[str]) -> None:
     if bad:
         notes.append(f"GuideLLM wrote {len(bad)} targeted_start value(s) that are not Unix times "
                      f"near their request's send (e.g. {bad[0]:g} s): those requests' schedule is "
-                     "unknown (scheduled_send_ms null); their send time is request_start")
+                     "unknown (scheduled_send_ms null); their send time is request_start. GuideLLM "
+                     "0.8.1's Poisson workers can read its shared offset before it is set and "
+                     "schedule from -1.0 s: such a run sent its requests at once, not at the "
+                     "offered rate (see the send rate in `slo analyze`); measure it again")

@@ -84,12 +84,20 @@ def test_client_runs_against_the_lab_and_converts(plan, tmp_path, tool, lab_aggr
     assert len(recs) == made and all(r["cache_state"] == "cold" and r["offered_rate_rps"] == 2.0 for r in recs)
     ok = [r for r in recs if r["status"] == "ok"]
     assert ok and all(r["output_tokens"] == 32 for r in ok)  # ignore_eos reached the server
-    assert all(r["scheduled_send_ms"] is not None for r in recs)  # both tools record the schedule
+    # both tools record the schedule; GuideLLM 0.8.1's Poisson workers can read its shared
+    # offset before it is set and schedule from -1.0 s (kvbench.slo.guidellm._target): then the
+    # converter says so, and the analysis must call the schedule unknown, not judge a lag
+    lost = tool == "guidellm" and "not Unix times near" in (folder / "convert.log").read_text()
+    assert all(r["scheduled_send_ms"] is not None for r in recs) or lost
     assert all(r.get("chunk_gaps_recorded", True) == (tool == "aiperf") for r in ok)
     report = json.loads(kvbench("slo", "analyze", folder / "records.jsonl", "--plan", plan, "--format",
                                 "json").stdout)
     (g,) = report["groups"]
-    assert g["counts"]["records"] == made and g["counts"]["warmup_excluded"] == 2
+    assert g["counts"]["records"] == made
+    if lost and not all(r["scheduled_send_ms"] is not None for r in recs):
+        assert not g["client"]["scheduled_send_known"] and g["client"]["send_lag_ms"] is None
+        return
+    assert g["counts"]["warmup_excluded"] == 2
     assert g["latency_ms"]["ttft"]["n"] == g["counts"]["ok"] > 0
     assert g["client"]["send_lag_ms"] is not None  # the send-lag gate is evaluated for both
 
