@@ -59,6 +59,7 @@ from kvbench.fit.stats import (
     design,
     interval_refusal,
     lack_of_fit,
+    upper_median,
 )
 from kvbench.records.select import min_samples_for
 from kvbench.units import GB, MIN_TIME_MS, round_sig
@@ -370,9 +371,7 @@ def _fit_lines(lay: _Layout, ms: np.ndarray, recs: list[dict], raw_draws: bool,
     # (2, P, 2); each column's draws contiguous: the same order statistics, a faster partition
     cols = np.ascontiguousarray(draws.transpose(0, 2, 1))
     pc = np.percentile(cols, [2.5, 97.5], axis=2)
-    # LineFit.slope_unresolved for every line: its slope draws' element n // 2, as it takes it
-    half = cols.shape[2] // 2
-    unresolved = (coef[:, 1] > 0) & (np.partition(cols[:, 1], half, axis=1)[:, half] <= 0)
+    unresolved = (coef[:, 1] > 0) & (upper_median(cols[:, 1]) <= 0)  # slope_unresolved, stacked
     se = np.sqrt(np.diagonal(S, axis1=1, axis2=2))
     resid = _residuals(s, coef, med)
     out: list[dict | None] = []

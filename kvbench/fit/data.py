@@ -150,7 +150,7 @@ class _SpecsAsWritten:
 
     def __init__(self):
         self._hosts: dict[tuple, list] = {}  # one list per distinct host list, shared
-        self._values: dict[tuple, object] = {}  # (type, repr) -> the first such value read
+        self._values = Sharing(self.SHARED_MAX)  # (type, repr) -> the first such value read
 
     def of(self, rec: P2PRecord, raw: bytes, where: str) -> dict:
         lean = rec.job_in is not None
@@ -188,11 +188,7 @@ class _SpecsAsWritten:
 
     def _one(self, v):
         """The first value read equal to v (same type and repr), v itself beyond SHARED_MAX."""
-        key = (type(v), repr(v))
-        got = self._values.get(key)
-        if got is None and len(self._values) < self.SHARED_MAX:
-            self._values[key] = got = v
-        return v if got is None else got
+        return self._values.one((type(v), repr(v)), v)
 
 
 _SPEC_KEY = b'"spec":'
@@ -247,18 +243,17 @@ NO_META = MappingProxyType({"prompt_tokens": frozenset(), "models": frozenset()}
 
 class Sharing:
     """Equal values held once: `one(key, value)` gives the first value given for `key` (while
-    fewer than MAX keys are held; beyond, `value` itself). What it gives is shared, so it is
+    fewer than max_keys keys are held; beyond, `value` itself). What it gives is shared, so it is
     read, never changed: a sealed holder copies it before it adds (Group.add)."""
 
-    MAX = 1 << 12  # a matrix's distinct parts are a few per layout; a cap, not a leak
-
-    def __init__(self):
+    def __init__(self, max_keys: int = 1 << 12):  # (a matrix's distinct parts: a few a layout)
+        self.max_keys = max_keys  # a cap, not a leak
         self._by_key: dict = {}
 
     def one(self, key, value):
         got = self._by_key.get(key)
         if got is None:
-            if len(self._by_key) >= self.MAX:
+            if len(self._by_key) >= self.max_keys:
                 return value
             self._by_key[key] = got = value
         return got

@@ -384,6 +384,13 @@ def settled(residual, *terms) -> np.ndarray:
     return res
 
 
+def upper_median(values: np.ndarray) -> np.ndarray:
+    """Element n // 2 of each row's sorted values (the last axis): the slope draws' median
+    that LineFit.slope_unresolved takes, one line's or a stack's (kvbench.fit.batch) alike."""
+    half = values.shape[-1] // 2
+    return np.partition(values, half, axis=-1)[..., half]
+
+
 @dataclass
 class LineFit:
     """setup_ms + ms_per_gb x GB through the per-size medians, with joint draws when supported."""
@@ -413,8 +420,7 @@ class LineFit:
         it (kvbench.records.schema.fit.check_draws_hold takes the same median)."""
         if self.ms_per_gb <= 0 or self.draws is None or not len(self.draws):
             return False
-        n = len(self.draws)
-        return bool(np.partition(self.draws[:, 1], n // 2)[n // 2] <= 0)
+        return bool(upper_median(self.draws[:, 1]) <= 0)
 
     def predict(self, nbytes) -> np.ndarray:
         return self.setup_ms + self.ms_per_gb * np.asarray(nbytes, dtype=float) / GB

@@ -240,8 +240,8 @@ def _target(t) -> float | None:
 
 def _targets_kept(groups: list, notes: list[str]) -> None:
     """A note for the targeted_start values _target leaves out (their schedule is unknown)."""
-    bad = [t.targeted_start for _, _, r in groups for t in (r.info.timings,)
-           if t.targeted_start is not None and _target(t) is None]
+    timings = [r.info.timings for _, _, r in groups]
+    bad = [t.targeted_start for t in timings if t.targeted_start is not None and _target(t) is None]
     if bad:
         notes.append(f"GuideLLM wrote {len(bad)} targeted_start value(s) that are not Unix times "
                      f"near their request's send (e.g. {bad[0]:g} s): those requests' schedule is "
