@@ -14,6 +14,8 @@ Faults (each removes exactly one ordering the engine owes the device; see kvbenc
     no-order-before-post  fills/wipes (set-up and data check) are not synchronised before posting
     no-device-completion  the receiver sends its notice without synchronising its device
     sync-per-post         NIXL synchronises the device at every post (the old behaviour)
+    host-wait-per-step    a held post (mpi and gloo host-staged, nixl) waits on its step's
+                          event on the host first (before issue 40 item 6: no overlap)
 """
 
 from __future__ import annotations
@@ -44,8 +46,26 @@ def plant(fault: str) -> None:
             return post(self, i, ready)
 
         nixl.NIXLChannel.post = post_and_sync
+    elif fault == "host-wait-per-step":
+        from kvbench.p2p.transports.base import HeldPosts
+
+        hold = HeldPosts.hold
+
+        def wait_then_hold(self, gate, post):
+            if gate is not None:
+                gate.wait()
+            return hold(self, gate, post)
+
+        HeldPosts.hold = wait_then_hold
     elif fault != "none":
         raise SystemExit(f"unknown fault {fault}")
+
+
+def host_waits(dev) -> int:
+    """The host's waits on the device, its copy stream's included (cpu-async keeps that
+    stream's count on its own second device)."""
+    side = getattr(dev, "_copy", None)
+    return dev.host_waits + (side.host_waits if side is not None else 0)
 
 
 def main() -> None:
@@ -64,7 +84,7 @@ def main() -> None:
     p2p.make_device = recording
 
     def report(case, comm) -> None:
-        waits = comm.gather(made[-1].host_waits if made else None, root=0)
+        waits = comm.gather(host_waits(made[-1]) if made else None, root=0)
         if comm.Get_rank() == 0:
             print(json.dumps({"case": named[case.index - 1][0], "rc": case.rc, "waits": waits,
                               "seconds": round(case.seconds, 2)}), flush=True)

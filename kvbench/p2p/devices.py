@@ -10,10 +10,13 @@ every ordering the protocol needs is explicit:
     Event.wait()   block the host until the event is done
     synchronize()  block the host until everything queued is done
 
-Contract for transports that are not stream-ordered (mpi, nixl, gloo staging): before the
-bytes of a message may be read, wait on the readiness event the engine hands to `post`
-(recorded right after the message was produced), never on the whole stream. A stream-ordered
-transport (NCCL) enqueues its operation after the producer on the device instead.
+Contract for transports that are not stream-ordered (mpi, nixl, gloo, mooncake): the bytes
+of a message may be read only once the readiness event the engine hands to `post` (recorded
+right after the message was produced) is done, never after a whole-stream wait. On an
+asynchronous device mpi, gloo and nixl hold the post until the event (or the staging copies'
+event) says done, polled (transports.base.HeldPosts), so the host goes on queueing work;
+mooncake and ipc on host memory wait on it. A stream-ordered transport (NCCL) enqueues its
+operation after the producer on the device instead.
 
 `cpu-async` exists for tests on machines without a GPU: its run() only queues the work to a
 worker thread, which applies it in order *only once an event or synchronize orders it*,

@@ -240,3 +240,25 @@ def test_a_missing_ordering_shows_as_wrong_elements(fault, tmp_path, cfg):
             assert (r["wrong"] > 0) == bites, (fault, name, r["pattern"], r["wrong"])
         assert (status["rc"] == 1) == any(FAULTS[fault](t, lay, gran, p)
                                           for p in ("sequential", "layerwise")), (name, status)
+
+
+HELD = [t for t in ("mpi-staged", "gloo", "nixl-write", "nixl-read") if t in TRANSPORTS]
+
+
+@pytest.mark.mpi
+def test_layerwise_posts_never_wait_on_the_host_per_layer(tmp_path, cfg):
+    """Issue 40 item 6 for every transport that is not stream-ordered: a layer's post is held
+    until its event is done, polled (HeldPosts), never waited on, so the prefill rank's host
+    waits do not grow with the layers. Planting the old host wait per step (each held post
+    waits on its event first) adds at least one wait per layer of every overlapped handoff:
+    the count can fail."""
+    cases = {t: f"{TRANSPORTS[t]} {FAST} --pattern layerwise --layer-compute-ms 0.2 "
+                f"--model-config {cfg} --layout contiguous --granularity layer" for t in HELD}
+    fixed, _ = run_job(tmp_path, 2, "none", cases)
+    planted, _ = run_job(tmp_path, 2, "host-wait-per-step", cases)
+    for t in HELD:
+        (ok, recs), (old, old_recs) = fixed[t], planted[t]
+        assert ok["rc"] == 0 == old["rc"], (t, ok, old)
+        assert all(r["wrong"] == 0 for r in recs + old_recs if r["wrong"] is not None), t
+        overlapped = _handoffs([r for r in recs if r.get("variant") is None])
+        assert old["waits"][0] - ok["waits"][0] >= LAYERS * overlapped, (t, ok, old, overlapped)

@@ -24,8 +24,9 @@ Each transport orders its bytes after the event on the device: NCCL enqueues beh
 compute stream, ipc records its IPC event there, and a host-staged MPI send has its
 device-to-host copy queued on the device's copy stream (Device.copy_after: a second stream
 that waits on the event, so layer l's copy runs while layer l+1 computes) and is handed to MPI
-once the copy's event is done, polled, never waited on. (NIXL and Gloo still wait on the
-readiness event on the host in their post.) The compute-only run waits once, on the last
+once the copy's event is done, polled, never waited on; Gloo's staged sends go the same way,
+and NIXL issues a layer's transfer (or, reading, announces it) once the layer's event is done,
+polled as well (transports.base.HeldPosts). The compute-only run waits once, on the last
 layer.
 """
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -86,6 +87,74 @@ def wait_all(requests: Sequence[Request], deadline: float, what: str = "transfer
             raise TransferTimeout(f"{what} did not complete before the --timeout "
                                   f"({len(pending)} of {len(requests)} still pending)")
         pending = [r for r in pending if not r.test()]
+
+
+def by_channel(items: Sequence[tuple[Channel, int]]) -> list[list[int]]:
+    """The positions of (channel, message) items grouped by channel, channels in the order
+    first seen and each channel's positions in order."""
+    groups: dict[int, list[int]] = {}
+    for k, (ch, _i) in enumerate(items):
+        groups.setdefault(id(ch), []).append(k)
+    return list(groups.values())
+
+
+class HeldPosts:
+    """Posts that may go out only once their step's event is done, released in posting order.
+
+    A transport that is not stream-ordered must not hand its backend a message before the
+    bytes are final. Waiting on the event on the host (Event.wait) would stop the host from
+    queueing the next layer's compute, so a layerwise handoff could not overlap: instead each
+    step's post is held with its gate (the readiness event, or the staging copies' event) and
+    released by whoever polls (`release`, from a request's test), oldest first, up to the first
+    gate not yet done: a later step's bytes are never handed over before an earlier step's, so
+    a backend that matches messages in order (MPI tags, Gloo) sees them in posting order."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self):
+        self._held: deque[tuple[Any, Callable[[], object]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, gate, post: Callable[[], object]) -> None:
+        """Run `post()` once `gate.query()` is true (None: as soon as the queue reaches it)."""
+        self._held.append((gate, post))
+
+    def hold_requests(self, gate, post: Callable[[], Sequence[Request]], n: int) -> list[Request]:
+        """`n` requests that stand for what `post()` returns once the gate is done: each
+        releases what it can when tested, then answers for its own posted request."""
+        reqs = [_HeldRequest(self) for _ in range(n)]
+
+        def go() -> None:
+            for r, posted in zip(reqs, post(), strict=True):
+                r.posted = posted
+        self.hold(gate, go)
+        return reqs
+
+    def release(self) -> None:
+        """Post every held step whose gate is done, oldest first (never blocks)."""
+        held = self._held
+        while held and (held[0][0] is None or held[0][0].query()):
+            held.popleft()[1]()
+
+    def clear(self) -> None:
+        """Forget what is held (an abandoned handoff's posts must not go out in the next)."""
+        self._held.clear()
+
+
+class _HeldRequest(Request):
+    __slots__ = ("held", "posted")
+
+    def __init__(self, held: HeldPosts):
+        self.held, self.posted = held, None
+
+    def test(self) -> bool:
+        if self.posted is None:
+            self.held.release()
+            if self.posted is None:
+                return False
+        return self.posted.test()
 
 
 @dataclass

@@ -11,13 +11,12 @@ read the buffer (device-direct) or before the staging copy (host-staged).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from functools import partial
 
 from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
+from kvbench.p2p.transports.base import Channel, HeldPosts, Request, Transport, TransportError
 from kvbench.p2p.transports.mpi_cuda import cuda_support
 from kvbench.p2p.transports.staging import HostStaging, chunks
 
@@ -53,23 +52,6 @@ class _MPIRequest(Request):
         return self.done
 
 
-class _AfterCopy(Request):
-    """A send posted to MPI only once its step's staging copies are done (`gate`: the copy
-    stream's event, polled, never waited on): until then the host goes on queueing compute.
-    Sends reach MPI in posting order (the channel's `held` queue): the receives of one tag
-    match them in that order."""
-
-    def __init__(self, ch: MPIChannel, i: int, gate):
-        self.ch, self.i, self.gate, self.req = ch, i, gate, None
-
-    def test(self) -> bool:
-        if self.req is None:
-            self.ch.release_held()
-            if self.req is None:
-                return False
-        return self.req.test()
-
-
 class MPIChannel(Channel):
     def __init__(self, transport: MPITransport, peer: int, buffers: Sequence, is_sender: bool,
                  layer_of=None):
@@ -78,7 +60,7 @@ class MPIChannel(Channel):
         self.comm = transport.comm
         # what MPI is handed per message, made once (the buffers never move)
         self.mpi_bufs = [[_buf(c) for c in chunks(h, _MAX_MSG)] for h in self.staging.host]
-        self.held: deque[_AfterCopy] = deque()  # sends waiting for their staging copies
+        self.held = HeldPosts()  # sends waiting for their staging copies
 
     def post(self, i: int, ready=None) -> Request:
         return self.post_many([i], ready)[0]
@@ -92,21 +74,14 @@ class MPIChannel(Channel):
                                  for b in self.mpi_bufs[i]], done and partial(done, i))
                     for i in idx]
         if self.staging.active and self.staging.dev.asynchronous:
+            # handed to MPI once the copies' event is done (polled, never waited on): until
+            # then the host goes on queueing compute; sends reach MPI in posting order (the
+            # receives of one tag match them in that order)
             gate = self.staging.to_host_later(idx, ready)
-            out = [_AfterCopy(self, i, gate) for i in idx]
-            self.held.extend(out)
-            return out
+            return self.held.hold_requests(gate, lambda: [self.isend(i) for i in idx], len(idx))
         if ready is not None or self.staging.active:
             self.staging.to_host_many(idx, ready)
         return [self.isend(i) for i in idx]
-
-    def release_held(self) -> None:
-        """Hand MPI every held send whose copies are done, oldest first, up to the first that
-        is not (the copy stream runs in order, so neither are those after it)."""
-        held = self.held
-        while held and held[0].gate.query():
-            first = held.popleft()
-            first.req = self.isend(first.i)
 
     def isend(self, i: int) -> Request:
         """Message i handed to MPI now (its host bytes are final)."""

@@ -249,8 +249,12 @@ class TorchDistTransport(Transport):
         """Each item's buffer(s) posted with isend/irecv; with `batch_posts`, every item of
         the call in one batch_isend_irecv group (NCCL runs a group's sends and receives to
         several peers concurrently; separate calls would queue on one stream)."""
+        return self.post_buffers(items, self.prepare_many(items, ready))
+
+    def post_buffers(self, items, buffers) -> list[Request]:
+        """post_many with each item's buffer already prepared (its bytes final)."""
         ops, owners = [], []
-        for k, ((ch, _i), buf) in enumerate(zip(items, self.prepare_many(items, ready), strict=True)):
+        for k, ((ch, _i), buf) in enumerate(zip(items, buffers, strict=True)):
             fn = dist.isend if ch.is_sender else dist.irecv
             pieces = self.split(buf)
             if ch.is_sender:

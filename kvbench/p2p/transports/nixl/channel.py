@@ -10,9 +10,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 
 from kvbench.p2p.transports.base import (
     Channel,
+    HeldPosts,
     Request,
     TimedParts,
     TransferTimeout,
@@ -113,6 +115,7 @@ class _Req(Request):
             return True
         if ch.done[self.u]:
             return True
+        ch.held.release()
         ch.pump(from_test=True)
         if ch.initiator and ch.state[self.u] == PROC:
             ch.check(self.u)
@@ -183,6 +186,7 @@ class NIXLChannel(TimedParts, Channel):
         self.state = [IDLE] * U
         self.posted = [0] * U
         self.queue: deque[int] = deque()  # initiator: units to issue; read target: to announce
+        self.held = HeldPosts()  # the sender's units whose bytes are not final yet
         self.got: set[tuple[str, int, int]] = set()
         self.hs_ready = True
         self.md_wait_t0: float | None = None
@@ -301,6 +305,7 @@ class NIXLChannel(TimedParts, Channel):
         U = len(self.units)
         self.done, self.state, self.posted = [False] * U, [IDLE] * U, [0] * U
         self.queue = deque()
+        self.held.clear()
         self.n_done, self.t_first = 0, None
         self.hs_ready = self.mode != "reregister"
         early = sorted(k for k in self.got if k[1] == self.h)  # notifications that came early
@@ -319,14 +324,13 @@ class NIXLChannel(TimedParts, Channel):
         u = self.unit_of[i]
         if self.is_sender:
             self.posted[u] += 1
-            if self.posted[u] == len(self.units[u]):
-                # The NIC reads the bytes as soon as the unit goes out: wait for the producer
-                # first. One event covers every message of a step, so this blocks at most once
-                # per step (handoff or layer), never once per post, and never on the stream.
-                if ready is not None:
-                    ready.wait()
-                if self.inject != "stall":
-                    self.queue.append(u)  # write: issue the WRITE; read: announce 'ready'
+            if self.posted[u] == len(self.units[u]) and self.inject != "stall":
+                # The NIC reads the bytes as soon as the unit goes out (write: the WRITE is
+                # issued; read: decode is told it may read), so it goes out once the producer's
+                # event is done: polled here and in test(), never waited on, so the host goes
+                # on queueing the next layer's compute meanwhile (HeldPosts).
+                self.held.hold(ready, partial(self.queue.append, u))
+            self.held.release()
             self.pump(from_test=False)
         return _Req(self, u)
 
