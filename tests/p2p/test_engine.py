@@ -242,16 +242,16 @@ def test_a_missing_ordering_shows_as_wrong_elements(fault, tmp_path, cfg):
                                           for p in ("sequential", "layerwise")), (name, status)
 
 
-HELD = [t for t in ("mpi-staged", "gloo", "nixl-write", "nixl-read") if t in TRANSPORTS]
+HELD = [t for t in ("mpi-direct", "mpi-staged", "gloo", "nixl-write", "nixl-read") if t in TRANSPORTS]
 
 
 @pytest.mark.mpi
 def test_layerwise_posts_never_wait_on_the_host_per_layer(tmp_path, cfg):
-    """Issue 40 item 6 for every transport that is not stream-ordered: a layer's post is held
-    until its event is done, polled (HeldPosts), never waited on, so the prefill rank's host
-    waits do not grow with the layers. Planting the old host wait per step (each held post
-    waits on its event first) adds at least one wait per layer of every overlapped handoff:
-    the count can fail."""
+    """Issue 40 item 6 for every transport that is not stream-ordered (MPI device-direct and
+    host-staged, Gloo, NIXL writing and reading): a layer's post is held until its event is
+    done, polled (HeldPosts), never waited on, so the prefill rank's host waits do not grow
+    with the layers. Planting the old host wait per step (each held post waits on its event
+    first) adds at least one wait per layer of every overlapped handoff: the count can fail."""
     cases = {t: f"{TRANSPORTS[t]} {FAST} --pattern layerwise --layer-compute-ms 0.2 "
                 f"--model-config {cfg} --layout contiguous --granularity layer" for t in HELD}
     fixed, _ = run_job(tmp_path, 2, "none", cases)

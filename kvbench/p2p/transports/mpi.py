@@ -66,18 +66,19 @@ class MPIChannel(Channel):
         return self.post_many([i], ready)[0]
 
     def post_many(self, idx: list[int], ready=None) -> list[Request]:
-        """Several messages of one step: staged together (one host wait), then posted."""
+        """Several messages of one step, posted together. On an asynchronous device (CUDA)
+        they are handed to MPI once their bytes are final (the readiness event, or host-staged
+        the staging copies' event), polled, never waited on; on host memory at once."""
         comm, peer = self.comm, self.peer
         if not self.is_sender:
             done = self.staging.to_device if self.staging.active else None
             return [_MPIRequest([comm.Irecv(b, source=peer, tag=_DATA_TAG)
                                  for b in self.mpi_bufs[i]], done and partial(done, i))
                     for i in idx]
-        if self.staging.active and self.staging.dev.asynchronous:
-            # handed to MPI once the copies' event is done (polled, never waited on): until
-            # then the host goes on queueing compute; sends reach MPI in posting order (the
-            # receives of one tag match them in that order)
-            gate = self.staging.to_host_later(idx, ready)
+        if self.staging.dev.asynchronous:
+            # until the gate is done the host goes on queueing compute; sends reach MPI in
+            # posting order (the receives of one tag match them in that order)
+            gate = self.staging.to_host_later(idx, ready)  # unstaged: `ready` itself
             return self.held.hold_requests(gate, lambda: [self.isend(i) for i in idx], len(idx))
         if ready is not None or self.staging.active:
             self.staging.to_host_many(idx, ready)
