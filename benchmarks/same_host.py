@@ -45,10 +45,17 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(RUNS), help="comma list of: " + ", ".join(RUNS))
     p.add_argument("--iters", default="20")
     p.add_argument("--timeout", default="600", help="kvbench --timeout (s)")
-    p.add_argument("--ab-bytes", type=int, default=655_360_000,
-                   help="bytes of the in-process A/B (floor vs copy out of an ipc mapping; "
-                        "0: skip); default 2,000 tokens of the default model")
+    p.add_argument("--ab-bytes", default="98304000,655360000",
+                   help="comma list of the in-process A/B's sizes in bytes (floor vs copy out of "
+                        "an ipc mapping and out of small pages; 0: skip); default 300 and 2,000 "
+                        "tokens of the default model")
     args = p.parse_args(argv)
+    try:
+        args.ab_bytes = [n for n in (int(x) for x in args.ab_bytes.split(",")) if n]
+    except ValueError:
+        p.error(f"--ab-bytes: expected a comma list of byte counts, got {args.ab_bytes!r}")
+    if any(n < 0 for n in args.ab_bytes):
+        p.error("--ab-bytes: byte counts must be positive")
     unknown = set(args.only.split(",")) - set(RUNS)
     if unknown:
         p.error(f"--only: unknown {sorted(unknown)}")
@@ -106,16 +113,20 @@ def _f(v, w: int, spec: str = ".2f") -> str:
 
 
 def mapping_ab(nbytes: int, rounds: int = 16) -> dict:
-    """In one process, alternating: the floor's copy (private buffer -> private buffer) and the
-    same copy out of shared memory exported and mapped exactly as --transport ipc does.
-    Medians after two warm-up rounds: whether reading through the mapping costs anything."""
+    """In one process, alternating: the floor's copy (private buffer -> private buffer), the
+    same copy out of shared memory exported and mapped exactly as --transport ipc does, and
+    out of a private buffer held to small pages (MADV_NOHUGEPAGE). Medians after two warm-up
+    rounds: whether reading through the mapping costs anything, and how much of that is the
+    floor's transparent huge pages (numpy advises them for its arrays; a memfd gets them only
+    where the host's shmem policy allows, `shmem_huge_pages`)."""
+    import mmap
     import statistics
 
     import torch
 
     from kvbench.p2p.hostcopy import memcpy
     from kvbench.p2p.layout import empty
-    from kvbench.p2p.transports.ipc_mem import HostMapping, export_host
+    from kvbench.p2p.transports.ipc_mem import HostMapping, export_host, shmem_huge_pages
 
     torch.set_num_threads(1)  # as in a rank bound to one core
     src = empty(nbytes, torch.uint8, "cpu").fill_(5)
@@ -123,17 +134,33 @@ def mapping_ab(nbytes: int, rounds: int = 16) -> dict:
     shared = empty(nbytes, torch.uint8, "cpu").fill_(5)
     mapping = HostMapping(export_host([shared]))
     mapped = mapping.views[0]
-    times: dict[str, list[float]] = {"floor": [], "mapped": []}
+    small_map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    small_map.madvise(mmap.MADV_NOHUGEPAGE)
+    small = torch.frombuffer(small_map, dtype=torch.uint8).fill_(5)
+    arms = (("floor", src), ("mapped", mapped), ("small_pages", small))
+    times: dict[str, list[float]] = {name: [] for name, _ in arms}
     for _ in range(rounds):
-        for name, s in (("floor", src), ("mapped", mapped)):
+        for name, s in arms:
             t0 = time.perf_counter()
             memcpy(dst, s)  # the copy --transport ipc makes on the host
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v[2:]) for k, v in times.items()}
-    del mapped
+    del mapped, small
     mapping.close()
+    small_map.close()
     return {"bytes": nbytes, "rounds": rounds, "floor_gbps": nbytes / med["floor"] / 1e9,
-            "mapped_gbps": nbytes / med["mapped"] / 1e9, "ratio": med["floor"] / med["mapped"]}
+            "mapped_gbps": nbytes / med["mapped"] / 1e9, "ratio": med["floor"] / med["mapped"],
+            "small_pages_gbps": nbytes / med["small_pages"] / 1e9,
+            "small_pages_ratio": med["floor"] / med["small_pages"],
+            "shmem_huge_pages": shmem_huge_pages()}
+
+
+def ab_line(ab: dict) -> str:
+    return (f"one process, {ab['rounds']} alternating copies of {ab['bytes']:,} B: floor "
+            f"{ab['floor_gbps']:.2f} GB/s, out of an ipc mapping {ab['mapped_gbps']:.2f} GB/s "
+            f"(ratio {ab['ratio']:.3f}), out of small pages {ab['small_pages_gbps']:.2f} GB/s "
+            f"(ratio {ab['small_pages_ratio']:.3f}); shared memory's huge pages: "
+            f"{ab['shmem_huge_pages']}")
 
 
 def versions() -> dict:
@@ -169,11 +196,8 @@ def main(argv=None) -> int:
         results[label] = recs
         ran.append({**info, "loadavg_after": os.getloadavg()})
     text = table(results)
-    ab = mapping_ab(args.ab_bytes) if args.ab_bytes else None
-    if ab:
-        text += (f"\none process, {ab['rounds']} alternating copies of {ab['bytes']:,} B: floor "
-                 f"{ab['floor_gbps']:.2f} GB/s, out of an ipc mapping {ab['mapped_gbps']:.2f} GB/s, "
-                 f"ratio {ab['ratio']:.3f}")
+    ab = [mapping_ab(n) for n in args.ab_bytes]
+    text += "".join("\n" + ab_line(a) for a in ab)
     print(text)
     busy = machine_busy(load_before[0], [r["loadavg_after"][0] for r in ran])
     summary = {"argv": [sys.executable, *sys.argv], "versions": versions(), "mapping_ab": ab,

@@ -27,7 +27,7 @@ from kvbench.p2p.baseline import baseline_kinds, same_gpu
 from kvbench.p2p.transports import get
 from kvbench.p2p.transports.base import TransportError
 from kvbench.p2p.transports.ipc import cross_host_refusal, runs
-from kvbench.p2p.transports.ipc_mem import HostMapping, export_host
+from kvbench.p2p.transports.ipc_mem import HostMapping, export_host, shmem_huge_pages
 from tests.conftest import PY, ROOT, mpi_env, mpirun_path, run_mpi
 from tests.p2p.helpers import LAYOUTS, TINY, run_job
 
@@ -303,6 +303,21 @@ def test_planted_corruption_is_caught_over_ipc(tmp_path):
     assert by[rec["baseline_host_copy_method"]] == rec["baseline_host_copy_gbps"]
     assert "kvbench/numpy.copyto = " in res.stdout
     assert rec["transport_info"]["copy"] == "ctypes.memmove"
+    # the host's huge-page policy for shared memory, as the host states it
+    assert rec["transport_info"]["shmem_huge_pages"] == shmem_huge_pages()
+
+
+@pytest.mark.parametrize("text,want", [
+    ("always within_size advise [never] deny force\n", "never"),
+    ("always within_size [advise] never deny force\n", "advise"),
+    ("always never\n", None),  # no choice marked
+    (None, None),  # no such file (no THP in this kernel)
+])
+def test_the_shmem_huge_page_policy_is_the_bracketed_word(tmp_path, text, want):
+    path = tmp_path / "shmem_enabled"
+    if text is not None:
+        path.write_text(text)
+    assert shmem_huge_pages(str(path)) == want
 
 
 def _as_host(name: str) -> list[str]:

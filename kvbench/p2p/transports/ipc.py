@@ -51,6 +51,7 @@ from kvbench.p2p.transports.ipc_mem import (
     can_move_in_place,
     export_cuda,
     export_host,
+    shmem_huge_pages,
 )
 from kvbench.p2p.watchdog import WATCHDOG
 
@@ -333,6 +334,7 @@ class IPCTransport(Transport):
         info = {"path": self.path, "mode": self.mode, "mapping": how}
         if not self.on_cuda:
             info["copy"] = HOST_COPY
+            info["shmem_huge_pages"] = shmem_huge_pages()
         elif self.opened_on:
             info["opened_on"] = self.opened_on
         return info

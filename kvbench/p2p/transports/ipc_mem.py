@@ -128,6 +128,26 @@ def move_to_memfd(st: torch.UntypedStorage) -> int:
     return st._get_shared_fd()
 
 
+SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def shmem_huge_pages(path: str = SHMEM_THP) -> str | None:
+    """The host's transparent-huge-page policy for shared memory (the bracketed word of
+    `path`: never, always, within_size, advise, deny, force; None where unknown). kvbench's
+    private host buffers are advised huge pages (numpy advises them for large arrays); a
+    memfd gets them only where this allows. Where it is `never` (the kernel's default), a
+    98 MB KV read through the mapping copied at 0.85-0.92 of the private floor on this
+    project's host, as fast as small private pages (docs/same-host.md): a property of the
+    host that a record should carry."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
 def pid_namespace() -> int | None:
     """This process's PID namespace (the inode of /proc/self/ns/pid), None where unknown:
     tells "the producer has exited" apart from "the producer is in another namespace"."""
