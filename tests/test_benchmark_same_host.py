@@ -40,3 +40,15 @@ def test_ab_bytes_is_a_list_and_zero_skips(tmp_path):
         with pytest.raises(SystemExit) as exc:
             mod.parse(["--out", str(tmp_path), "--ab-bytes", bad])
         assert exc.value.code == 2
+
+
+def test_busy_is_load_beyond_a_runs_own_threads(monkeypatch):
+    """NIXL's progress thread spins one more thread a rank: its run's own load is not another
+    job's (before: every NIXL run with it called the machine busy)."""
+    mod = _same_host()
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 2)
+    own = mod.OWN_THREADS.get("nixl (progress thread)", 2)
+    assert own == 4
+    assert not mod.machine_busy(0.3, [(2.5, 2), (4.6, own)])
+    assert mod.machine_busy(0.3, [(4.6, 2)])  # the same load after a run of two ranks
+    assert mod.machine_busy(1.5, [])  # loaded before the first run
