@@ -14,8 +14,9 @@ Faults (each removes exactly one ordering the engine owes the device; see kvbenc
     no-order-before-post  fills/wipes (set-up and data check) are not synchronised before posting
     no-device-completion  the receiver sends its notice without synchronising its device
     sync-per-post         NIXL synchronises the device at every post (the old behaviour)
-    host-wait-per-step    a held post (mpi and gloo host-staged, nixl) waits on its step's
-                          event on the host first (before issue 40 item 6: no overlap)
+    host-wait-per-step    a held post (mpi device-direct and host-staged, gloo host-staged,
+                          nixl) waits on its step's event on the host first (before issue 40
+                          item 6: no overlap)
 """
 
 from __future__ import annotations

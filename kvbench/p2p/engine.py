@@ -146,7 +146,8 @@ class Engine:
         self.device.synchronize()
 
     def _readiness(self):
-        """The event a transport that is not stream-ordered waits on before reading a step's bytes."""
+        """The event a transport that is not stream-ordered must see done before its backend
+        reads a step's bytes (it holds the post until then, or waits on it)."""
         return self.device.record()
 
     def _complete_on_device(self) -> None:

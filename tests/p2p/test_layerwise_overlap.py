@@ -20,7 +20,7 @@ import torch
 from kvbench.p2p.compute import LayerWork
 from kvbench.p2p.devices import AsyncCPUDevice, AsyncEvent
 from kvbench.p2p.transports import mpi
-from kvbench.p2p.transports.base import Request, wait_all
+from kvbench.p2p.transports.base import HeldPosts, Request, wait_all
 
 L, CHUNKS, N = 4, 3, 256
 
@@ -56,7 +56,8 @@ def _run(monkeypatch, wait: bool, plant_no_order: bool = False):
     dev.log = log = []
     kv = [torch.zeros(N, dtype=torch.uint8) for _ in range(L)]
     comm = _Comm()
-    t = SimpleNamespace(comm=comm, direct=False, ctx=SimpleNamespace(dev=dev))
+    t = SimpleNamespace(comm=comm, direct=False, ctx=SimpleNamespace(dev=dev),
+                        held_for=lambda peer: HeldPosts())
     ch = mpi.MPIChannel(t, 1, kv, True)  # host-staged: cpu-async memory is not host-visible
     works = [LayerWork([_chunk(kv, layer, k) for k in range(CHUNKS)], "cpu", {})
              for layer in range(L)]

@@ -106,8 +106,13 @@ class HeldPosts:
     queueing the next layer's compute, so a layerwise handoff could not overlap: instead each
     step's post is held with its gate (the readiness event, or the staging copies' event) and
     released by whoever polls (`release`, from a request's test), oldest first, up to the first
-    gate not yet done: a later step's bytes are never handed over before an earlier step's, so
-    a backend that matches messages in order (MPI tags, Gloo) sees them in posting order."""
+    gate not yet done: a later step's bytes are never handed over before an earlier step's.
+    The order holds within one queue: a backend that matches a peer's messages in order (MPI
+    on one communicator and tag, Gloo) keeps one queue per peer, shared by every channel to
+    it (MPITransport.held_for, GlooTransport.held_for).
+
+    With `--no-layer-poll` nothing tests the requests while the layers are queued, so held
+    posts go out only once the engine waits for the sends, after the last layer is queued."""
 
     __slots__ = ("_held",)
 
@@ -224,9 +229,11 @@ class Channel(ABC):
         `ready` (sender only; None when nothing was produced since the data was set up) is
         the device Event recorded right after message i's bytes were produced (packed,
         computed). A transport that is not stream-ordered must not let its bytes be read
-        before `ready.wait()` returns; the engine hands every message of one production step
-        the same event, so waiting on each costs one real wait per step. A stream-ordered
-        transport (NCCL) may enqueue after the producer on the device instead."""
+        before `ready` is done: it holds the post until `ready.query()` says so (HeldPosts,
+        released from its requests' test(): the host goes on queueing work) or waits on it
+        (`ready.wait()`; the engine hands every message of one production step the same
+        event, so that is one real wait per step). A stream-ordered transport (NCCL) may
+        enqueue after the producer on the device instead."""
 
     def begin_handoff(self) -> None:
         """Called on both sides before each handoff, outside the timed window."""

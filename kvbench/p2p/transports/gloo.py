@@ -30,7 +30,8 @@ class GlooTransport(TorchDistTransport):
         return ch.staging
 
     def prepare_many(self, items, ready=None) -> list:
-        """Sends: each channel's messages staged together, one host wait per channel and step."""
+        """Sends: each channel's messages staged together (on host memory: once the step's
+        event is done, one wait per channel and step)."""
         out: dict[int, object] = {}
         for ks in by_channel(items):
             ch = items[ks[0]][0]
@@ -57,15 +58,17 @@ class GlooTransport(TorchDistTransport):
             else:
                 gate = st.to_host_later([i for _, i in sub], ready)
                 bufs = [st.host[i] for _, i in sub]
-                got = self._held(ch).hold_requests(gate, partial(self.post_buffers, sub, bufs),
-                                                   len(sub))
+                post = partial(self.post_buffers, sub, bufs)
+                got = self.held_for(ch.peer).hold_requests(gate, post, len(sub))
             out.update(zip(ks, got, strict=True))
         return [out[k] for k in range(len(items))]
 
-    def _held(self, ch) -> HeldPosts:
-        if not hasattr(ch, "held"):
-            ch.held = HeldPosts()
-        return ch.held
+    def held_for(self, peer: int) -> HeldPosts:
+        """The held sends to `peer`, one queue for every channel to it (Gloo matches a peer's
+        messages on one tag in the order posted)."""
+        if not hasattr(self, "_held_by_peer"):
+            self._held_by_peer: dict[int, HeldPosts] = {}
+        return self._held_by_peer.setdefault(peer, HeldPosts())
 
     def spec_options(self) -> dict:
         return {"host_staged": not self.ctx.dev.host_visible}
@@ -74,7 +77,9 @@ class GlooTransport(TorchDistTransport):
         self._staging(ch).to_device(i)
 
     def begin(self, ch) -> None:
-        self._held(ch).clear()  # nothing of an earlier (abandoned) handoff may go out in this one
+        # nothing of an earlier (abandoned) handoff may go out in this one (the queue is the
+        # peer's: every link of a handoff begins before anything is posted)
+        self.held_for(ch.peer).clear()
         self._staging(ch).begin()
 
     def end(self, ch) -> None:

@@ -5,8 +5,10 @@ CUDA-aware (`--mpi-device-direct auto|yes|no`); otherwise they are staged throug
 host memory and the staging time is reported as its own component. Messages above 1 GiB
 are split, because MPI counts are 32-bit on many builds.
 
-MPI is not stream-ordered: a send waits on the producer's readiness event before MPI may
-read the buffer (device-direct) or before the staging copy (host-staged).
+MPI is not stream-ordered: on an asynchronous device (CUDA) a send is handed to MPI only once
+the producer's readiness event (device-direct), or the staging copies queued after it on the
+device's copy stream (host-staged), say done: polled, never waited on (HeldPosts). On host
+memory the event is already done and the send goes at once.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class MPIChannel(Channel):
         self.comm = transport.comm
         # what MPI is handed per message, made once (the buffers never move)
         self.mpi_bufs = [[_buf(c) for c in chunks(h, _MAX_MSG)] for h in self.staging.host]
-        self.held = HeldPosts()  # sends waiting for their staging copies
+        # sends waiting for their bytes: one queue per peer, shared by every channel to it
+        # (MPI matches a peer's sends on one communicator and tag in the order posted)
+        self.held = transport.held_for(peer)
 
     def post(self, i: int, ready=None) -> Request:
         return self.post_many([i], ready)[0]
@@ -91,7 +95,9 @@ class MPIChannel(Channel):
         return _MPIRequest(sends)
 
     def begin_handoff(self) -> None:
-        self.held.clear()  # nothing of an earlier (abandoned) handoff may go out in this one
+        # nothing of an earlier (abandoned) handoff may go out in this one (the queue is the
+        # peer's: every link of a handoff begins before anything is posted)
+        self.held.clear()
         self.staging.begin()
 
     def end_handoff(self) -> None:
@@ -140,8 +146,14 @@ class MPITransport(Transport):
         return MPIChannel(self, peer, buffers, is_sender)
 
     def post_many(self, items, ready=None) -> list[Request]:
-        """Consecutive items of one channel go out together (one staging wait)."""
+        """Consecutive items of one channel go out together (one staging step)."""
         return self.post_by_channel_runs(items, ready)
+
+    def held_for(self, peer: int) -> HeldPosts:
+        """The held sends to `peer`, one queue for every channel to it (made on first use)."""
+        if not hasattr(self, "_held_by_peer"):
+            self._held_by_peer: dict[int, HeldPosts] = {}
+        return self._held_by_peer.setdefault(peer, HeldPosts())
 
     def spec_options(self) -> dict:
         return {"path": self.path}

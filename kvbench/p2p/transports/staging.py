@@ -3,9 +3,11 @@
 The copies are real work on the handoff's critical path, so they are timed as their own
 component (`stage_d2h_ms` on the sender, `stage_h2d_ms` on the receiver) and included in
 the handoff time. Ordering goes through the Device: the device-to-host copies of a step are
-queued on the stream behind their producer and the host waits on the copies' own event
-(never a whole-stream sync), once per step; the host-to-device copy is queued on the stream,
-ahead of the unpack and of the receiver's completion sync.
+queued behind their producer, on an asynchronous device on its copy stream after the step's
+readiness event (`to_host_later`: the transport hands the host bytes over once the copies'
+event is done, polled), elsewhere on the stream with one host wait on the copies' own event
+per step (`to_host_many`; never a whole-stream sync); the host-to-device copy is queued on
+the stream, ahead of the unpack and of the receiver's completion sync.
 
 The copies are non-blocking (`Device.copy`): a blocking copy would stall the host for every
 message, and on the receiver inside a request's `test()`, starving the other receives. The
