@@ -23,6 +23,7 @@ from kvbench.kv import cut as kc
 from kvbench.kv.shards import ShardError
 from kvbench.model import PRESETS, get_dtype, resolve_model
 from kvbench.p2p import pages
+from kvbench.p2p.transports.base import HeldPosts
 from kvbench.p2p.transports.nixl import binding as nixl_import
 from tests.conftest import ROOT, run_mpi
 
@@ -163,7 +164,8 @@ def test_an_mpi_channel_counts_the_sends_it_made(monkeypatch):
 
     monkeypatch.setattr(mpi, "_MAX_MSG", 1000)  # messages above it go as several sends
     comm = _CountingComm()
-    t = SimpleNamespace(comm=comm, direct=True, ctx=SimpleNamespace(dev=make_device("cpu")))
+    t = SimpleNamespace(comm=comm, direct=True, ctx=SimpleNamespace(dev=make_device("cpu")),
+                        held_for=lambda peer: HeldPosts())
     bufs = [torch.zeros(n, dtype=torch.uint8) for n in (10, 2500, 999, 1001)]
     ch = mpi.MPIChannel(t, 1, bufs, True)
     ch.post_many([0, 1, 2, 3])
