@@ -26,8 +26,8 @@ device-to-host copy queued on the device's copy stream (Device.copy_after: a sec
 that waits on the event, so layer l's copy runs while layer l+1 computes) and is handed to MPI
 once the copy's event is done, polled, never waited on; Gloo's staged sends go the same way,
 and MPI device-direct and NIXL hand over a layer (NIXL: issue its transfer or, reading,
-announce it) once the layer's event is done, polled as well (transports.base.HeldPosts). The compute-only run waits once, on the last
-layer.
+announce it) once the layer's event is done, polled as well (transports.base.HeldPosts).
+The compute-only run waits once, on the last layer.
 """
 
 from __future__ import annotations

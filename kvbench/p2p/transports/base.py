@@ -109,7 +109,7 @@ class HeldPosts:
     gate not yet done: a later step's bytes are never handed over before an earlier step's.
     The order holds within one queue: a backend that matches a peer's messages in order (MPI
     on one communicator and tag, Gloo) keeps one queue per peer, shared by every channel to
-    it (MPITransport.held_for, GlooTransport.held_for).
+    it (Transport.held_for).
 
     With `--no-layer-poll` nothing tests the requests while the layers are queued, so held
     posts go out only once the engine waits for the sends, after the last layer is queued."""
@@ -305,6 +305,13 @@ class Transport(ABC):
 
     def __init__(self, ctx: TransportContext):
         self.ctx = ctx
+        self._held_by_peer: dict[int, HeldPosts] = {}
+
+    def held_for(self, peer: int) -> HeldPosts:
+        """The posts to `peer` held for their bytes (HeldPosts), one queue for every channel to
+        it: a backend that matches a peer's messages in posting order (MPI on one communicator
+        and tag, Gloo) must not let one channel's sends overtake another's."""
+        return self._held_by_peer.setdefault(peer, HeldPosts())
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

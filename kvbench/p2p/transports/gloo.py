@@ -12,7 +12,7 @@ from functools import partial
 
 from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import HeldPosts, Request, by_channel
+from kvbench.p2p.transports.base import Request, by_channel
 from kvbench.p2p.transports.staging import HostStaging
 from kvbench.p2p.transports.torchdist import TorchDistTransport
 
@@ -62,13 +62,6 @@ class GlooTransport(TorchDistTransport):
                 got = self.held_for(ch.peer).hold_requests(gate, post, len(sub))
             out.update(zip(ks, got, strict=True))
         return [out[k] for k in range(len(items))]
-
-    def held_for(self, peer: int) -> HeldPosts:
-        """The held sends to `peer`, one queue for every channel to it (Gloo matches a peer's
-        messages on one tag in the order posted)."""
-        if not hasattr(self, "_held_by_peer"):
-            self._held_by_peer: dict[int, HeldPosts] = {}
-        return self._held_by_peer.setdefault(peer, HeldPosts())
 
     def spec_options(self) -> dict:
         return {"host_staged": not self.ctx.dev.host_visible}

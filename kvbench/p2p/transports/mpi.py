@@ -18,7 +18,7 @@ from functools import partial
 
 from kvbench.links.linkpath import LinkPath, PairFacts, by_path
 from kvbench.p2p.transports import register
-from kvbench.p2p.transports.base import Channel, HeldPosts, Request, Transport, TransportError
+from kvbench.p2p.transports.base import Channel, Request, Transport, TransportError
 from kvbench.p2p.transports.mpi_cuda import cuda_support
 from kvbench.p2p.transports.staging import HostStaging, chunks
 
@@ -148,12 +148,6 @@ class MPITransport(Transport):
     def post_many(self, items, ready=None) -> list[Request]:
         """Consecutive items of one channel go out together (one staging step)."""
         return self.post_by_channel_runs(items, ready)
-
-    def held_for(self, peer: int) -> HeldPosts:
-        """The held sends to `peer`, one queue for every channel to it (made on first use)."""
-        if not hasattr(self, "_held_by_peer"):
-            self._held_by_peer: dict[int, HeldPosts] = {}
-        return self._held_by_peer.setdefault(peer, HeldPosts())
 
     def spec_options(self) -> dict:
         return {"path": self.path}
